@@ -1,0 +1,204 @@
+"""mineru-vl-utils: survive vllm >= 0.11, whose tokenizer has no ``get_lora_tokenizer()``.
+
+vllm#24078 removed the tokenizer group, so on every vllm >= 0.11.0 (and ROCm source builds
+after it) ``VllmAsyncEngineVlmClient.__init__`` dies with AttributeError. mineru-vl-utils
+0.1.14 guards the call with ``hasattr``; 0.1.1 to 0.1.13 do not. The rewrite wraps each
+unguarded ``X = Y.get_lora_tokenizer()`` in ``try/except AttributeError: X = Y``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+from packaging.version import InvalidVersion, Version
+
+from rocmfix.errors import AnchorNotFoundError
+from rocmfix.patch import Classification, Patch, Shape, TargetContext
+from rocmfix.rewrite import has_marker, marker_line
+
+_CALL = m.Call(func=m.Attribute(attr=m.Name("get_lora_tokenizer")), args=[])
+_UNGUARDED = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()], value=_CALL)])
+_MARKER_TEXT = "vllm >= 0.11 has no get_lora_tokenizer() (vllm#24078); use the tokenizer itself"
+
+
+@dataclass
+class _Call:
+    guard: str  # "none", "hasattr", "try", "ours"
+    statement: bool  # the call is a whole ``X = Y.get_lora_tokenizer()`` statement
+
+
+def _try_guard(node: cst.Try) -> str:
+    catches = any(
+        h.type is not None and m.matches(h.type, m.Name("AttributeError")) for h in node.handlers
+    )
+    if not catches:
+        return ""
+    return "ours" if has_marker(node.leading_lines) else "try"
+
+
+def _if_guard(node: cst.If) -> str:
+    tests_hasattr = m.matches(
+        node.test,
+        m.Call(
+            func=m.Name("hasattr"),
+            args=[m.Arg(), m.Arg(m.SimpleString(m.MatchIfTrue(_names_method)))],
+        ),
+    )
+    return "hasattr" if tests_hasattr else ""
+
+
+def _names_method(literal: str) -> bool:
+    return literal.strip("'\"") == "get_lora_tokenizer"
+
+
+class _Guards:
+    """The stack of enclosing statements that guard a call (empty string: no guard)."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+
+    @property
+    def innermost(self) -> str:
+        return next((g for g in reversed(self.stack) if g), "none")
+
+
+class _Finder(cst.CSTVisitor):
+    """Every get_lora_tokenizer() call, with the innermost guard around it."""
+
+    def __init__(self) -> None:
+        self.guards = _Guards()
+        self.calls: list[_Call] = []
+        self._statement = False
+
+    def visit_Try(self, node: cst.Try) -> None:
+        self.guards.stack.append(_try_guard(node))
+
+    def leave_Try(self, original_node: cst.Try) -> None:
+        self.guards.stack.pop()
+
+    def visit_If(self, node: cst.If) -> None:
+        self.guards.stack.append(_if_guard(node))
+
+    def leave_If(self, original_node: cst.If) -> None:
+        self.guards.stack.pop()
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._statement = m.matches(node, _UNGUARDED)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if m.matches(node, _CALL):
+            self.calls.append(_Call(guard=self.guards.innermost, statement=self._statement))
+
+
+def _vllm_note(ctx: TargetContext) -> tuple[str, ...]:
+    installed = ctx.versions.get("vllm")
+    if installed is None:
+        return ("vllm is not installed here; the crash needs vllm >= 0.11",)
+    try:
+        crashes = Version(installed).release >= (0, 11)
+    except InvalidVersion:
+        return (f"vllm {installed}: cannot tell its version apart",)
+    if crashes:
+        return (f"vllm {installed} is installed: without the patch the VLM client crashes",)
+    return (f"vllm {installed} still has get_lora_tokenizer(); the guard is harmless there",)
+
+
+def classify(module: cst.Module, ctx: TargetContext) -> Classification:
+    finder = _Finder()
+    module.visit(finder)
+    calls = finder.calls
+    if not calls:
+        return Classification(Shape.FIXED_UPSTREAM, "never calls get_lora_tokenizer()")
+    guards = {call.guard for call in calls}
+    if guards == {"ours"}:
+        return Classification(Shape.PATCHED, "rocmfix's try/except guard is in place")
+    if guards <= {"hasattr", "try", "ours"}:
+        how = (
+            "guards the call with hasattr() (upstream fix, mineru-vl-utils 0.1.14+)"
+            if "hasattr" in guards
+            else "already guards the call with try/except AttributeError (a hand edit)"
+        )
+        return Classification(Shape.FIXED_UPSTREAM, how)
+    if all(call.statement for call in calls if call.guard == "none"):
+        return Classification(
+            Shape.NEEDS_PATCH,
+            "calls tokenizer.get_lora_tokenizer() unguarded; vllm >= 0.11 raises AttributeError",
+            _vllm_note(ctx),
+        )
+    return Classification(
+        Shape.UNKNOWN, "calls get_lora_tokenizer() in a form rocmfix does not know"
+    )
+
+
+class _Guard(cst.CSTTransformer):
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.guards = _Guards()
+        self.rewritten = 0
+
+    def visit_Try(self, node: cst.Try) -> None:
+        self.guards.stack.append(_try_guard(node))
+
+    def leave_Try(self, original_node: cst.Try, updated_node: cst.Try) -> cst.Try:
+        self.guards.stack.pop()
+        return updated_node
+
+    def visit_If(self, node: cst.If) -> None:
+        self.guards.stack.append(_if_guard(node))
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        self.guards.stack.pop()
+        return updated_node
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.BaseStatement:
+        if self.guards.innermost != "none" or not m.matches(updated_node, _UNGUARDED):
+            return updated_node
+        assign = updated_node.body[0]
+        assert isinstance(assign, cst.Assign)
+        call = assign.value
+        assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+        target = self.module.code_for_node(assign.targets[0].target)
+        owner = self.module.code_for_node(call.func.value)
+        fallback = cst.parse_statement(
+            f"{target} = {owner}\n", config=self.module.config_for_parsing
+        )
+        self.rewritten += 1
+        return cst.Try(
+            body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]),
+            handlers=[
+                cst.ExceptHandler(
+                    type=cst.Name("AttributeError"),
+                    body=cst.IndentedBlock(body=[fallback]),
+                )
+            ],
+            leading_lines=[*updated_node.leading_lines, marker_line(_MARKER_TEXT)],
+        )
+
+
+def transform(module: cst.Module, scheme: str | None) -> cst.Module:
+    guard = _Guard(module)
+    new = module.visit(guard)
+    if not guard.rewritten:
+        raise AnchorNotFoundError("no unguarded `X = Y.get_lora_tokenizer()` statement")
+    return new
+
+
+PATCH = Patch(
+    id="mineru-tokenizer",
+    summary="Fall back to the plain tokenizer when vllm has no get_lora_tokenizer()",
+    distribution="mineru-vl-utils",
+    package="mineru_vl_utils",
+    path="mineru_vl_utils/vlm_client/vllm_async_engine_client.py",
+    classify=classify,
+    transform=transform,
+    missing_reason="mineru-vl-utils {version} has no vllm async engine client",
+    known=(
+        "0.1.0: no async engine client (not needed)",
+        "0.1.1-0.1.13: unguarded call (needed with vllm >= 0.11)",
+        "0.1.14 and later: hasattr guard upstream (not needed)",
+    ),
+)

@@ -1,0 +1,3 @@
+from rocmfix.cli import main
+
+main()

@@ -1,0 +1,211 @@
+"""The command line: parse, call the engine, render, exit. Nothing else lives here."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from . import __version__, engine, render
+from .environment import Environment, discover
+from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, RocmfixError
+from .patch import Patch
+from .registry import all_patches
+
+app = typer.Typer(
+    name="rocmfix",
+    help="Safe, reversible fixes for MinerU's slow paths on AMD GPUs (vllm, DocLayout-YOLO, "
+    "mineru-vl-utils).",
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+PythonOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--python",
+        metavar="PATH",
+        help="Interpreter of the environment to work on (default: the one running rocmfix).",
+    ),
+]
+OnlyOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--only",
+        metavar="PATCH",
+        help="A patch id or a distribution name; repeat to select several (default: all).",
+    ),
+]
+ForceOpt = Annotated[
+    bool,
+    typer.Option("--force", help="Patch or restore a file even if someone else changed it."),
+]
+
+
+def _log_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rocmfix" / "logs"
+
+
+def _write_log(exc: BaseException) -> str | None:
+    try:
+        directory = _log_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = directory / f"rocmfix-{stamp}-{os.getpid()}.log"
+        path.write_text(
+            f"rocmfix {__version__}\n" + "".join(traceback.format_exception(exc)), encoding="utf-8"
+        )
+    except OSError:
+        return None
+    return str(path)
+
+
+def _run(body: Callable[[], int]) -> None:
+    """Turn the engine's errors into one line on stderr and the documented exit code."""
+    try:
+        code = body()
+    except RocmfixError as exc:
+        render.error(exc)
+        raise typer.Exit(exc.exit_code) from None
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: log, never a traceback
+        render.internal_error(exc, _write_log(exc))
+        raise typer.Exit(EXIT_INTERNAL) from None
+    raise typer.Exit(code)
+
+
+def _setup(python: str | None, only: list[str] | None) -> tuple[Environment, tuple[Patch, ...]]:
+    patches = engine.select(all_patches(), only or ())
+    return discover(patches, python), patches
+
+
+@app.command()
+def status(
+    python: PythonOpt = None,
+    only: OnlyOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON document (schema rocmfix-status/1).")
+    ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Exit 1 unless every selected patch is applied, not needed or not installed.",
+        ),
+    ] = False,
+) -> None:
+    """Show what is installed, patched and needed, and why.
+
+    Example: [bold]rocmfix status --python ~/venvs/mineru/bin/python[/]
+    """
+
+    def body() -> int:
+        env, patches = _setup(python, only)
+        report = engine.status(env, patches)
+        if as_json:
+            render.status_json(report)
+        else:
+            render.status_table(report)
+        settled = all(item.verdict.settled for item in report.patches)
+        return EXIT_FAILED if check and not settled else EXIT_OK
+
+    _run(body)
+
+
+@app.command()
+def apply(
+    scheme: Annotated[
+        str | None,
+        typer.Option(
+            "--scheme",
+            help="gemm (Triton GEMM, default), direct (Triton, slow oracle) or linear "
+            "(vendor BLAS / dense conv, no Triton).",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Write nothing; print a unified diff on stdout."),
+    ] = False,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="With --dry-run: exit 1 if anything would change."),
+    ] = False,
+    force: ForceOpt = False,
+    python: PythonOpt = None,
+    only: OnlyOpt = None,
+) -> None:
+    """Rewrite the target files and drop in the kernels, keeping backups.
+
+    Example: [bold]rocmfix apply --scheme gemm[/]; in CI:
+    [bold]rocmfix apply --dry-run --check > rocmfix.diff[/]
+    """
+
+    def body() -> int:
+        env, patches = _setup(python, only)
+        result = engine.apply(env, patches, scheme=scheme, force=force, dry_run=dry_run or check)
+        if result.dry_run:
+            render.diff(result)
+        render.run_summary(result)
+        return EXIT_FAILED if check and result.changed else EXIT_OK
+
+    _run(body)
+
+
+@app.command()
+def revert(
+    force: ForceOpt = False,
+    python: PythonOpt = None,
+    only: OnlyOpt = None,
+) -> None:
+    """Put the original bytes back and remove the dropped files.
+
+    Example: [bold]rocmfix revert --only vllm[/]
+    """
+
+    def body() -> int:
+        env, patches = _setup(python, only)
+        render.run_summary(engine.revert(env, patches, force=force))
+        return EXIT_OK
+
+    _run(body)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"rocmfix {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback(invoke_without_command=True)
+def _main(
+    ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+    ] = False,
+) -> None:
+    """With no command: a short status and the next command to run."""
+    if ctx.invoked_subcommand is not None:
+        return
+
+    def body() -> int:
+        env, patches = _setup(None, None)
+        report = engine.status(env, patches)
+        render.status_table(report)
+        render.next_step(report)
+        return EXIT_OK
+
+    _run(body)
+
+
+def main() -> None:
+    app(prog_name="rocmfix")

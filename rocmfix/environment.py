@@ -1,0 +1,229 @@
+"""Find out what a Python environment holds, like ``pip show``, from any interpreter."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import probe
+from .errors import ProbeError, UsageError
+from .patch import Patch, TorchInfo
+from .state import StateDir
+
+# Distributions read for warnings and for the patches' context, beyond the targets.
+EXTRAS = ("torch", "triton", "pytorch-triton-rocm", "flash-attn", "vllm", "mineru")
+
+_PROBE_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class TargetFile:
+    rel: str
+    path: Path
+    root: Path
+    record_hash: str | None
+
+
+@dataclass(frozen=True)
+class Distribution:
+    name: str
+    version: str
+    dist_info: Path | None
+    location: Path
+    editable: bool
+    editable_url: str | None
+    installer: str | None
+    record: Path | None
+    files: Mapping[str, TargetFile]
+
+
+@dataclass(frozen=True)
+class PythonInfo:
+    executable: str
+    version: str
+    prefix: Path
+    purelib: Path | None
+
+
+@dataclass(frozen=True)
+class Environment:
+    python: PythonInfo
+    distributions: Mapping[str, Distribution]
+    versions: Mapping[str, str]
+    torch: TorchInfo | None
+    in_process: bool
+
+    @property
+    def state(self) -> StateDir:
+        return StateDir(self.python.prefix / "share" / "rocmfix")
+
+
+def _request(patches: Iterable[Patch]) -> dict[str, Any]:
+    targets: dict[str, dict[str, Any]] = {}
+    for patch in patches:
+        target = targets.setdefault(
+            patch.distribution,
+            {"distribution": patch.distribution, "package": patch.package, "files": []},
+        )
+        if patch.path not in target["files"]:
+            target["files"].append(patch.path)
+    return {"targets": list(targets.values()), "extras": list(EXTRAS)}
+
+
+def _resolve_python(python: str) -> str:
+    found = shutil.which(python) if os.sep not in python else python
+    if found is None or not os.path.exists(found):
+        raise UsageError(f"--python {python}: no such file")
+    if os.path.isdir(found):
+        raise UsageError(f"--python {python}: is a directory; give the interpreter (…/bin/python)")
+    if not os.access(found, os.X_OK):
+        raise UsageError(f"--python {python}: not executable")
+    return os.path.abspath(found)
+
+
+def _run_probe(python: str, request: dict[str, Any]) -> dict[str, Any]:
+    encoded = base64.b64encode(json.dumps(request).encode("utf-8")).decode("ascii")
+    source = Path(probe.__file__).read_text(encoding="utf-8")
+    try:
+        done = subprocess.run(
+            [python, "-c", source, encoded],
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            cwd=os.path.dirname(python) or "/",
+            check=False,
+        )
+    except OSError as exc:
+        raise ProbeError(f"cannot run {python}: {exc.strerror or exc}") from None
+    except subprocess.TimeoutExpired:
+        raise ProbeError(f"{python} did not answer within {_PROBE_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ProbeError(
+            f"{python} could not be probed (exit {done.returncode}): {last}",
+            hint="is it a Python 3.8+ interpreter?",
+        )
+    try:
+        data = json.loads(done.stdout)
+    except ValueError:
+        raise ProbeError(f"{python} answered the probe with something that is not JSON") from None
+    if not isinstance(data, dict) or data.get("probe") != probe.PROBE_SCHEMA:
+        raise ProbeError(f"{python} answered with an unknown probe format")
+    return data
+
+
+def _parse(data: dict[str, Any], in_process: bool) -> Environment:
+    try:
+        py = data["python"]
+        distributions = {}
+        for name, raw in data["distributions"].items():
+            distributions[name] = Distribution(
+                name=raw["name"],
+                version=raw["version"],
+                dist_info=Path(raw["dist_info"]) if raw["dist_info"] else None,
+                location=Path(raw["location"]),
+                editable=bool(raw["editable"]),
+                editable_url=raw["editable_url"],
+                installer=raw["installer"],
+                record=Path(raw["record"]) if raw["record"] else None,
+                files={
+                    rel: TargetFile(
+                        rel=rel,
+                        path=Path(f["path"]),
+                        root=Path(f["root"]),
+                        record_hash=f["record_hash"],
+                    )
+                    for rel, f in raw["files"].items()
+                },
+            )
+        versions = {name: raw["version"] for name, raw in data["extras"].items()}
+        versions.update({name: d.version for name, d in distributions.items()})
+        torch_raw = data.get("torch")
+        torch = (
+            TorchInfo(version=torch_raw["version"], hip=torch_raw["hip"], cuda=torch_raw["cuda"])
+            if torch_raw
+            else None
+        )
+        return Environment(
+            python=PythonInfo(
+                executable=py["executable"],
+                version=py["version"],
+                prefix=Path(py["prefix"]),
+                purelib=Path(py["purelib"]) if py.get("purelib") else None,
+            ),
+            distributions=distributions,
+            versions=versions,
+            torch=torch,
+            in_process=in_process,
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ProbeError(f"the probe's answer is missing {exc}") from None
+
+
+def discover(patches: Iterable[Patch], python: str | None = None) -> Environment:
+    """Probe ``python`` (default: this interpreter, in-process) for the patches' targets."""
+    request = _request(patches)
+    if python is None:
+        return _parse(json.loads(json.dumps(probe.probe(request))), in_process=True)
+    return _parse(_run_probe(_resolve_python(python), request), in_process=False)
+
+
+_COMPILE_CHECK = """
+import base64, json, sys
+errors = {}
+for name, src in json.loads(sys.stdin.read()).items():
+    try:
+        compile(base64.b64decode(src), name, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        errors[name] = "%s: %s (line %s)" % (type(exc).__name__, getattr(exc, "msg", exc),
+                                             getattr(exc, "lineno", "?"))
+sys.stdout.write(json.dumps(errors))
+"""
+
+
+def compile_errors(env: Environment, sources: Mapping[str, bytes]) -> dict[str, str]:
+    """Compile each source with the target's own interpreter, which is what will run it."""
+    if not sources:
+        return {}
+    if env.in_process:
+        errors = {}
+        for name, src in sources.items():
+            try:
+                compile(src, name, "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as exc:
+                lineno = getattr(exc, "lineno", "?")
+                errors[name] = f"{type(exc).__name__}: {getattr(exc, 'msg', exc)} (line {lineno})"
+        return errors
+    payload = json.dumps({k: base64.b64encode(v).decode("ascii") for k, v in sources.items()})
+    try:
+        done = subprocess.run(
+            [env.python.executable, "-c", _COMPILE_CHECK],
+            input=payload,
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            check=False,
+        )
+        result = json.loads(done.stdout) if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        result = None
+    if not isinstance(result, dict):
+        raise ProbeError(f"{env.python.executable} could not compile-check the rewritten files")
+    return {str(k): str(v) for k, v in result.items()}
+
+
+def default_python_hint() -> str | None:
+    """A hint for users whose rocmfix lives apart from their project (pipx, uv tool)."""
+    for var in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+        prefix = os.environ.get(var)
+        if prefix and Path(prefix).resolve() != Path(sys.prefix).resolve():
+            return f"{var} points at {prefix}: use --python {prefix}/bin/python to target it"
+    return None

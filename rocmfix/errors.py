@@ -1,0 +1,53 @@
+"""Errors that end a command, each with the exit code the README documents.
+
+Exit codes: 0 ok or nothing to do; 1 a patch failed, a refusal, or ``--check`` found work;
+2 the command line is wrong; 3 an internal error (a bug; the traceback goes to a log file).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+
+
+class RocmfixError(Exception):
+    """A failure rocmfix anticipated: one clear line for the user, then an exit code."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(RocmfixError):
+    """The command line asks for something that cannot exist (unknown scheme, missing file)."""
+
+    exit_code = EXIT_USAGE
+
+
+class ProbeError(RocmfixError):
+    """The target interpreter could not be asked what it holds."""
+
+
+class RefusedError(RocmfixError):
+    """rocmfix will not touch the environment in its current state; nothing was written."""
+
+
+class LockBusyError(RefusedError):
+    """Another rocmfix run holds this environment's lock."""
+
+
+class ManifestError(RefusedError):
+    """rocmfix's own record of an environment is unreadable or was tampered with."""
+
+
+class AnchorNotFoundError(RocmfixError):
+    """A rewrite did not find the code it anchors on; it never silently does nothing."""
+
+
+class WriteError(RocmfixError):
+    """Writing failed part-way; the run rolled back what it had written."""

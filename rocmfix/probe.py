@@ -1,0 +1,195 @@
+"""What an environment holds, read from inside that environment's interpreter.
+
+This file runs in two ways: imported by rocmfix (the default target is rocmfix's own
+interpreter), and as the source of ``python -c`` in another interpreter (``--python``).
+It therefore uses only the standard library, runs on every Python vllm ever supported
+(3.8+: no ``match``, no ``X | Y`` at runtime), and never imports the packages it looks at:
+importing vllm or torch takes seconds and can fail in a broken environment.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import json
+import os
+import sys
+import sysconfig
+from typing import Any, Dict, List, Optional
+
+PROBE_SCHEMA = 1
+
+
+def _record_hashes(dist: Any) -> Dict[str, str]:
+    hashes: Dict[str, str] = {}
+    for entry in dist.files or ():
+        if entry.hash is not None and entry.hash.mode == "sha256":
+            hashes[str(entry).replace("\\", "/")] = entry.hash.value
+    return hashes
+
+
+def _direct_url(dist: Any) -> Optional[Dict[str, Any]]:
+    text = dist.read_text("direct_url.json")
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _package_roots(package: str) -> List[str]:
+    # find_spec on a top-level name consults the path finders without executing the package,
+    # and it follows editable-install finders and .pth entries just as an import would.
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    locations = list(spec.submodule_search_locations or [])
+    return [os.path.dirname(os.path.abspath(loc)) for loc in locations]
+
+
+def _string_assignments(path: str, names: List[str]) -> Dict[str, Optional[str]]:
+    found: Dict[str, Optional[str]] = {name: None for name in names}
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return found
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+            value: Optional[ast.expr] = node.value
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+            value = node.value
+        else:
+            continue
+        for target in targets:
+            if (
+                isinstance(target, ast.Name)
+                and target.id in found
+                and isinstance(value, ast.Constant)
+                and isinstance(value.value, str)
+            ):
+                found[target.id] = value.value
+    return found
+
+
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _distribution(name: str, package: Optional[str], files: List[str]) -> Optional[Dict[str, Any]]:
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+    dist_path = getattr(dist, "_path", None)
+    dist_info = os.path.abspath(str(dist_path)) if dist_path is not None else None
+    location = os.path.abspath(str(dist.locate_file("")))
+    direct_url = _direct_url(dist)
+    dir_info = (direct_url or {}).get("dir_info") or {}
+    has_record = dist.read_text("RECORD") is not None
+    editable = bool(dir_info.get("editable")) or not has_record
+    roots = _package_roots(package) if package else []
+    hashes = _record_hashes(dist)
+    out_files: Dict[str, Dict[str, Any]] = {}
+    for rel in files:
+        # The import system decides which copy of a file runs, so look where it looks;
+        # fall back to the distribution's own location when nothing is importable.
+        candidates = [*roots, location]
+        root = next(
+            (each for each in candidates if os.path.lexists(os.path.join(each, rel))),
+            candidates[0],
+        )
+        out_files[rel] = {
+            "path": os.path.join(root, rel),
+            "root": root,
+            # RECORD speaks for the copy in the distribution's location only; an editable
+            # or shadowing copy elsewhere has no recorded hash.
+            "record_hash": hashes.get(rel) if _same_dir(root, location) else None,
+        }
+    return {
+        "name": dist.metadata["Name"],
+        "version": dist.version,
+        "dist_info": dist_info,
+        "location": location,
+        "editable": editable,
+        "editable_url": direct_url.get("url") if direct_url else None,
+        "installer": (dist.read_text("INSTALLER") or "").strip() or None,
+        "record": os.path.join(dist_info, "RECORD") if dist_info and has_record else None,
+        "package_roots": roots,
+        "files": out_files,
+    }
+
+
+def _torch(location_of: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    torch = location_of.get("torch")
+    if torch is None:
+        return None
+    roots = _package_roots("torch")
+    version_py = os.path.join(roots[0], "torch", "version.py") if roots else None
+    values = _string_assignments(version_py, ["hip", "cuda", "__version__"]) if version_py else {}
+    return {
+        "version": values.get("__version__") or torch["version"],
+        "hip": values.get("hip"),
+        "cuda": values.get("cuda"),
+    }
+
+
+def probe(request: Dict[str, Any]) -> Dict[str, Any]:
+    """Answer ``request`` (targets with their files, plus extra distribution names)."""
+    paths = sysconfig.get_paths()
+    distributions: Dict[str, Any] = {}
+    for target in request.get("targets", []):
+        found = _distribution(
+            target["distribution"], target.get("package"), target.get("files", [])
+        )
+        if found is not None:
+            distributions[target["distribution"]] = found
+    extras: Dict[str, Any] = {}
+    for name in request.get("extras", []):
+        found = _distribution(name, None, [])
+        if found is not None:
+            extras[name] = {"version": found["version"], "location": found["location"]}
+    return {
+        "probe": PROBE_SCHEMA,
+        "python": {
+            "executable": sys.executable,
+            "version": ".".join(str(part) for part in sys.version_info[:3]),
+            "implementation": sys.implementation.name,
+            "prefix": sys.prefix,
+            "base_prefix": getattr(sys, "base_prefix", sys.prefix),
+            "purelib": paths.get("purelib"),
+            "platlib": paths.get("platlib"),
+        },
+        "distributions": distributions,
+        "extras": extras,
+        "torch": _torch(extras),
+    }
+
+
+def main(argv: List[str]) -> int:
+    # The current directory must not shadow installed packages (a user standing in a vllm
+    # checkout would otherwise probe that checkout instead of what the environment imports).
+    while sys.path and sys.path[0] in ("", os.getcwd()):
+        sys.path.pop(0)
+    request = json.loads(base64.b64decode(argv[1]).decode("utf-8"))
+    sys.stdout.write(json.dumps(probe(request)))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,106 @@
+"""Frozen results the engine returns and the renderer shows. Nothing here prints."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+from .environment import Environment
+from .patch import Patch
+from .state import Pending
+
+
+class Verdict(enum.Enum):
+    NOT_INSTALLED = "not-installed"
+    NOT_NEEDED = "not-needed"
+    APPLICABLE = "applicable"
+    APPLIED = "applied"
+    CHANGED = "changed"
+    STALE = "stale"
+    UNSUPPORTED = "unsupported"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def settled(self) -> bool:
+        """Whether this is a state ``status --check`` accepts: nothing left to do."""
+        return self in (Verdict.APPLIED, Verdict.NOT_NEEDED, Verdict.NOT_INSTALLED)
+
+
+class Pristine(enum.Enum):
+    """How rocmfix knows a target file holds the bytes its package shipped."""
+
+    RECORD = "matches the hash in the package's RECORD"
+    MANIFEST = "matches the original rocmfix recorded"
+    GIT = "is unmodified in its git checkout"
+    UNKNOWN = "cannot be checked (no RECORD hash, not in git)"
+    MODIFIED = "differs from the hash in the package's RECORD"
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    patch: Patch
+    verdict: Verdict
+    reason: str
+    version: str | None
+    path: Path | None
+    scheme: str | None
+    editable: bool
+    pristine: Pristine | None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    environment: Environment
+    patches: tuple[PatchStatus, ...]
+    pending: Pending | None
+    busy: bool
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """One file a run writes, creates or deletes. ``display`` is the path relative to the
+    directory that holds the package, as ``patch -p1`` run there expects it."""
+
+    kind: str
+    distribution: str
+    rel: str
+    path: Path
+    display: str
+    before: bytes | None
+    after: bytes | None
+
+
+class Action(enum.Enum):
+    APPLY = "applied"
+    REAPPLY = "re-applied"
+    REVERT = "reverted"
+    FORGET = "forgotten"
+    UNCHANGED = "unchanged"
+    SKIP = "skipped"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    patch: Patch
+    action: Action
+    reason: str
+    scheme: str | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What apply or revert did (or, with ``dry_run``, would do)."""
+
+    environment: Environment
+    command: str
+    outcomes: tuple[Outcome, ...]
+    changes: tuple[FileChange, ...]
+    dry_run: bool
+    recovered: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes)

@@ -1,0 +1,344 @@
+"""rocmfix's own record of an environment: the manifest, the backups and the lock.
+
+The state lives in the environment (``<prefix>/share/rocmfix``), so it goes where the
+environment goes and every user of the environment sees the same truth. Nothing read from
+it is trusted: paths are checked against what the patch declares, digests against the
+bytes they name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from . import fsops
+from .errors import LockBusyError, ManifestError, RefusedError
+
+MANIFEST_SCHEMA = 1
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Drop:
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One applied patch."""
+
+    patch: str
+    distribution: str
+    version: str
+    file: str
+    scheme: str | None
+    original_sha256: str
+    patched_sha256: str
+    drops: tuple[Drop, ...]
+    record_updated: bool
+    applied_at: str
+
+
+@dataclass(frozen=True)
+class PendingFile:
+    """A file a run was about to change: ``kind`` is "file" (relative to the package root)
+    or "record" (the distribution's RECORD); ``None`` digests mean "absent"."""
+
+    kind: str
+    distribution: str
+    path: str
+    before: str | None
+    after: str | None
+
+
+@dataclass(frozen=True)
+class Pending:
+    op: str
+    pid: int
+    started_at: str
+    files: tuple[PendingFile, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    rocmfix_version: str = ""
+    entries: Mapping[str, Entry] = field(default_factory=dict)
+    pending: Pending | None = None
+
+    def with_entries(self, entries: Mapping[str, Entry]) -> Manifest:
+        return replace(self, entries=dict(entries))
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def safe_relative(path: Any, what: str) -> str:
+    """Accept only a plain relative POSIX path that stays inside its root."""
+    if not isinstance(path, str) or not path:
+        raise ManifestError(f"manifest: {what} is not a path: {path!r}")
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or ".." in pure.parts or "\\" in path or str(pure) != path:
+        raise ManifestError(f"manifest: {what} points outside the environment: {path!r}")
+    return path
+
+
+def _sha(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _SHA.fullmatch(value):
+        raise ManifestError(f"manifest: {what} is not a sha256 digest: {value!r}")
+    return value
+
+
+def _sha_or_none(value: Any, what: str) -> str | None:
+    return None if value is None else _sha(value, what)
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ManifestError(f"manifest: {what} is not a string: {value!r}")
+    return value
+
+
+def _str_or_none(value: Any, what: str) -> str | None:
+    return None if value is None else _str(value, what)
+
+
+def _entry(patch: str, raw: Any) -> Entry:
+    if not isinstance(raw, dict):
+        raise ManifestError(f"manifest: entry {patch!r} is not an object")
+    drops_raw = raw.get("drops", [])
+    if not isinstance(drops_raw, list):
+        raise ManifestError(f"manifest: entry {patch!r} has malformed drops")
+    drops = []
+    for drop in drops_raw:
+        if not isinstance(drop, dict):
+            raise ManifestError(f"manifest: entry {patch!r} has malformed drops")
+        drops.append(
+            Drop(
+                path=safe_relative(drop.get("path"), f"{patch} drop"),
+                sha256=_sha(drop.get("sha256"), f"{patch} drop digest"),
+            )
+        )
+    return Entry(
+        patch=patch,
+        distribution=_str(raw.get("distribution"), f"{patch} distribution"),
+        version=_str(raw.get("version"), f"{patch} version"),
+        file=safe_relative(raw.get("file"), f"{patch} file"),
+        scheme=_str_or_none(raw.get("scheme"), f"{patch} scheme"),
+        original_sha256=_sha(raw.get("original_sha256"), f"{patch} original digest"),
+        patched_sha256=_sha(raw.get("patched_sha256"), f"{patch} patched digest"),
+        drops=tuple(drops),
+        record_updated=bool(raw.get("record_updated", False)),
+        applied_at=_str(raw.get("applied_at", ""), f"{patch} applied_at"),
+    )
+
+
+def _pending(raw: Any) -> Pending | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("files"), list):
+        raise ManifestError("manifest: the pending run record is malformed")
+    files = []
+    for item in raw["files"]:
+        if not isinstance(item, dict) or item.get("kind") not in ("file", "record"):
+            raise ManifestError("manifest: the pending run record is malformed")
+        files.append(
+            PendingFile(
+                kind=item["kind"],
+                distribution=_str(item.get("distribution"), "pending distribution"),
+                path=safe_relative(item.get("path"), "pending file"),
+                before=_sha_or_none(item.get("before"), "pending digest"),
+                after=_sha_or_none(item.get("after"), "pending digest"),
+            )
+        )
+    pid = raw.get("pid")
+    return Pending(
+        op=_str(raw.get("op"), "pending op"),
+        pid=pid if isinstance(pid, int) else 0,
+        started_at=_str(raw.get("started_at", ""), "pending started_at"),
+        files=tuple(files),
+    )
+
+
+def parse_manifest(text: str, where: Path) -> Manifest:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise ManifestError(
+            f"rocmfix's manifest {where} is not valid JSON ({exc})",
+            hint="it was truncated or edited; reinstall the patched packages "
+            "(pip install --force-reinstall --no-deps ...) and move the file aside",
+        ) from None
+    if not isinstance(raw, dict):
+        raise ManifestError(f"rocmfix's manifest {where} is not a JSON object")
+    schema = raw.get("schema")
+    if schema != MANIFEST_SCHEMA:
+        raise ManifestError(
+            f"rocmfix's manifest {where} has schema {schema!r}; this rocmfix reads "
+            f"schema {MANIFEST_SCHEMA}",
+            hint="a newer rocmfix wrote it: upgrade rocmfix (pip install -U rocmfix)",
+        )
+    entries_raw = raw.get("entries", {})
+    if not isinstance(entries_raw, dict):
+        raise ManifestError(f"rocmfix's manifest {where} has malformed entries")
+    entries = {name: _entry(name, value) for name, value in entries_raw.items()}
+    return Manifest(
+        rocmfix_version=_str(raw.get("rocmfix_version", ""), "rocmfix_version"),
+        entries=entries,
+        pending=_pending(raw.get("pending")),
+    )
+
+
+def dump_manifest(manifest: Manifest, rocmfix_version: str) -> bytes:
+    def entry(e: Entry) -> dict[str, Any]:
+        return {
+            "distribution": e.distribution,
+            "version": e.version,
+            "file": e.file,
+            "scheme": e.scheme,
+            "original_sha256": e.original_sha256,
+            "patched_sha256": e.patched_sha256,
+            "backup": f"backups/{e.original_sha256}",
+            "drops": [{"path": d.path, "sha256": d.sha256} for d in e.drops],
+            "record_updated": e.record_updated,
+            "applied_at": e.applied_at,
+        }
+
+    pending = manifest.pending
+    doc = {
+        "schema": MANIFEST_SCHEMA,
+        "rocmfix_version": rocmfix_version,
+        "entries": {name: entry(e) for name, e in sorted(manifest.entries.items())},
+        "pending": None
+        if pending is None
+        else {
+            "op": pending.op,
+            "pid": pending.pid,
+            "started_at": pending.started_at,
+            "files": [
+                {
+                    "kind": f.kind,
+                    "distribution": f.distribution,
+                    "path": f.path,
+                    "before": f.before,
+                    "after": f.after,
+                }
+                for f in pending.files
+            ],
+        },
+    }
+    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+
+
+class StateDir:
+    """``<prefix>/share/rocmfix``: manifest.json, backups/<sha256>, lock."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.manifest_path = root / "manifest.json"
+        self.backups = root / "backups"
+        self.lock_path = root / "lock"
+
+    def load(self) -> Manifest:
+        try:
+            text = self.manifest_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return Manifest()
+        except UnicodeDecodeError:
+            raise ManifestError(f"rocmfix's manifest {self.manifest_path} is not text") from None
+        return parse_manifest(text, self.manifest_path)
+
+    def save(self, manifest: Manifest, rocmfix_version: str) -> None:
+        if not manifest.entries and manifest.pending is None:
+            fsops.remove(self.manifest_path)
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        fsops.atomic_write(self.manifest_path, dump_manifest(manifest, rocmfix_version))
+
+    def backup(self, data: bytes) -> str:
+        """Keep a real copy of ``data`` (never a link into the package) under its digest."""
+        digest = fsops.sha256(data)
+        path = self.backups / digest
+        if path.is_file() and fsops.sha256(path.read_bytes()) == digest:
+            return digest
+        self.backups.mkdir(parents=True, exist_ok=True)
+        fsops.atomic_write(path, data)
+        return digest
+
+    def read_backup(self, digest: str) -> bytes:
+        path = self.backups / _sha(digest, "backup digest")
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ManifestError(
+                f"the backup {path} is missing",
+                hint="reinstall the package to get its original files back "
+                "(pip install --force-reinstall --no-deps ...)",
+            ) from None
+        if fsops.sha256(data) != digest:
+            raise ManifestError(f"the backup {path} is corrupt (its digest does not match)")
+        return data
+
+    def prune_backups(self, keep: set[str]) -> None:
+        if not self.backups.is_dir():
+            return
+        for path in self.backups.iterdir():
+            if path.name not in keep and _SHA.fullmatch(path.name):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        with contextlib.suppress(OSError):
+            self.backups.rmdir()
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the environment's lock; a second run fails at once instead of interleaving."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+                raise LockBusyError(
+                    f"another rocmfix run (pid {holder}) is changing this environment",
+                    hint="wait for it to finish, then run the command again",
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
+            yield
+        finally:
+            os.close(fd)
+
+    def busy(self) -> bool:
+        """Whether another process holds the lock right now (read-only: creates nothing)."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def check_writable(self) -> None:
+        probe_dir = self.root
+        while not probe_dir.exists():
+            probe_dir = probe_dir.parent
+        reason = fsops.unwritable_reason(probe_dir)
+        if reason is not None:
+            raise RefusedError(
+                f"cannot keep rocmfix's state in {self.root}: {probe_dir} {reason}",
+                hint="run rocmfix as the user who owns the environment",
+            )
