@@ -809,22 +809,43 @@ def apply(
     check_scheme(patches, scheme)
     chosen = scheme or DEFAULT_SCHEME
     state = env.state
-    if dry_run:
-        manifest = state.load()
-        if manifest.pending is not None:
-            raise RefusedError(
-                "an earlier rocmfix run was interrupted",
-                hint="run `rocmfix apply` or `rocmfix revert` to finish it first",
-            )
+    manifest = state.load()
+    plan = None
+    if manifest.pending is None:
+        # Plan without the lock first: a run with nothing to do must not need write access.
         plan = _plan_apply(env, patches, manifest, state, chosen, force)
-        return RunResult(env, "apply", plan.outcomes, plan.changes, dry_run=True)
+        if dry_run or not (plan.changes or plan.entries != manifest.entries):
+            return RunResult(env, "apply", plan.outcomes, plan.changes, dry_run=dry_run)
+    elif dry_run:
+        raise RefusedError(
+            "an earlier rocmfix run was interrupted",
+            hint="run `rocmfix apply` or `rocmfix revert` to finish it first",
+        )
+    if plan is not None:
+        _check_writable(plan.changes, state)
     state.check_writable()
-    with state.locked():
-        manifest, recovered = _recover(env, state, state.load())
-        plan = _plan_apply(env, patches, manifest, state, chosen, force)
-        if plan.changes or plan.entries != manifest.entries:
-            _execute(env, state, manifest, plan, "apply")
+    try:
+        with state.locked():
+            locked, recovered = _recover(env, state, state.load())
+            if plan is None or locked != manifest or not _still_current(plan.changes):
+                plan = _plan_apply(env, patches, locked, state, chosen, force)
+            if plan.changes or plan.entries != locked.entries:
+                _execute(env, state, locked, plan, "apply")
+    finally:
+        _tidy_state(state)
     return RunResult(env, "apply", plan.outcomes, plan.changes, dry_run=False, recovered=recovered)
+
+
+def _still_current(changes: Sequence[FileChange]) -> bool:
+    """Whether every file a plan starts from still holds the bytes the plan read."""
+    for change in changes:
+        try:
+            if change.path.read_bytes() != change.before:
+                return False
+        except FileNotFoundError:
+            if change.before is not None:
+                return False
+    return True
 
 
 def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -> RunResult:
@@ -834,16 +855,26 @@ def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -
     if not manifest.entries and manifest.pending is None:
         return RunResult(env, "revert", (), (), dry_run=False)
     state.check_writable()
-    with state.locked():
-        manifest, recovered = _recover(env, state, state.load())
-        plan = _plan_revert(env, patches, manifest, state, force)
-        if plan.changes or plan.entries != manifest.entries:
-            _execute(env, state, manifest, plan, "revert")
-        if not plan.entries:
-            state.prune_backups(set())
-    if not plan.entries:
-        _remove_state(state)
+    try:
+        with state.locked():
+            manifest, recovered = _recover(env, state, state.load())
+            plan = _plan_revert(env, patches, manifest, state, force)
+            if plan.changes or plan.entries != manifest.entries:
+                _execute(env, state, manifest, plan, "revert")
+    finally:
+        _tidy_state(state)
     return RunResult(env, "revert", plan.outcomes, plan.changes, dry_run=False, recovered=recovered)
+
+
+def _tidy_state(state: StateDir) -> None:
+    """Leave no state directory behind once nothing is applied and nothing is pending."""
+    try:
+        manifest = state.load()
+    except ManifestError:
+        return
+    if not manifest.entries and manifest.pending is None:
+        state.prune_backups(set())
+        _remove_state(state)
 
 
 def _remove_state(state: StateDir) -> None:

@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import releases
+
+ROOT = Path(__file__).resolve().parents[1]
+MINERU_TARGET = "mineru_vl_utils/vlm_client/vllm_async_engine_client.py"
+# Resolved before any test moves XDG_CACHE_HOME, so downloads are shared across tests.
+DOWNLOAD_CACHE = releases.cache_dir()
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    stdout_bytes: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+def run_cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    user: str | None = None,
+    timeout: float = 120,
+) -> Result:
+    """The real CLI in a subprocess, the way a user runs it."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
+    done = subprocess.run(
+        [sys.executable, "-m", "rocmfix", *args],
+        capture_output=True,
+        env=full_env,
+        cwd="/",
+        timeout=timeout,
+        user=user,
+        check=False,
+    )
+    return Result(
+        returncode=done.returncode,
+        stdout=done.stdout.decode("utf-8", "replace"),
+        stderr=done.stderr.decode("utf-8", "replace"),
+        stdout_bytes=done.stdout,
+    )
+
+
+@dataclass
+class InstalledEnv:
+    """A virtual environment with one real release installed by pip."""
+
+    root: Path
+    python: Path
+    site: Path
+    target: Path
+    original: bytes
+
+    def cli(self, *args: str, **kwargs: Any) -> Result:
+        return run_cli(*args, "--python", str(self.python), **kwargs)
+
+    def status(self, patch: str) -> dict[str, Any]:
+        result = self.cli("status", "--json")
+        assert result.returncode == 0, result.stderr
+        by_id = {p["id"]: p for p in result.json()["patches"]}
+        entry: dict[str, Any] = by_id[patch]
+        return entry
+
+    @property
+    def state(self) -> Path:
+        return self.root / "share" / "rocmfix"
+
+
+@pytest.fixture
+def mineru_env(tmp_path: Path) -> Callable[[str], InstalledEnv]:
+    def make(version: str) -> InstalledEnv:
+        root = tmp_path / f"mineru-{version}"
+        python = releases.make_venv(root)
+        releases.pip_install(python, releases.wheel("mineru-vl-utils", version))
+        site = releases.site_packages(python)
+        target = site / MINERU_TARGET
+        original = target.read_bytes() if target.exists() else b""
+        return InstalledEnv(root, python, site, target, original)
+
+    return make
+
+
+def files_under(path: Path) -> dict[str, bytes]:
+    """Every file below ``path`` with its bytes, bytecode caches excluded."""
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Logs and tuned configs go to the user's dirs; keep tests out of the real ones.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.setenv("ROCMFIX_TEST_CACHE", str(DOWNLOAD_CACHE))

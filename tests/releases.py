@@ -1,0 +1,249 @@
+"""Real released files from PyPI, fetched at test time and cached under the user cache dir.
+
+No upstream code lives in this repository (vllm and mineru-vl-utils are Apache-2.0,
+DocLayout-YOLO is AGPL-3.0): tests download the released wheels and work on those. vllm
+wheels are ~400 MB, so for them only the zip directory and the members a test needs are
+read, with HTTP range requests, the way pip's lazy wheel does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+INDEX = "https://pypi.org/simple"
+_INDEX_TTL_S = 24 * 3600
+_BLOCK = 1 << 18
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    path = Path(os.environ.get("ROCMFIX_TEST_CACHE", Path(base) / "rocmfix-tests"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _get(url: str, headers: dict[str, str] | None = None, tries: int = 4) -> bytes:
+    for attempt in range(tries):
+        try:
+            request = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(request, timeout=120) as response:
+                data: bytes = response.read()
+                return data
+        except OSError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def index(project: str) -> dict[str, Any]:
+    """The PEP 691 JSON index page of ``project`` (cached for a day)."""
+    path = cache_dir() / "index" / f"{project}.json"
+    if path.is_file() and time.time() - path.stat().st_mtime < _INDEX_TTL_S:
+        loaded: dict[str, Any] = json.loads(path.read_text())
+        return loaded
+    data = _get(f"{INDEX}/{project}/", {"Accept": "application/vnd.pypi.simple.v1+json"})
+    _write_atomic(path, data)
+    parsed: dict[str, Any] = json.loads(data)
+    return parsed
+
+
+def _wheel_version(filename: str) -> str:
+    return filename.split("-")[1]
+
+
+def _wheel(project: str, version: str) -> dict[str, Any]:
+    wanted = Version(version)
+    candidates = [
+        f
+        for f in index(project)["files"]
+        if f["filename"].endswith(".whl")
+        and Version(_wheel_version(f["filename"])) == wanted
+        and ("x86_64" in f["filename"] or "none-any" in f["filename"])
+    ]
+    if not candidates:
+        raise LookupError(f"no x86_64 or pure wheel of {project} {version} on PyPI")
+    return sorted(candidates, key=lambda f: "manylinux" not in f["filename"])[0]
+
+
+def releases(project: str, *, wheels_only: bool = True) -> list[str]:
+    """Every non-yanked release with a usable wheel, oldest first."""
+    seen: set[str] = set()
+    for f in index(project)["files"]:
+        if f.get("yanked") or (wheels_only and not f["filename"].endswith(".whl")):
+            continue
+        if "x86_64" in f["filename"] or "none-any" in f["filename"]:
+            seen.add(_wheel_version(f["filename"]))
+    return sorted(seen, key=Version)
+
+
+def wheel(project: str, version: str) -> Path:
+    """A whole wheel, downloaded once and checked against the index's sha256."""
+    info = _wheel(project, version)
+    path = cache_dir() / "wheels" / info["filename"]
+    if not path.is_file():
+        data = _get(info["url"])
+        expected = info.get("hashes", {}).get("sha256")
+        if expected and hashlib.sha256(data).hexdigest() != expected:
+            raise RuntimeError(f"{info['filename']}: sha256 mismatch")
+        _write_atomic(path, data)
+    return path
+
+
+class _RangeReader(io.RawIOBase):
+    """A read-only, seekable view of a remote file, fetched in aligned blocks."""
+
+    def __init__(self, url: str, size: int) -> None:
+        self.url, self.size, self.pos = url, size, 0
+        self.blocks: dict[int, bytes] = {}
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def _block(self, number: int) -> bytes:
+        if number not in self.blocks:
+            start = number * _BLOCK
+            end = min(start + _BLOCK, self.size) - 1
+            self.blocks[number] = _get(self.url, {"Range": f"bytes={start}-{end}"})
+        return self.blocks[number]
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self.size - self.pos)
+        if want <= 0:
+            return 0
+        out = bytearray()
+        while len(out) < want:
+            number, offset = divmod(self.pos + len(out), _BLOCK)
+            out += self._block(number)[offset : offset + want - len(out)]
+        buffer[:want] = out
+        self.pos += want
+        return want
+
+
+def wheel_members(project: str, version: str, members: list[str]) -> dict[str, bytes | None]:
+    """Members of a released wheel (``None`` where the wheel has no such member), plus the
+    dist-info files, read remotely and cached one file at a time."""
+    info = _wheel(project, version)
+    root = cache_dir() / "members" / info["filename"]
+    listing = root / ".listing.json"
+    names: list[str] | None = json.loads(listing.read_text()) if listing.is_file() else None
+    out: dict[str, bytes | None] = {}
+    missing = [
+        m for m in members if not (root / m).is_file() and (names is None or m in names)
+    ]
+    if names is None or missing:
+        size = info.get("size") or int(
+            urllib.request.urlopen(urllib.request.Request(info["url"], method="HEAD")).headers[
+                "Content-Length"
+            ]
+        )
+        reader = io.BufferedReader(_RangeReader(info["url"], size), buffer_size=_BLOCK)
+        with zipfile.ZipFile(reader) as archive:
+            names = archive.namelist()
+            _write_atomic(listing, json.dumps(names).encode())
+            for member in missing:
+                if member in names:
+                    _write_atomic(root / member, archive.read(member))
+    assert names is not None
+    for member in members:
+        out[member] = (root / member).read_bytes() if member in names else None
+    return out
+
+
+def dist_info_members(project: str, version: str) -> list[str]:
+    wheel_members(project, version, [])
+    info = _wheel(project, version)
+    names = json.loads((cache_dir() / "members" / info["filename"] / ".listing.json").read_text())
+    return [
+        n
+        for n in names
+        if n.count("/") == 1
+        and n.split("/")[0].endswith(".dist-info")
+        and n.split("/")[1] in ("METADATA", "RECORD", "WHEEL")
+    ]
+
+
+def make_venv(path: Path) -> Path:
+    """A bare virtual environment (no pip inside: the test runner's pip installs into it)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    return path / "bin" / "python"
+
+
+def site_packages(python: Path) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return Path(out)
+
+
+def pip_install(python: Path, *wheels: Path) -> None:
+    """Install wheels with pip itself, so dist-info, RECORD and INSTALLER are pip's own."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--no-compile",
+            *map(str, wheels),
+        ],
+        check=True,
+    )
+
+
+def partial_install(python: Path, project: str, version: str, members: list[str]) -> Path:
+    """Install only ``members`` of a huge wheel, with its real METADATA, WHEEL and RECORD,
+    as pip would have laid them out. Returns site-packages."""
+    site = site_packages(python)
+    meta = dist_info_members(project, version)
+    files = wheel_members(project, version, members + meta)
+    for name, data in files.items():
+        if data is not None:
+            (site / name).parent.mkdir(parents=True, exist_ok=True)
+            (site / name).write_bytes(data)
+    info_dir = site / meta[0].split("/")[0]
+    (info_dir / "INSTALLER").write_text("pip\n")
+    return site
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, symlinks=True)
