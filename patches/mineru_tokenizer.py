@@ -11,46 +11,60 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 from packaging.version import InvalidVersion, Version
 
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.patch import Classification, Patch, Shape, TargetContext
-from rocmfix.rewrite import has_marker, marker_line
+from rocmfix.rewrite import call_name, dotted, has_marker, marker_line
 
-_CALL = m.Call(func=m.Attribute(attr=m.Name("get_lora_tokenizer")), args=[])
-_UNGUARDED = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()], value=_CALL)])
+_METHOD = "get_lora_tokenizer"
 _MARKER_TEXT = "vllm >= 0.11 has no get_lora_tokenizer() (vllm#24078); use the tokenizer itself"
 
 
-@dataclass
-class _Call:
-    guard: str  # "none", "hasattr", "try", "ours"
-    statement: bool  # the call is a whole ``X = Y.get_lora_tokenizer()`` statement
+def _is_call(node: cst.CSTNode | None) -> bool:
+    name = call_name(node)
+    return (
+        isinstance(node, cst.Call)
+        and not node.args
+        and name is not None
+        and name.endswith(f".{_METHOD}")
+    )
+
+
+def _unguarded_assign(node: cst.SimpleStatementLine) -> cst.Assign | None:
+    """``X = Y.get_lora_tokenizer()`` as a whole statement, else None."""
+    if len(node.body) != 1:
+        return None
+    assign = node.body[0]
+    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and _is_call(assign.value):
+        return assign
+    return None
 
 
 def _try_guard(node: cst.Try) -> str:
-    catches = any(
-        h.type is not None and m.matches(h.type, m.Name("AttributeError")) for h in node.handlers
-    )
+    catches = any(dotted(h.type) == "AttributeError" for h in node.handlers)
     if not catches:
         return ""
     return "ours" if has_marker(node.leading_lines) else "try"
 
 
 def _if_guard(node: cst.If) -> str:
-    tests_hasattr = m.matches(
-        node.test,
-        m.Call(
-            func=m.Name("hasattr"),
-            args=[m.Arg(), m.Arg(m.SimpleString(m.MatchIfTrue(_names_method)))],
-        ),
-    )
-    return "hasattr" if tests_hasattr else ""
+    test = node.test
+    if (
+        isinstance(test, cst.Call)
+        and dotted(test.func) == "hasattr"
+        and len(test.args) == 2
+        and isinstance(test.args[1].value, cst.SimpleString)
+        and test.args[1].value.evaluated_value == _METHOD
+    ):
+        return "hasattr"
+    return ""
 
 
-def _names_method(literal: str) -> bool:
-    return literal.strip("'\"") == "get_lora_tokenizer"
+@dataclass
+class _Call:
+    guard: str  # "none", "hasattr", "try", "ours"
+    statement: bool  # the call is a whole ``X = Y.get_lora_tokenizer()`` statement
 
 
 class _Guards:
@@ -85,10 +99,10 @@ class _Finder(cst.CSTVisitor):
         self.guards.stack.pop()
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        self._statement = m.matches(node, _UNGUARDED)
+        self._statement = _unguarded_assign(node) is not None
 
     def visit_Call(self, node: cst.Call) -> None:
-        if m.matches(node, _CALL):
+        if _is_call(node):
             self.calls.append(_Call(guard=self.guards.innermost, statement=self._statement))
 
 
@@ -155,10 +169,9 @@ class _Guard(cst.CSTTransformer):
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
-        if self.guards.innermost != "none" or not m.matches(updated_node, _UNGUARDED):
+        assign = _unguarded_assign(updated_node)
+        if assign is None or self.guards.innermost != "none":
             return updated_node
-        assign = updated_node.body[0]
-        assert isinstance(assign, cst.Assign)
         call = assign.value
         assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
         target = self.module.code_for_node(assign.targets[0].target)

@@ -853,6 +853,8 @@ def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -
     state = env.state
     manifest = state.load()
     if not manifest.entries and manifest.pending is None:
+        if state.root.exists():
+            _tidy_state(state)
         return RunResult(env, "revert", (), (), dry_run=False)
     state.check_writable()
     try:
@@ -872,6 +874,7 @@ def _tidy_state(state: StateDir) -> None:
         manifest = state.load()
     except ManifestError:
         return
+    fsops.remove_temp_files(state.manifest_path)
     if not manifest.entries and manifest.pending is None:
         state.prune_backups(set())
         _remove_state(state)

@@ -292,7 +292,9 @@ class StateDir:
         if not self.backups.is_dir():
             return
         for path in self.backups.iterdir():
-            if path.name not in keep and _SHA.fullmatch(path.name):
+            # The folder is rocmfix's alone: anything but a kept backup is an old backup or
+            # the temporary file of a write that was interrupted.
+            if path.name not in keep and path.is_file():
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
         with contextlib.suppress(OSError):
