@@ -1,5 +1,10 @@
 """Every patch rocmfix ships, one module per target file, in the order status lists them."""
 
-from . import mineru_tokenizer
+from . import mineru_tokenizer, vllm_qwen2_5_vl, vllm_qwen2_vl, vllm_qwen3_vl
 
-PATCHES = (mineru_tokenizer.PATCH,)
+PATCHES = (
+    vllm_qwen2_vl.PATCH,
+    vllm_qwen2_5_vl.PATCH,
+    vllm_qwen3_vl.PATCH,
+    mineru_tokenizer.PATCH,
+)

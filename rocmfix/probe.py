@@ -95,6 +95,9 @@ def _distribution(name: str, package: Optional[str], files: List[str]) -> Option
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
         return None
+    if dist.version is None:
+        # A dist-info folder an uninstall left behind, with no METADATA: not installed.
+        return None
     dist_path = getattr(dist, "_path", None)
     dist_info = os.path.abspath(str(dist_path)) if dist_path is not None else None
     location = os.path.abspath(str(dist.locate_file("")))

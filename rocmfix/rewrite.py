@@ -117,7 +117,12 @@ def insert_after_last_import(module: cst.Module, new: Statement) -> cst.Module:
     so the anchor is the block's end, never a line number or a particular import.
     """
     body = list(module.body)
-    last = max((index for index, node in enumerate(body) if _is_import(node)), default=None)
+    # Imports after the first definition are late imports, not the module's import block.
+    first_def = next(
+        (i for i, node in enumerate(body) if isinstance(node, cst.ClassDef | cst.FunctionDef)),
+        len(body),
+    )
+    last = max((i for i, node in enumerate(body[:first_def]) if _is_import(node)), default=None)
     if last is None:
         raise AnchorNotFoundError("no top-level import to insert after")
     body.insert(last + 1, new)

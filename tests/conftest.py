@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import releases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +89,42 @@ def mineru_env(tmp_path: Path) -> Callable[[str], InstalledEnv]:
         target = site / MINERU_TARGET
         original = target.read_bytes() if target.exists() else b""
         return InstalledEnv(root, python, site, target, original)
+
+    return make
+
+
+VLLM_MODELS = "vllm/model_executor/models"
+VLLM_TARGETS = [f"{VLLM_MODELS}/{name}" for name in ("qwen2_vl.py", "qwen2_5_vl.py", "qwen3_vl.py")]
+
+
+def fake_torch(site: Path, version: str, hip: str | None = None, cuda: str | None = None) -> None:
+    """Metadata of a torch build (what the probe reads), never torch itself."""
+    info = site / f"torch-{version.split('+')[0]}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+    (info / "RECORD").write_text("")
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text("")
+    (site / "torch" / "version.py").write_text(
+        f"__version__ = {version!r}\nhip = {hip!r}\ncuda = {cuda!r}\n"
+    )
+
+
+@pytest.fixture
+def vllm_env(tmp_path: Path) -> Callable[..., InstalledEnv]:
+    """A venv holding vllm's three target files (and its real METADATA/RECORD) from the
+    released wheel, as pip would have laid them out; the rest of the 400 MB stays on PyPI."""
+
+    def make(version: str, torch: str | None = None, hip: str | None = None) -> InstalledEnv:
+        root = tmp_path / f"vllm-{version}-{torch}"
+        python = releases.make_venv(root)
+        site = releases.partial_install(
+            python, "vllm", version, [*VLLM_TARGETS, "vllm/__init__.py"]
+        )
+        if torch is not None:
+            fake_torch(site, torch, hip=hip)
+        target = site / VLLM_TARGETS[0]
+        return InstalledEnv(root, python, site, target, target.read_bytes())
 
     return make
 

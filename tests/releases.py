@@ -8,6 +8,7 @@ read, with HTTP range requests, the way pip's lazy wheel does.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -159,9 +160,7 @@ def wheel_members(project: str, version: str, members: list[str]) -> dict[str, b
     listing = root / ".listing.json"
     names: list[str] | None = json.loads(listing.read_text()) if listing.is_file() else None
     out: dict[str, bytes | None] = {}
-    missing = [
-        m for m in members if not (root / m).is_file() and (names is None or m in names)
-    ]
+    missing = [m for m in members if not (root / m).is_file() and (names is None or m in names)]
     if names is None or missing:
         size = info.get("size") or int(
             urllib.request.urlopen(urllib.request.Request(info["url"], method="HEAD")).headers[
@@ -241,7 +240,12 @@ def partial_install(python: Path, project: str, version: str, members: list[str]
             (site / name).parent.mkdir(parents=True, exist_ok=True)
             (site / name).write_bytes(data)
     info_dir = site / meta[0].split("/")[0]
-    (info_dir / "INSTALLER").write_text("pip\n")
+    (info_dir / "INSTALLER").write_bytes(b"pip\n")
+    # pip lists INSTALLER in RECORD too, so that uninstalling removes it.
+    installer = f"{info_dir.name}/INSTALLER"
+    digest = base64.urlsafe_b64encode(hashlib.sha256(b"pip\n").digest()).rstrip(b"=").decode()
+    with (info_dir / "RECORD").open("a") as record:
+        record.write(f"{installer},sha256={digest},4\n")
     return site
 
 

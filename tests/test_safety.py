@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, InstalledEnv, files_under, run_cli
 
 pytestmark = pytest.mark.network
@@ -41,8 +40,7 @@ def test_readonly_site_packages(env: InstalledEnv) -> None:
             pytest.fail("running as root needs unshare(1) for a read-only mount")
         site = str(env.site)
         script = (
-            f"mount --bind {site} {site} && mount -o remount,bind,ro {site} {site} && "
-            f'exec "$@"'
+            f'mount --bind {site} {site} && mount -o remount,bind,ro {site} {site} && exec "$@"'
         )
         done = subprocess.run(
             [
