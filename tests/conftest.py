@@ -129,6 +129,11 @@ def vllm_env(tmp_path: Path) -> Callable[..., InstalledEnv]:
     return make
 
 
+def patch_p1(diff: bytes, cwd: Path) -> int:
+    """Apply a diff the way the README tells CI users to: ``patch -p1`` from site-packages."""
+    return subprocess.run(["patch", "-p1", "--quiet"], input=diff, cwd=cwd, check=False).returncode
+
+
 def files_under(path: Path) -> dict[str, bytes]:
     """Every file below ``path`` with its bytes, bytecode caches excluded."""
     return {

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, InstalledEnv, files_under, run_cli
+from conftest import ROOT, InstalledEnv, files_under, patch_p1, run_cli
 
 pytestmark = pytest.mark.network
 PATCH = "mineru-tokenizer"
@@ -302,10 +302,7 @@ def test_dry_run_writes_nothing_and_patch_reproduces_apply(
 
     copy = tmp_path / "copy"
     shutil.copytree(env.site, copy)
-    applied = subprocess.run(
-        ["patch", "-p1", "--quiet"], input=dry.stdout_bytes, cwd=copy, check=False
-    )
-    assert applied.returncode == 0
+    assert patch_p1(dry.stdout_bytes, copy) == 0
     assert env.cli("apply").returncode == 0
     assert (copy / env.target.relative_to(env.site)).read_bytes() == env.target.read_bytes()
 

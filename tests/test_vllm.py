@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import releases
-from conftest import ROOT, VLLM_MODELS, VLLM_TARGETS, InstalledEnv, files_under
+from conftest import ROOT, VLLM_MODELS, VLLM_TARGETS, InstalledEnv, files_under, patch_p1
 from packaging.version import Version
 
 pytestmark = pytest.mark.network
@@ -135,10 +135,7 @@ def test_dry_run_diff_applies_with_patch(
     assert f"--- /dev/null\n+++ b/{DROP}\n" in dry.stdout
     copy = tmp_path / "copy"
     releases.copy_tree(env.site, copy)
-    done = subprocess.run(
-        ["patch", "-p1", "--quiet"], input=dry.stdout_bytes, cwd=copy, check=False
-    )
-    assert done.returncode == 0
+    assert patch_p1(dry.stdout_bytes, copy) == 0
     assert env.cli("apply", "--only", "vllm").returncode == 0
     assert files_under(copy) == files_under(env.site)
 

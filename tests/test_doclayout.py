@@ -1,0 +1,86 @@
+"""The DocLayout-YOLO patch against every real release, through the real CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import releases
+from conftest import ROOT, InstalledEnv, files_under, patch_p1
+
+pytestmark = pytest.mark.network
+
+PATCH = "doclayout-dilated-conv"
+TARGET = "doclayout_yolo/nn/modules/g2l_crm.py"
+DROP = "doclayout_yolo/nn/modules/g2l_crm_triton.py"
+TEMPLATES = {
+    "gemm": "dilated_conv_triton.py",
+    "direct": "dilated_conv_triton.py",
+    "linear": "dilated_conv_phase.py",
+}
+
+
+@pytest.fixture
+def doclayout_env(tmp_path: Path) -> Callable[[str], InstalledEnv]:
+    def make(version: str) -> InstalledEnv:
+        root = tmp_path / f"doclayout-{version}"
+        python = releases.make_venv(root)
+        releases.pip_install(python, releases.wheel("doclayout-yolo", version))
+        site = releases.site_packages(python)
+        return InstalledEnv(root, python, site, site / TARGET, (site / TARGET).read_bytes())
+
+    return make
+
+
+@pytest.mark.parametrize("version", releases.releases("doclayout-yolo"))
+def test_release_round_trip_every_scheme(
+    version: str, doclayout_env: Callable[[str], InstalledEnv]
+) -> None:
+    env = doclayout_env(version)
+    before = files_under(env.site)
+    status = env.status(PATCH)
+    assert status["verdict"] == "applicable", status
+    assert status["pristine"] == "record"
+
+    for scheme in ("gemm", "direct", "linear"):
+        applied = env.cli("apply", "--scheme", scheme, "--only", PATCH)
+        assert applied.returncode == 0, applied.stderr
+        source = env.target.read_bytes()
+        compile(source, TARGET, "exec")
+        text = source.decode()
+        assert "from .g2l_crm_triton import dilated_conv2d as _rocmfix_dilated_conv2d" in text
+        assert "act(bn(_rocmfix_dilated_conv2d(x, weight, dilation, padding)))" in text
+        assert (
+            "return act(bn(F.conv2d(x, weight, stride=1, padding=padding, dilation=dilation)))"
+            in text
+        )
+        assert (env.site / DROP).read_bytes() == (
+            ROOT / "templates" / TEMPLATES[scheme]
+        ).read_bytes()
+        assert env.status(PATCH)["scheme"] == scheme
+        snapshot = files_under(env.site)
+        again = env.cli("apply", "--scheme", scheme, "--only", PATCH)
+        assert again.returncode == 0 and "unchanged" in again.stderr
+        assert files_under(env.site) == snapshot
+
+    reverted = env.cli("revert")
+    assert reverted.returncode == 0, reverted.stderr
+    assert files_under(env.site) == before
+    assert not env.state.exists()
+
+
+def test_original_has_no_trailing_newline_and_keeps_it(
+    doclayout_env: Callable[[str], InstalledEnv], tmp_path: Path
+) -> None:
+    """g2l_crm.py ends without a newline: the rewrite and the dry-run diff keep that."""
+    env = doclayout_env("0.0.4")
+    assert not env.original.endswith(b"\n")
+    dry = env.cli("apply", "--dry-run", "--only", PATCH)
+    assert dry.returncode == 0, dry.stderr
+    copy = tmp_path / "copy"
+    releases.copy_tree(env.site, copy)
+    assert patch_p1(dry.stdout_bytes, copy) == 0
+    assert env.cli("apply", "--only", PATCH).returncode == 0
+    assert not env.target.read_bytes().endswith(b"\n")
+    assert (copy / TARGET).read_bytes() == env.target.read_bytes()
