@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 import releases
 
 ROOT = Path(__file__).resolve().parents[1]

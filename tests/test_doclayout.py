@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 import releases
 from conftest import ROOT, InstalledEnv, files_under, patch_p1
 

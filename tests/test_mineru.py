@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
+
 import releases
 from conftest import InstalledEnv, files_under
-from packaging.version import Version
 
 pytestmark = pytest.mark.network
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT, InstalledEnv, files_under, patch_p1, run_cli
 
 pytestmark = pytest.mark.network

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
+
 import releases
 from conftest import ROOT, VLLM_MODELS, VLLM_TARGETS, InstalledEnv, files_under, patch_p1
-from packaging.version import Version
 
 pytestmark = pytest.mark.network
 
