@@ -39,13 +39,15 @@ DROP = f"vllm/model_executor/models/{KERNELS}.py"
 SCHEMES = (
     Scheme(
         "gemm",
-        "Triton GEMM over the flattened patches (default)",
+        "Triton GEMM over the flattened patches",
         (Template("patch_embed_gemm.py", DROP),),
+        needs_triton=True,
     ),
     Scheme(
         "direct",
         "Triton, one program per output element; a slow parity oracle",
         (Template("patch_embed_direct.py", DROP),),
+        needs_triton=True,
     ),
     Scheme(
         "linear",
@@ -235,4 +237,5 @@ def patch_embed_patch(
         missing_reason=missing_reason,
         schemes=SCHEMES,
         known=tuple(known),
+        needs_rocm=True,
     )

@@ -144,8 +144,8 @@ PATCH = Patch(
     transform=transform,
     missing_reason="doclayout-yolo {version} has no g2l_crm.py",
     schemes=(
-        Scheme("gemm", "Triton implicit-GEMM dilated conv (default)", _TRITON),
-        Scheme("direct", "the same Triton implicit-GEMM kernel", _TRITON),
+        Scheme("gemm", "Triton implicit-GEMM dilated conv", _TRITON, True),
+        Scheme("direct", "the same Triton implicit-GEMM kernel", _TRITON, True),
         Scheme(
             "linear",
             "phase split: d*d dense convs batched into one vendor call, no Triton",
@@ -153,4 +153,5 @@ PATCH = Patch(
         ),
     ),
     known=("0.0.2b1, 0.0.3, 0.0.4: one byte-identical g2l_crm.py (needed on ROCm)",),
+    needs_rocm=True,
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import enum
 import os
 import traceback
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from . import __version__, engine, render
+from . import __version__, engine, exports, render
 from .environment import Environment, discover
 from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, RocmfixError
 from .patch import Patch
@@ -174,6 +175,63 @@ def revert(
     def body() -> int:
         env, patches = _setup(python, only)
         render.run_summary(engine.revert(env, patches, force=force))
+        return EXIT_OK
+
+    _run(body)
+
+
+@app.command("list")
+def list_(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON document.")] = False,
+) -> None:
+    """List every patch: its target file, the versions and code shapes it knows, its schemes.
+
+    Example: [bold]rocmfix list[/]
+    """
+
+    def body() -> int:
+        render.patch_list(all_patches(), as_json=as_json)
+        return EXIT_OK
+
+    _run(body)
+
+
+class Shell(str, enum.Enum):
+    bash = "bash"
+    zsh = "zsh"
+    fish = "fish"
+    powershell = "powershell"
+
+
+class ModelSource(str, enum.Enum):
+    modelscope = "modelscope"
+    huggingface = "huggingface"
+    local = "local"
+
+
+@app.command("env")
+def env_(
+    shell: Annotated[Shell, typer.Option("--shell", help="Syntax of the lines printed.")] = (
+        Shell.bash
+    ),
+    model_source: Annotated[
+        ModelSource | None,
+        typer.Option(
+            "--model-source",
+            help="Also export MINERU_MODEL_SOURCE (never set unless asked for).",
+        ),
+    ] = None,
+    python: PythonOpt = None,
+) -> None:
+    """Print the environment variables this environment needs, each with its reason.
+
+    Example: [bold]eval "$(rocmfix env --python ~/venvs/mineru/bin/python)"[/]
+    """
+
+    def body() -> int:
+        env = discover(all_patches(), python)
+        source = model_source.value if model_source is not None else None
+        render.text(exports.script(env, shell.value, source))
         return EXIT_OK
 
     _run(body)

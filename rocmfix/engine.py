@@ -19,6 +19,7 @@ import libcst as cst
 
 from . import __version__, fsops
 from ._resources import template_bytes
+from .checks import environment_warnings, has_triton
 from .environment import Distribution, Environment, compile_errors, default_python_hint
 from .errors import AnchorNotFoundError, ManifestError, RefusedError, UsageError, WriteError
 from .patch import Patch, Shape, TargetContext
@@ -76,6 +77,8 @@ class _Inspection:
     root: Path | None
     data: bytes | None
     entry: Entry | None
+    # Not needed only because torch is not a ROCm build: --force may still apply it.
+    forceable: bool = False
 
 
 def _git_pristine(path: Path) -> bool:
@@ -186,9 +189,14 @@ def _inspect(
     dist = env.distributions.get(patch.distribution)
 
     def done(
-        status: PatchStatus, root: Path | None = None, data: bytes | None = None
+        status: PatchStatus,
+        root: Path | None = None,
+        data: bytes | None = None,
+        forceable: bool = False,
     ) -> _Inspection:
-        return _Inspection(status=status, dist=dist, root=root, data=data, entry=entry)
+        return _Inspection(
+            status=status, dist=dist, root=root, data=data, entry=entry, forceable=forceable
+        )
 
     if dist is None:
         if entry is not None:
@@ -303,6 +311,25 @@ def _inspect(
     elif pristine is Pristine.MODIFIED:
         verdict = Verdict.CHANGED
         reason = f"modified since it was installed, not by rocmfix ({found.reason})"
+    elif found.shape is Shape.NEEDS_PATCH and patch.needs_rocm and not_rocm(env):
+        assert env.torch is not None
+        build = f"CUDA {env.torch.cuda}" if env.torch.cuda else "CPU-only"
+        return done(
+            _status(
+                patch,
+                Verdict.NOT_NEEDED,
+                f"torch {env.torch.version} is a {build} build: this patch is for ROCm "
+                "(`apply --force` patches anyway)",
+                dist,
+                path,
+                None,
+                pristine,
+                found.notes,
+            ),
+            root,
+            data,
+            forceable=True,
+        )
     elif found.shape is Shape.NEEDS_PATCH and entry is not None:
         verdict = Verdict.STALE
         was = "" if entry.version == dist.version else f" (rocmfix patched {entry.version})"
@@ -329,6 +356,16 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
 
+def lacks_triton(env: Environment) -> bool:
+    """torch is there but no Triton is: a Triton scheme could only fall back."""
+    return env.torch is not None and not has_triton(env)
+
+
+def not_rocm(env: Environment) -> bool:
+    """torch is there and is not a ROCm build (without torch, rocmfix cannot tell)."""
+    return env.torch is not None and not env.torch.hip
+
+
 def _context(env: Environment, dist: Distribution) -> TargetContext:
     return TargetContext(version=dist.version, versions=env.versions, torch=env.torch)
 
@@ -349,6 +386,7 @@ def status(env: Environment, patches: Sequence[Patch]) -> StatusReport:
         pending=manifest.pending,
         busy=busy,
         hint=hint,
+        warnings=environment_warnings(env),
     )
 
 
@@ -463,11 +501,20 @@ def _plan_apply(
             if patch.schemes
             else None
         )
-        if st.verdict in (Verdict.NOT_INSTALLED, Verdict.NOT_NEEDED):
+        if st.verdict is Verdict.NOT_INSTALLED or (
+            st.verdict is Verdict.NOT_NEEDED and not (force and seen.forceable)
+        ):
             outcomes.append(Outcome(patch, Action.SKIP, st.reason))
             continue
         if st.verdict is Verdict.APPLIED and st.scheme == chosen:
             outcomes.append(Outcome(patch, Action.UNCHANGED, "already applied", chosen))
+            continue
+        scheme_data = patch.scheme(chosen)
+        if scheme_data is not None and scheme_data.needs_triton and lacks_triton(env) and not force:
+            refusals.append(
+                f"{patch.id}: no Triton in this environment for the {chosen} scheme "
+                "(use --scheme linear)"
+            )
             continue
         if st.verdict is Verdict.UNSUPPORTED:
             refusals.append(f"{patch.id}: unsupported: {st.reason}")
@@ -815,7 +862,7 @@ def apply(
         # Plan without the lock first: a run with nothing to do must not need write access.
         plan = _plan_apply(env, patches, manifest, state, chosen, force)
         if dry_run or not (plan.changes or plan.entries != manifest.entries):
-            return RunResult(env, "apply", plan.outcomes, plan.changes, dry_run=dry_run)
+            return _result(env, "apply", plan.outcomes, plan.changes, dry_run)
     elif dry_run:
         raise RefusedError(
             "an earlier rocmfix run was interrupted",
@@ -833,7 +880,7 @@ def apply(
                 _execute(env, state, locked, plan, "apply")
     finally:
         _tidy_state(state)
-    return RunResult(env, "apply", plan.outcomes, plan.changes, dry_run=False, recovered=recovered)
+    return _result(env, "apply", plan.outcomes, plan.changes, False, recovered)
 
 
 def _still_current(changes: Sequence[FileChange]) -> bool:
@@ -855,7 +902,7 @@ def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -
     if not manifest.entries and manifest.pending is None:
         if state.root.exists():
             _tidy_state(state)
-        return RunResult(env, "revert", (), (), dry_run=False)
+        return _result(env, "revert", (), (), False)
     state.check_writable()
     try:
         with state.locked():
@@ -865,7 +912,7 @@ def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -
                 _execute(env, state, manifest, plan, "revert")
     finally:
         _tidy_state(state)
-    return RunResult(env, "revert", plan.outcomes, plan.changes, dry_run=False, recovered=recovered)
+    return _result(env, "revert", plan.outcomes, plan.changes, False, recovered)
 
 
 def _tidy_state(state: StateDir) -> None:
@@ -878,6 +925,19 @@ def _tidy_state(state: StateDir) -> None:
     if not manifest.entries and manifest.pending is None:
         state.prune_backups(set())
         _remove_state(state)
+
+
+def _result(
+    env: Environment,
+    command: str,
+    outcomes: tuple[Outcome, ...],
+    changes: tuple[FileChange, ...],
+    dry_run: bool,
+    recovered: tuple[str, ...] = (),
+) -> RunResult:
+    return RunResult(
+        env, command, outcomes, changes, dry_run, recovered, warnings=environment_warnings(env)
+    )
 
 
 def _remove_state(state: StateDir) -> None:

@@ -20,6 +20,8 @@ from .state import StateDir
 
 # Distributions read for warnings and for the patches' context, beyond the targets.
 EXTRAS = ("torch", "triton", "pytorch-triton-rocm", "flash-attn", "vllm", "mineru")
+# Paths whose presence the checks need: flash-attn's Triton backend for AMD.
+EXISTS = {"flash-attn": ["flash_attn/flash_attn_triton_amd"]}
 
 _PROBE_TIMEOUT_S = 60
 
@@ -46,6 +48,16 @@ class Distribution:
 
 
 @dataclass(frozen=True)
+class Installed:
+    """A distribution read for context: its version, where it lives, what it requires."""
+
+    version: str
+    location: Path
+    requires: tuple[str, ...]
+    exists: Mapping[str, bool]
+
+
+@dataclass(frozen=True)
 class PythonInfo:
     executable: str
     version: str
@@ -57,6 +69,7 @@ class PythonInfo:
 class Environment:
     python: PythonInfo
     distributions: Mapping[str, Distribution]
+    installed: Mapping[str, Installed]
     versions: Mapping[str, str]
     torch: TorchInfo | None
     in_process: bool
@@ -75,7 +88,7 @@ def _request(patches: Iterable[Patch]) -> dict[str, Any]:
         )
         if patch.path not in target["files"]:
             target["files"].append(patch.path)
-    return {"targets": list(targets.values()), "extras": list(EXTRAS)}
+    return {"targets": list(targets.values()), "extras": list(EXTRAS), "exists": EXISTS}
 
 
 def _resolve_python(python: str) -> str:
@@ -144,7 +157,16 @@ def _parse(data: dict[str, Any], in_process: bool) -> Environment:
                     for rel, f in raw["files"].items()
                 },
             )
-        versions = {name: raw["version"] for name, raw in data["extras"].items()}
+        installed = {
+            name: Installed(
+                version=raw["version"],
+                location=Path(raw["location"]),
+                requires=tuple(raw["requires"]),
+                exists=dict(raw["exists"]),
+            )
+            for name, raw in data["extras"].items()
+        }
+        versions = {name: extra.version for name, extra in installed.items()}
         versions.update({name: d.version for name, d in distributions.items()})
         torch_raw = data.get("torch")
         torch = (
@@ -160,6 +182,7 @@ def _parse(data: dict[str, Any], in_process: bool) -> Environment:
                 purelib=Path(py["purelib"]) if py.get("purelib") else None,
             ),
             distributions=distributions,
+            installed=installed,
             versions=versions,
             torch=torch,
             in_process=in_process,

@@ -59,6 +59,7 @@ class Scheme:
     name: str
     summary: str
     templates: tuple[Template, ...] = ()
+    needs_triton: bool = False
 
 
 Classifier = Callable[[cst.Module, TargetContext], Classification]
@@ -84,6 +85,8 @@ class Patch:
     missing_reason: str
     schemes: tuple[Scheme, ...] = ()
     known: tuple[str, ...] = field(default=())
+    # A kernel patch fixes a ROCm library gap; on a CUDA or CPU torch it is not needed.
+    needs_rocm: bool = False
 
     def scheme(self, name: str | None) -> Scheme | None:
         if not self.schemes:

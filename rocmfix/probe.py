@@ -134,6 +134,7 @@ def _distribution(name: str, package: Optional[str], files: List[str]) -> Option
         "record": os.path.join(dist_info, "RECORD") if dist_info and has_record else None,
         "package_roots": roots,
         "files": out_files,
+        "requires": list(dist.requires or []),
     }
 
 
@@ -162,10 +163,19 @@ def probe(request: Dict[str, Any]) -> Dict[str, Any]:
         if found is not None:
             distributions[target["distribution"]] = found
     extras: Dict[str, Any] = {}
+    exists = request.get("exists", {})
     for name in request.get("extras", []):
         found = _distribution(name, None, [])
         if found is not None:
-            extras[name] = {"version": found["version"], "location": found["location"]}
+            location = found["location"]
+            extras[name] = {
+                "version": found["version"],
+                "location": location,
+                "requires": found["requires"],
+                "exists": {
+                    rel: os.path.exists(os.path.join(location, rel)) for rel in exists.get(name, [])
+                },
+            }
     return {
         "probe": PROBE_SCHEMA,
         "python": {

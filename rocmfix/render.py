@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -16,6 +17,7 @@ from . import __version__
 from .diffing import unified_diffs
 from .environment import Environment
 from .errors import RocmfixError
+from .patch import Patch
 from .results import Action, PatchStatus, RunResult, StatusReport, Verdict
 
 STATUS_SCHEMA = "rocmfix-status/1"
@@ -83,6 +85,11 @@ def status_table(report: StatusReport) -> None:
     for item in report.patches:
         for note in item.notes:
             console.print(f"  {item.patch.id}: {escape(note)}")
+    if report.warnings:
+        console.print("[bold yellow]Warnings[/]")
+        for warning in report.warnings:
+            console.print(f"  [yellow]{warning.code}[/]: {escape(warning.message)}")
+            console.print(f"    {escape(warning.advice)}", style="dim")
     if report.hint:
         _err().print(f"hint: {escape(report.hint)}")
 
@@ -144,12 +151,50 @@ def status_document(report: StatusReport) -> dict[str, Any]:
         if pending is None
         else {"op": pending.op, "pid": pending.pid, "started_at": pending.started_at},
         "patches": [_patch_json(item) for item in report.patches],
+        "warnings": [
+            {"code": w.code, "message": w.message, "advice": w.advice} for w in report.warnings
+        ],
         "summary": {
             "verdicts": dict(sorted(counts.items())),
             "settled": all(item.verdict.settled for item in report.patches),
         },
         "hint": report.hint,
     }
+
+
+def patch_list(patches: Sequence[Patch], *, as_json: bool) -> None:
+    if as_json:
+        doc = [
+            {
+                "id": p.id,
+                "summary": p.summary,
+                "distribution": p.distribution,
+                "file": p.path,
+                "known": list(p.known),
+                "schemes": [{"name": s.name, "summary": s.summary} for s in p.schemes],
+                "needs_rocm": p.needs_rocm,
+            }
+            for p in patches
+        ]
+        sys.stdout.write(json.dumps({"schema": "rocmfix-list/1", "patches": doc}, indent=2) + "\n")
+        return
+    console = _out()
+    for patch in patches:
+        console.print(f"[bold]{patch.id}[/]  {escape(patch.summary)}")
+        console.print(f"  file     {patch.distribution}: {patch.path}")
+        for index, known in enumerate(patch.known):
+            console.print(f"  {'knows' if index == 0 else '':<8} {escape(known)}")
+        for index, scheme in enumerate(patch.schemes):
+            default = " (default)" if index == 0 else ""
+            label = "schemes" if index == 0 else ""
+            console.print(f"  {label:<8} {scheme.name}{default}: {escape(scheme.summary)}")
+        if not patch.schemes:
+            console.print("  schemes  - (one fixed rewrite)")
+        console.print()
+
+
+def text(value: str) -> None:
+    sys.stdout.write(value)
 
 
 def status_json(report: StatusReport) -> None:
@@ -164,6 +209,8 @@ def diff(result: RunResult) -> None:
 
 def run_summary(result: RunResult) -> None:
     console = _err()
+    for warning in result.warnings:
+        console.print(f"[yellow]warning[/] {warning.code}: {escape(warning.message)}")
     for note in result.recovered:
         console.print(f"[yellow]recovered[/] {escape(note)}")
     if result.command == "revert" and not result.outcomes:

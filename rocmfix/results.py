@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checks import EnvWarning
 from .environment import Environment
 from .patch import Patch
 from .state import Pending
@@ -57,6 +58,7 @@ class StatusReport:
     pending: Pending | None
     busy: bool
     hint: str | None = None
+    warnings: tuple[EnvWarning, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class RunResult:
     changes: tuple[FileChange, ...]
     dry_run: bool
     recovered: tuple[str, ...] = ()
+    warnings: tuple[EnvWarning, ...] = ()
 
     @property
     def changed(self) -> bool:

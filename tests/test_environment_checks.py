@@ -1,0 +1,234 @@
+"""Known conflicts, `rocmfix env`, `rocmfix list` and the first five minutes.
+
+Conflicting distributions are made of metadata only (a dist-info folder and the one file the
+probe reads): the checks read metadata and never import what they look at.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import releases
+from conftest import InstalledEnv, fake_torch, run_cli
+
+pytestmark = pytest.mark.network
+ECHO = 'echo "$TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL $MINERU_MODEL_SOURCE"'
+
+
+def fake_distribution(
+    site: Path, name: str, version: str, requires: tuple[str, ...] = (), files: tuple[str, ...] = ()
+) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    lines += [f"Requires-Dist: {r}" for r in requires]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+    (info / "RECORD").write_text("")
+    for rel in files:
+        (site / rel).mkdir(parents=True, exist_ok=True)
+
+
+def _warnings(env: InstalledEnv) -> dict[str, dict[str, str]]:
+    result = env.cli("status", "--json")
+    assert result.returncode == 0, result.stderr
+    return {w["code"]: w for w in result.json()["warnings"]}
+
+
+@pytest.fixture
+def doclayout(tmp_path: Path) -> Callable[[], InstalledEnv]:
+    def make() -> InstalledEnv:
+        root = tmp_path / "env"
+        python = releases.make_venv(root)
+        releases.pip_install(python, releases.wheel("doclayout-yolo", "0.0.4"))
+        site = releases.site_packages(python)
+        target = site / "doclayout_yolo/nn/modules/g2l_crm.py"
+        return InstalledEnv(root, python, site, target, target.read_bytes())
+
+    return make
+
+
+def test_cuda_torch_is_not_rocm(doclayout: Callable[[], InstalledEnv]) -> None:
+    env = doclayout()
+    fake_torch(env.site, "2.9.0+cu128", cuda="12.8")
+    fake_distribution(env.site, "triton", "3.5.0")
+    warnings = _warnings(env)
+    assert "CUDA 12.8 build" in warnings["torch-not-rocm"]["message"]
+    assert "--force" in warnings["torch-not-rocm"]["advice"]
+    status = env.status("doclayout-dilated-conv")
+    assert status["verdict"] == "not-needed"
+    assert "is for ROCm" in status["reason"]
+    table = env.cli("status")
+    assert "torch-not-rocm" in table.stdout
+
+    skipped = env.cli("apply")
+    assert skipped.returncode == 0
+    assert "warning torch-not-rocm" in skipped.stderr
+    assert env.target.read_bytes() == env.original
+    forced = env.cli("apply", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert env.target.read_bytes() != env.original
+    assert env.status("doclayout-dilated-conv")["verdict"] == "applied"
+    assert env.cli("revert").returncode == 0
+    assert env.target.read_bytes() == env.original
+
+
+def test_rocm_torch_without_triton_refuses_triton_schemes(
+    doclayout: Callable[[], InstalledEnv],
+) -> None:
+    env = doclayout()
+    fake_torch(env.site, "2.10.0+rocm7.0", hip="7.0.51831")
+    warnings = _warnings(env)
+    assert set(warnings) == {"triton-missing"}
+    assert "--scheme linear" in warnings["triton-missing"]["advice"]
+    refused = env.cli("apply")
+    assert refused.returncode == 1
+    assert "no Triton in this environment for the gemm scheme" in refused.stderr
+    assert env.target.read_bytes() == env.original
+    linear = env.cli("apply", "--scheme", "linear")
+    assert linear.returncode == 0, linear.stderr
+    assert env.status("doclayout-dilated-conv")["scheme"] == "linear"
+
+
+def test_two_tritons_shadow_each_other(doclayout: Callable[[], InstalledEnv]) -> None:
+    env = doclayout()
+    fake_torch(env.site, "2.10.0+rocm7.0", hip="7.0.51831")
+    fake_distribution(env.site, "triton", "3.5.0")
+    fake_distribution(env.site, "pytorch-triton-rocm", "3.5.0+gitbbb06c03")
+    warnings = _warnings(env)
+    assert "triton-shadowed" in warnings
+    assert "pytorch-triton-rocm 3.5.0+gitbbb06c03" in warnings["triton-shadowed"]["message"]
+    assert "triton-missing" not in warnings
+
+
+def test_flash_attn_triton_backend_on_rocm(doclayout: Callable[[], InstalledEnv]) -> None:
+    env = doclayout()
+    fake_torch(env.site, "2.10.0+rocm7.0", hip="7.0.51831")
+    fake_distribution(env.site, "pytorch-triton-rocm", "3.5.0")
+    fake_distribution(env.site, "flash-attn", "2.8.3", files=("flash_attn/flash_attn_triton_amd",))
+    warnings = _warnings(env)
+    assert "pip uninstall flash-attn" in warnings["flash-attn-triton"]["advice"]
+
+
+def test_flash_attn_without_triton_backend_is_fine(doclayout: Callable[[], InstalledEnv]) -> None:
+    env = doclayout()
+    fake_torch(env.site, "2.10.0+rocm7.0", hip="7.0.51831")
+    fake_distribution(env.site, "pytorch-triton-rocm", "3.5.0")
+    fake_distribution(env.site, "flash-attn", "2.8.3", files=("flash_attn",))
+    assert _warnings(env) == {}
+
+
+def test_mixed_torch_and_vllm(vllm_env: Callable[..., InstalledEnv], tmp_path: Path) -> None:
+    env = vllm_env("0.10.2")  # its wheel pins torch==2.8.0
+    elsewhere = tmp_path / "other-site"
+    fake_torch(elsewhere, "2.10.0+rocm7.0", hip="7.0.51831")
+    (env.site / "elsewhere.pth").write_text(f"{elsewhere}\n")
+    fake_distribution(env.site, "pytorch-triton-rocm", "3.5.0")
+    warnings = _warnings(env)
+    assert "torch ==2.8.0" in warnings["mixed-torch"]["message"]
+    assert str(elsewhere) in warnings["mixed-site"]["message"]
+
+
+def test_env_exports_for_rocm_in_bash(doclayout: Callable[[], InstalledEnv]) -> None:
+    env = doclayout()
+    fake_torch(env.site, "2.10.0+rocm7.0", hip="7.0.51831")
+    out = env.cli("env", "--model-source", "modelscope")
+    assert out.returncode == 0, out.stderr
+    shown = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'eval "$1"; echo "$TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL $MINERU_MODEL_SOURCE"',
+            "bash",
+            out.stdout,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout.strip() == "1 modelscope"
+    assert "# AOTriton flash attention" in out.stdout
+
+
+def test_env_exports_nothing_by_default_off_rocm(doclayout: Callable[[], InstalledEnv]) -> None:
+    env = doclayout()
+    fake_torch(env.site, "2.9.0+cu128", cuda="12.8")
+    out = env.cli("env")
+    assert out.returncode == 0
+    assert [line for line in out.stdout.splitlines() if not line.startswith("#")] == []
+    assert "MINERU_MODEL_SOURCE" not in out.stdout
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_env_exports_parse_in_other_shells(
+    shell: str, doclayout: Callable[[], InstalledEnv], tmp_path: Path
+) -> None:
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed (.ci/run installs it where apt-get works)")
+    env = doclayout()
+    fake_torch(env.site, "2.10.0+rocm7.0", hip="7.0.51831")
+    out = env.cli("env", "--shell", shell, "--model-source", "modelscope")
+    script = tmp_path / f"env.{shell}"
+    script.write_text(
+        out.stdout + 'echo "$TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL $MINERU_MODEL_SOURCE"\n'
+    )
+    subprocess.run([shell, "-n", str(script)], check=True)
+    ran = subprocess.run([shell, str(script)], capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "1 modelscope"
+
+
+def test_env_exports_powershell_syntax(doclayout: Callable[[], InstalledEnv]) -> None:
+    env = doclayout()
+    fake_torch(env.site, "2.10.0+rocm7.0", hip="7.0.51831")
+    out = env.cli("env", "--shell", "powershell", "--model-source", "modelscope")
+    code = [line for line in out.stdout.splitlines() if not line.startswith("#")]
+    assert code == [
+        "$env:TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL = '1'",
+        "$env:MINERU_MODEL_SOURCE = 'modelscope'",
+    ]
+
+
+def test_list_names_every_patch_with_files_versions_and_schemes() -> None:
+    listed = run_cli("list", "--json")
+    assert listed.returncode == 0
+    doc = listed.json()
+    ids = [p["id"] for p in doc["patches"]]
+    assert ids == [
+        "vllm-qwen2-vl",
+        "vllm-qwen2.5-vl",
+        "vllm-qwen3-vl",
+        "doclayout-dilated-conv",
+        "mineru-tokenizer",
+    ]
+    for patch in doc["patches"]:
+        assert patch["file"].endswith(".py") and patch["known"]
+    table = run_cli("list")
+    assert "doclayout_yolo/nn/modules/g2l_crm.py" in table.stdout
+    assert "linear" in table.stdout
+
+
+@pytest.mark.parametrize("command", ["status", "apply", "revert", "list", "env"])
+def test_every_help_has_an_example(command: str) -> None:
+    result = run_cli(command, "--help")
+    assert result.returncode == 0
+    assert "Example:" in result.stdout
+
+
+def test_shell_completion_is_offered() -> None:
+    result = run_cli("--help")
+    assert "--install-completion" in result.stdout
+    shown = run_cli("--show-completion", "bash")
+    assert shown.returncode == 0
+    assert "complete" in shown.stdout
+
+
+def test_status_json_schema_is_versioned(doclayout: Callable[[], InstalledEnv]) -> None:
+    env = doclayout()
+    doc = json.loads(env.cli("status", "--json").stdout)
+    assert doc["schema"] == "rocmfix-status/1"
+    assert set(doc) >= {"environment", "patches", "warnings", "summary", "pending", "busy"}
