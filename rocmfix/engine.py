@@ -205,7 +205,7 @@ def _inspect(
                 "`rocmfix revert` cleans up what is left"
             )
         else:
-            reason = f"{patch.distribution} is not installed in {env.python.executable}"
+            reason = f"{patch.distribution} is not installed here"
         return done(_status(patch, Verdict.NOT_INSTALLED, reason))
     target = dist.files[patch.path]
     path, root = target.path, target.root
@@ -501,9 +501,10 @@ def _plan_apply(
             if patch.schemes
             else None
         )
-        if st.verdict is Verdict.NOT_INSTALLED or (
-            st.verdict is Verdict.NOT_NEEDED and not (force and seen.forceable)
-        ):
+        if st.verdict is Verdict.NOT_INSTALLED:
+            outcomes.append(Outcome(patch, Action.ABSENT, st.reason))
+            continue
+        if st.verdict is Verdict.NOT_NEEDED and not (force and seen.forceable):
             outcomes.append(Outcome(patch, Action.SKIP, st.reason))
             continue
         if st.verdict is Verdict.APPLIED and st.scheme == chosen:

@@ -217,7 +217,12 @@ def run_summary(result: RunResult) -> None:
         console.print("Nothing to revert: rocmfix has not patched this environment.")
         return
     verb = {True: "would be", False: ""}[result.dry_run]
+    absent = [o.patch.id for o in result.outcomes if o.action is Action.ABSENT]
+    if absent:
+        console.print(f"[dim]not installed here: {', '.join(absent)}[/]")
     for outcome in result.outcomes:
+        if outcome.action is Action.ABSENT:
+            continue
         scheme = f" ({outcome.scheme})" if outcome.scheme else ""
         if outcome.action in (Action.SKIP, Action.UNCHANGED):
             console.print(

@@ -82,6 +82,7 @@ class Action(enum.Enum):
     FORGET = "forgotten"
     UNCHANGED = "unchanged"
     SKIP = "skipped"
+    ABSENT = "not installed"
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def _kill_loop(env: InstalledEnv, command: str, expect_patched_after: bool) -> d
         tried += 1
         status = env.cli("status", "--json")
         assert status.returncode == 0, status.stderr
-        verdict = status.json()["patches"][0]["verdict"]
+        verdict = {p["id"]: p["verdict"] for p in status.json()["patches"]}[PATCH]
         current = env.target.read_bytes()
         if current == env.original:
             assert verdict in ("applicable", "interrupted", "stale"), (point, verdict)

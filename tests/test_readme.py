@@ -1,0 +1,94 @@
+"""The README's walkthrough, run for real against a real mineru-vl-utils release.
+
+Every ``console`` block in the README's walkthrough starts with ``$ rocmfix ...``; this test
+runs those commands in order against a fresh environment and compares what they print with
+what the README shows. After a deliberate change of output, refresh the README with
+``python tests/test_readme.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import releases
+from conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.network
+
+README = ROOT / "README.md"
+SHOWN = "~/mineru/.venv"
+# A fixed place, so table layout does not depend on a random temporary path.
+ACTUAL = Path("/tmp/rocmfix-readme/mineru/.venv")
+VERSION = "0.1.13"
+_BLOCK = re.compile(r"```console\n(\$ rocmfix [^\n]*)\n(.*?)```", re.DOTALL)
+
+
+def _section(text: str) -> tuple[int, int]:
+    start = text.index("## Your first five minutes")
+    end = text.index("\n## ", start + 1)
+    return start, end
+
+
+def _normalise(output: str) -> str:
+    output = output.replace(str(ACTUAL), SHOWN)
+    output = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", "2026-11-22T12:00:00+00:00", output)
+    output = re.sub(r"\(Python \d+\.\d+\.\d+\)", "(Python 3.11.7)", output)
+    return "\n".join(line.rstrip() for line in output.splitlines()).strip() + "\n"
+
+
+def _run(command: str) -> str:
+    words = shlex.split(command.removeprefix("$ rocmfix ").replace(SHOWN, str(ACTUAL)))
+    redirected = ">" in words
+    if redirected:
+        words = words[: words.index(">")]
+    result = run_cli(*words, env={"COLUMNS": "100"})
+    shown = result.stderr if redirected else result.stdout + result.stderr
+    return _normalise(shown)
+
+
+def _fresh_environment() -> None:
+    if ACTUAL.parent.exists():
+        shutil.rmtree(ACTUAL.parent)
+    python = releases.make_venv(ACTUAL)
+    releases.pip_install(python, releases.wheel("mineru-vl-utils", VERSION))
+
+
+def walkthrough() -> list[tuple[str, str, str]]:
+    """(command, shown in the README, printed now) for every block, in order."""
+    text = README.read_text()
+    start, end = _section(text)
+    _fresh_environment()
+    try:
+        return [
+            (m.group(1), m.group(2), _run(m.group(1))) for m in _BLOCK.finditer(text[start:end])
+        ]
+    finally:
+        shutil.rmtree(ACTUAL.parent, ignore_errors=True)
+
+
+def test_readme_walkthrough_is_what_rocmfix_prints() -> None:
+    steps = walkthrough()
+    assert [c.split()[2] for c, _, _ in steps] == ["status", "apply", "apply", "status", "revert"]
+    for command, shown, printed in steps:
+        assert printed == shown, f"{command}: run `python tests/test_readme.py` to refresh"
+
+
+def _refresh() -> None:
+    steps = walkthrough()
+    text = README.read_text()
+    start, end = _section(text)
+    section = text[start:end]
+    for command, shown, printed in steps:
+        section = section.replace(f"{command}\n{shown}```", f"{command}\n{printed}```", 1)
+    README.write_text(text[:start] + section + text[end:])
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    _refresh()
