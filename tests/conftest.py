@@ -15,6 +15,7 @@ import releases
 
 ROOT = Path(__file__).resolve().parents[1]
 MINERU_TARGET = "mineru_vl_utils/vlm_client/vllm_async_engine_client.py"
+DOCLAYOUT_TARGET = "doclayout_yolo/nn/modules/g2l_crm.py"
 # Resolved before any test moves XDG_CACHE_HOME, so downloads are shared across tests.
 DOWNLOAD_CACHE = releases.cache_dir()
 
@@ -80,16 +81,31 @@ class InstalledEnv:
         return self.root / "share" / "rocmfix"
 
 
+def install_release(root: Path, project: str, version: str, target: str) -> InstalledEnv:
+    """A fresh venv with one released wheel installed by pip, as a user would have it."""
+    python = releases.make_venv(root)
+    releases.pip_install(python, releases.wheel(project, version))
+    site = releases.site_packages(python)
+    path = site / target
+    return InstalledEnv(root, python, site, path, path.read_bytes() if path.exists() else b"")
+
+
 @pytest.fixture
 def mineru_env(tmp_path: Path) -> Callable[[str], InstalledEnv]:
     def make(version: str) -> InstalledEnv:
-        root = tmp_path / f"mineru-{version}"
-        python = releases.make_venv(root)
-        releases.pip_install(python, releases.wheel("mineru-vl-utils", version))
-        site = releases.site_packages(python)
-        target = site / MINERU_TARGET
-        original = target.read_bytes() if target.exists() else b""
-        return InstalledEnv(root, python, site, target, original)
+        return install_release(
+            tmp_path / f"mineru-{version}", "mineru-vl-utils", version, MINERU_TARGET
+        )
+
+    return make
+
+
+@pytest.fixture
+def doclayout_env(tmp_path: Path) -> Callable[[str], InstalledEnv]:
+    def make(version: str) -> InstalledEnv:
+        return install_release(
+            tmp_path / f"doclayout-{version}", "doclayout-yolo", version, DOCLAYOUT_TARGET
+        )
 
     return make
 

@@ -8,30 +8,18 @@ from pathlib import Path
 import pytest
 
 import releases
+from conftest import DOCLAYOUT_TARGET as TARGET
 from conftest import ROOT, InstalledEnv, files_under, patch_p1
 
 pytestmark = pytest.mark.network
 
 PATCH = "doclayout-dilated-conv"
-TARGET = "doclayout_yolo/nn/modules/g2l_crm.py"
 DROP = "doclayout_yolo/nn/modules/g2l_crm_triton.py"
 TEMPLATES = {
     "gemm": "dilated_conv_triton.py",
     "direct": "dilated_conv_triton.py",
     "linear": "dilated_conv_phase.py",
 }
-
-
-@pytest.fixture
-def doclayout_env(tmp_path: Path) -> Callable[[str], InstalledEnv]:
-    def make(version: str) -> InstalledEnv:
-        root = tmp_path / f"doclayout-{version}"
-        python = releases.make_venv(root)
-        releases.pip_install(python, releases.wheel("doclayout-yolo", version))
-        site = releases.site_packages(python)
-        return InstalledEnv(root, python, site, site / TARGET, (site / TARGET).read_bytes())
-
-    return make
 
 
 @pytest.mark.parametrize("version", releases.releases("doclayout-yolo"))

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-import releases
 from conftest import InstalledEnv, fake_torch, run_cli
 
 pytestmark = pytest.mark.network
@@ -41,16 +40,8 @@ def _warnings(env: InstalledEnv) -> dict[str, dict[str, str]]:
 
 
 @pytest.fixture
-def doclayout(tmp_path: Path) -> Callable[[], InstalledEnv]:
-    def make() -> InstalledEnv:
-        root = tmp_path / "env"
-        python = releases.make_venv(root)
-        releases.pip_install(python, releases.wheel("doclayout-yolo", "0.0.4"))
-        site = releases.site_packages(python)
-        target = site / "doclayout_yolo/nn/modules/g2l_crm.py"
-        return InstalledEnv(root, python, site, target, target.read_bytes())
-
-    return make
+def doclayout(doclayout_env: Callable[[str], InstalledEnv]) -> Callable[[], InstalledEnv]:
+    return lambda: doclayout_env("0.0.4")
 
 
 def test_cuda_torch_is_not_rocm(doclayout: Callable[[], InstalledEnv]) -> None:
