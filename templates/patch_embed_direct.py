@@ -1,0 +1,221 @@
+"""Qwen2-VL patch embedding as a direct Triton dot product (rocmfix scheme ``direct``).
+
+rocmfix dropped this file into vllm as ``qwen2_vl_vision_kernels.py`` and rewrote
+``Qwen2VisionPatchEmbed.forward`` to call :func:`triton_conv3d_patchify` instead of the
+Conv3d. ``rocmfix revert`` removes it.
+
+One program per (patch, output channel) computes one K-long dot product (K = C*T*P*P = 1176
+for Qwen2-VL) in fp32. It uses no matrix cores and re-reads a patch row and a weight row for
+every output, so it is about 100-200x slower than the ``gemm`` scheme (on an H200: 61-250x
+behind it and 110-290x behind cuBLAS, growing with the patch count; see
+docs/performance-patch-embed.md). It is kept as a simple parity oracle, not for production. The
+module is self-contained: stdlib, torch and triton only, never ``vllm``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+SCHEME = "direct"
+OP_NAMESPACE = "rocmfix"
+OP_NAME = "patch_embed_direct"
+
+# A 1176-long row is 10 chunks of 128; wider chunks only add masked lanes.
+BLOCK_K = 128
+NUM_WARPS = 4
+
+try:
+    import triton
+    import triton.language as tl
+
+    _HAS_TRITON = True
+except Exception:  # noqa: BLE001 - a broken triton install must not break vllm's import
+    triton = None  # type: ignore[assignment]
+    tl = None  # type: ignore[assignment]
+    _HAS_TRITON = False
+
+_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+if _HAS_TRITON:
+    # No @triton.jit helpers of triton.language (tl.sum, ...): those are compiled-or-interpreted
+    # when triton is first imported, and tests may set TRITON_INTERPRET=1 only after that.
+
+    @triton.jit
+    def _add(a, b):
+        return a + b
+
+    @triton.jit
+    def _direct_kernel(
+        a_ptr,
+        w_ptr,
+        bias_ptr,
+        c_ptr,
+        N,
+        K,
+        stride_am,
+        stride_ak,
+        stride_wn,
+        stride_wk,
+        stride_cm,
+        stride_cn,
+        BLOCK_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        # int64 row offsets: L * K passes 2**31 elements for the ~2M-patch batches vllm can build.
+        a_row = a_ptr + pid_m.to(tl.int64) * stride_am
+        w_row = w_ptr + pid_n.to(tl.int64) * stride_wn
+        acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            mask = rk < K
+            a = tl.load(a_row + rk * stride_ak, mask=mask, other=0.0)
+            w = tl.load(w_row + rk * stride_wk, mask=mask, other=0.0)
+            acc += a.to(tl.float32) * w.to(tl.float32)
+        total = tl.reduce(acc, 0, _add)
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + pid_n).to(tl.float32)
+        c = c_ptr + pid_m.to(tl.int64) * stride_cm + pid_n * stride_cn
+        tl.store(c, total.to(c_ptr.dtype.element_ty))
+
+    _INTERPRETING = type(_direct_kernel).__name__ == "InterpretedFunction"
+else:
+    _INTERPRETING = False
+
+
+def _check(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if a.dim() != 2 or w.dim() != 2 or a.shape[1] != w.shape[1]:
+        raise ValueError(f"patch embed: bad shapes x{tuple(a.shape)} weight{tuple(w.shape)}")
+    if bias is not None and tuple(bias.shape) != (w.shape[0],):
+        raise ValueError(f"patch embed: bias{tuple(bias.shape)} for {w.shape[0]} channels")
+
+
+def patchify_direct(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``a[M, K] @ w[N, K].T (+ bias)``, one Triton program per output element.
+
+    ``out`` (``[M, N]``, ``a``'s dtype) lets a caller pre-poison the result.
+    """
+    if not _HAS_TRITON:
+        raise RuntimeError("triton is not importable")
+    _check(a, w, bias)
+    M, K = a.shape
+    N = w.shape[0]
+    if w.dtype != a.dtype:
+        w = w.to(a.dtype)
+    if out is None:
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    elif tuple(out.shape) != (M, N) or out.dtype != a.dtype:
+        raise ValueError(f"patch embed: out must be {(M, N)} {a.dtype}")
+    if M > 0 and N > 0:
+        _direct_kernel[(M, N)](
+            a,
+            w,
+            bias if bias is not None else out,
+            out,
+            N,
+            K,
+            a.stride(0),
+            a.stride(1),
+            w.stride(0),
+            w.stride(1),
+            out.stride(0),
+            out.stride(1),
+            BLOCK_K=BLOCK_K,
+            HAS_BIAS=bias is not None,
+            num_warps=NUM_WARPS,
+        )
+    return out
+
+
+def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(a, w.to(a.dtype), None if bias is None else bias.to(a.dtype))
+
+
+def _impl_cuda(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if not _HAS_TRITON:
+        _warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
+        return _linear_fallback(a, w, bias)
+    return patchify_direct(a, w, bias)
+
+
+def _impl_cpu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if _INTERPRETING:
+        return patchify_direct(a, w, bias)
+    if not _HAS_TRITON:
+        _warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
+    return _linear_fallback(a, w, bias)
+
+
+def _impl_fake(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return a.new_empty((a.shape[0], w.shape[0]))
+
+
+# The Library objects live in a process-wide holder, not in this module: a second import of
+# the file must neither redefine the op nor let the first Library be garbage-collected, which
+# would unregister it.
+_REGISTRY_MODULE = "_rocmfix_op_registry"
+
+
+def _registry() -> types.ModuleType:
+    holder = sys.modules.get(_REGISTRY_MODULE)
+    if holder is None:
+        holder = types.ModuleType(_REGISTRY_MODULE)
+        sys.modules[_REGISTRY_MODULE] = holder
+    return holder
+
+
+def _register_op() -> None:
+    holder = _registry()
+    with _lock:
+        if getattr(holder, OP_NAME, None) is not None:
+            return
+        lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+        lib.define(f"{OP_NAME}(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+        lib.impl(OP_NAME, _impl_cuda, "CUDA")
+        lib.impl(OP_NAME, _impl_cpu, "CPU")
+        qualname = f"{OP_NAMESPACE}::{OP_NAME}"
+        if hasattr(torch.library, "register_fake"):  # torch >= 2.4
+            torch.library.register_fake(qualname, _impl_fake, lib=lib)
+        elif hasattr(torch.library, "impl_abstract"):
+            torch.library.impl_abstract(qualname, _impl_fake, lib=lib)
+        else:
+            lib.impl(OP_NAME, _impl_fake, "Meta")
+        setattr(holder, OP_NAME, lib)
+
+
+_register_op()
+# Looked up once: resolving torch.ops.<ns>.<name> costs host time on every call.
+_OP = getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME).default
+
+
+def triton_conv3d_patchify(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Conv3d with kernel == stride on ``x[L, C, T, P, P]`` and ``weight[N, C, T, P, P]``.
+
+    Returns ``[L, N]`` in ``x``'s dtype.
+    """
+    # flatten(1), not reshape(L, -1): the latter is ambiguous for an empty batch.
+    return _OP(x.flatten(1), weight.flatten(1), bias)

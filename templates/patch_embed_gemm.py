@@ -1,0 +1,803 @@
+"""Qwen2-VL patch embedding as a Triton GEMM (rocmfix scheme ``gemm``).
+
+rocmfix dropped this file into vllm as ``qwen2_vl_vision_kernels.py`` and rewrote
+``Qwen2VisionPatchEmbed.forward`` to call :func:`triton_conv3d_patchify` instead of the
+Conv3d, whose MIOpen path takes seconds per call on ROCm. ``rocmfix revert`` removes it.
+
+The conv has kernel == stride and no padding, so it is exactly
+``x.view(L, K) @ W.view(N, K).T (+ bias)`` with K = C*T*P*P (1176 for Qwen2-VL / MinerU2.5).
+The module is self-contained: stdlib, torch and triton only, never ``vllm`` (vllm 0.8.x has
+no ``tl``/``triton`` in ``vllm.triton_utils``).
+
+Tile configs are data (:data:`PATCH_EMBED_CONFIGS`, keyed by GPU arch). Lookup order:
+env ``ROCMFIX_PATCH_EMBED_CONFIG`` (JSON object) > tuned file (env ``ROCMFIX_TUNED_FILE``, else
+``$XDG_CONFIG_HOME/rocmfix/tuned.json`` or ``~/.config/rocmfix/tuned.json``) > shipped entry for
+the arch > ``"default"``. Later sources are overlaid key by key; the env var and the file are
+read at the first call per device and dtype (:func:`clear_config_cache` forgets them).
+:func:`patchify_gemm` takes an explicit config, for ``rocmfix tune``/``doctor``. Nothing is
+tuned at inference time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import types
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SCHEME = "gemm"
+OP_NAMESPACE = "rocmfix"
+OP_NAME = "patch_embed_gemm"
+TUNED_KERNEL_KEY = "patch_embed_gemm"
+TUNED_SCHEMA = 1
+CONFIG_ENV = "ROCMFIX_PATCH_EMBED_CONFIG"
+TUNED_FILE_ENV = "ROCMFIX_TUNED_FILE"
+
+try:
+    import triton
+    import triton.language as tl
+
+    _HAS_TRITON = True
+except Exception:  # noqa: BLE001 - a broken triton install must not break vllm's import
+    triton = None  # type: ignore[assignment]
+    tl = None  # type: ignore[assignment]
+    _HAS_TRITON = False
+
+try:
+    # Host-side descriptors need no device-side scratch allocator (triton >= 3.4).
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    _HAS_HOST_TMA = True
+except Exception:  # noqa: BLE001
+    TensorDescriptor = None  # type: ignore[assignment,misc]
+    _HAS_HOST_TMA = False
+
+# Shipped tile configs, keyed by arch ("gfx1100", "sm_90", ...). Missing keys come from
+# "default". "tma"/"persistent"/"occupancy"/"epilogue_subtile"/"flatten" select and shape the
+# sm_90 descriptor kernel (a persistent grid is occupancy x SM count programs);
+# waves_per_eu/matrix_instr_nonkdim/kpack are passed to the launch on ROCm only.
+PATCH_EMBED_CONFIGS: dict[str, dict[str, Any]] = {
+    # Portable pointer kernel; 48 KiB of shared memory at 3 stages fits every current GPU.
+    "default": {
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 32,
+        "GROUP_M": 8,
+        "num_warps": 4,
+        "num_stages": 3,
+        "tma": False,
+        "persistent": False,
+        "occupancy": 1,
+        "epilogue_subtile": False,
+        "flatten": False,
+    },
+    # RX 7900 XTX: the seed author's hand-tuned tile. Unmeasured here; AITER uses num_stages=1 on
+    # RDNA (no async global->LDS copy), so `rocmfix tune` should A/B the stage count.
+    "gfx1100": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
+    # MI300X: unmeasured; 8 warps / 2 stages / 16x16 MFMA as in AITER's gfx942 GEMM tables. A
+    # 128x128 tile keeps 430 tiles for 304 CUs at M=5476, where 256x256 would leave CUs idle.
+    "gfx942": {
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 64,
+        "GROUP_M": 4,
+        "num_warps": 8,
+        "num_stages": 2,
+        "matrix_instr_nonkdim": 16,
+    },
+    # H100/H200, measured on an H200 (docs/performance-patch-embed.md): TMA descriptors with
+    # hardware zero-fill of the K tail, persistent grid, flattened tile loop. The kernel is
+    # bound by L2->SM bandwidth, so the largest tile that fits (128x256) wins; 4 stages with a
+    # split epilogue measured within 2% but leaves only 3 KB of shared memory spare.
+    "sm_90": {
+        "BLOCK_M": 128,
+        "BLOCK_N": 256,
+        "BLOCK_K": 64,
+        "GROUP_M": 8,
+        "num_warps": 8,
+        "num_stages": 3,
+        "tma": True,
+        "persistent": True,
+        "epilogue_subtile": False,
+        "flatten": True,
+    },
+}
+
+# fp32 inputs (not used by vllm, which runs the ViT in bf16/fp16): the arch configs are sized
+# for 16-bit operands and would overflow shared memory, and an exact fp32 dot ("ieee", to match
+# F.linear without TF32) runs on FMA units, where small tiles are the fast ones.
+FP32_CONFIG: dict[str, Any] = {
+    "BLOCK_M": 64,
+    "BLOCK_N": 64,
+    "BLOCK_K": 32,
+    "num_warps": 4,
+    "num_stages": 2,
+    "tma": False,
+}
+
+_POW2_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+_INT_KEYS = (
+    "GROUP_M",
+    "num_warps",
+    "num_stages",
+    "occupancy",
+    "waves_per_eu",
+    "matrix_instr_nonkdim",
+    "kpack",
+)
+_BOOL_KEYS = ("tma", "persistent", "epilogue_subtile", "flatten")
+_HIP_LAUNCH_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+CONFIG_KEYS = frozenset(_POW2_KEYS + _INT_KEYS + _BOOL_KEYS)
+
+_lock = threading.Lock()
+_tuned_cache: dict[str, dict[str, dict[str, Any]]] = {}
+_env_cache: dict[str, dict[str, Any]] = {}
+_arch_cache: dict[int, str] = {}
+_sm_count_cache: dict[int, int] = {}
+_cc_major_cache: dict[int, int] = {}
+_resolved_cache: dict[tuple[str, str, str | None], dict[str, Any]] = {}
+_plan_cache: dict[tuple[Any, ...], Any] = {}
+# Weight descriptors by (address, shape, strides, dtype, block): the descriptor holds the weight,
+# so its address cannot be reused by another tensor while the entry lives.
+_w_desc_cache: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_W_DESC_CACHE_SIZE = 8
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def clear_config_cache() -> None:
+    """Forget the parsed tuned file, env config and arch queries (for tests and ``tune``)."""
+    with _lock:
+        _tuned_cache.clear()
+        _env_cache.clear()
+        _arch_cache.clear()
+        _sm_count_cache.clear()
+        _cc_major_cache.clear()
+        _resolved_cache.clear()
+        _plan_cache.clear()
+        _w_desc_cache.clear()
+        _warned.clear()
+
+
+def validate_config(raw: Any, source: str) -> dict[str, Any]:
+    """Keep the valid keys of ``raw``; warn once about anything dropped."""
+    if not isinstance(raw, Mapping):
+        _warn_once(f"type:{source}", f"rocmfix: {source} is not a JSON object; ignored")
+        return {}
+    good: dict[str, Any] = {}
+    bad: list[str] = []
+    for key, value in raw.items():
+        ok = False
+        if key in _POW2_KEYS:
+            ok = type(value) is int and 16 <= value <= 512 and value & (value - 1) == 0
+        elif key == "num_warps":
+            ok = type(value) is int and value in (1, 2, 4, 8, 16)
+        elif key in ("GROUP_M", "occupancy"):
+            ok = type(value) is int and 1 <= value <= 64
+        elif key in _INT_KEYS:
+            ok = type(value) is int and 0 <= value <= 64
+        elif key in _BOOL_KEYS:
+            ok = type(value) is bool
+        if ok:
+            good[key] = value
+        else:
+            bad.append(f"{key}={value!r}")
+    if bad:
+        _warn_once(
+            f"keys:{source}:{sorted(bad)}",
+            f"rocmfix: ignoring unknown or invalid patch-embed config keys in {source}: "
+            + ", ".join(sorted(bad)),
+        )
+    return good
+
+
+def tuned_file_path() -> str:
+    explicit = os.environ.get(TUNED_FILE_ENV)
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "rocmfix", "tuned.json")
+
+
+def _load_tuned(path: str) -> dict[str, dict[str, Any]]:
+    with _lock:
+        if path in _tuned_cache:
+            return _tuned_cache[path]
+    entries: dict[str, dict[str, Any]] = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        data = None
+    except (OSError, ValueError) as exc:
+        _warn_once(f"file:{path}", f"rocmfix: cannot read tuned file {path} ({exc}); ignored")
+        data = None
+    if data is not None:
+        kernels = data.get("kernels") if isinstance(data, dict) else None
+        if (
+            not isinstance(data, dict)
+            or data.get("schema") != TUNED_SCHEMA
+            or not isinstance(kernels, dict)
+        ):
+            _warn_once(
+                f"file:{path}",
+                f"rocmfix: tuned file {path} is not schema {TUNED_SCHEMA}; ignored",
+            )
+        else:
+            per_arch = kernels.get(TUNED_KERNEL_KEY, {})
+            if not isinstance(per_arch, dict):
+                _warn_once(f"file:{path}", f"rocmfix: bad {TUNED_KERNEL_KEY} in {path}; ignored")
+            else:
+                for arch, cfg in per_arch.items():
+                    entries[str(arch)] = validate_config(cfg, f"{path}[{arch}]")
+    with _lock:
+        _tuned_cache[path] = entries
+    return entries
+
+
+def _env_config() -> dict[str, Any]:
+    text = os.environ.get(CONFIG_ENV)
+    if not text:
+        return {}
+    with _lock:
+        if text in _env_cache:
+            return _env_cache[text]
+    try:
+        cfg = validate_config(json.loads(text), CONFIG_ENV)
+    except ValueError as exc:
+        _warn_once(f"env:{text}", f"rocmfix: {CONFIG_ENV} is not valid JSON ({exc}); ignored")
+        cfg = {}
+    with _lock:
+        _env_cache[text] = cfg
+    return cfg
+
+
+def device_arch(device: torch.device | str | int | None = None) -> str:
+    """``gfxNNNN`` on ROCm, ``sm_XY`` on CUDA, ``"default"`` without a usable GPU."""
+    try:
+        dev = torch.device(device) if device is not None else torch.device("cuda")
+        if dev.type != "cuda" or not torch.cuda.is_available():
+            return "default"
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+    except Exception:  # noqa: BLE001
+        return "default"
+    cached = _arch_cache.get(index)
+    if cached is not None:
+        return cached
+    arch = "default"
+    try:
+        props = torch.cuda.get_device_properties(index)
+        if getattr(torch.version, "hip", None):
+            name = getattr(props, "gcnArchName", "") or ""
+            arch = name.split(":")[0] or "default"
+        else:
+            arch = f"sm_{props.major}{props.minor}"
+    except Exception:  # noqa: BLE001
+        arch = "default"
+    _arch_cache[index] = arch
+    return arch
+
+
+def resolve_config(device: torch.device | str | int | None = None) -> dict[str, Any]:
+    """The tile config used on ``device``: env > tuned file > shipped arch entry > default."""
+    arch = device_arch(device)
+    path = tuned_file_path()
+    key = (arch, path, os.environ.get(CONFIG_ENV))
+    cached = _resolved_cache.get(key)
+    if cached is None:
+        cached = dict(PATCH_EMBED_CONFIGS["default"])
+        cached.update(PATCH_EMBED_CONFIGS.get(arch, {}))
+        cached.update(_load_tuned(path).get(arch, {}))
+        cached.update(_env_config())
+        _resolved_cache[key] = cached
+    return dict(cached)
+
+
+def _cc_major(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major = _cc_major_cache.get(index)
+    if major is None:
+        major = int(torch.cuda.get_device_capability(index)[0])
+        _cc_major_cache[index] = major
+    return major
+
+
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    count = _sm_count_cache.get(index)
+    if count is None:
+        count = int(torch.cuda.get_device_properties(index).multi_processor_count)
+        _sm_count_cache[index] = count
+    return count
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+if _HAS_TRITON:
+    # The kernels call no @triton.jit helpers of triton.language (tl.cdiv, tl.sum, ...): those
+    # are compiled-or-interpreted when triton is first imported, and tests may set
+    # TRITON_INTERPRET=1 only after that.
+
+    @triton.jit
+    def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+        # Grouped order: consecutive programs share W column tiles and a band of A rows in L2.
+        width = GROUP_M * num_pid_n
+        group = tile // width
+        first_m = group * GROUP_M
+        group_m = min(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % width) % group_m
+        pid_n = (tile % width) // group_m
+        return pid_m, pid_n
+
+    # M and NUM_PROGS vary per call; specialising on them would only multiply compilations.
+    @triton.jit(do_not_specialize=["M"])
+    def _gemm_ptr_kernel(
+        a_ptr,
+        w_ptr,
+        bias_ptr,
+        c_ptr,
+        M,
+        N,
+        K_q,
+        stride_am_q,
+        stride_ak,
+        stride_wn_q,
+        stride_wk,
+        stride_cm,
+        stride_cn,
+        A_ALIGN: tl.constexpr,
+        W_ALIGN: tl.constexpr,
+        K_ALIGN: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        UPCAST: tl.constexpr,
+    ):
+        # Row strides arrive divided by their alignment: triton only specialises integers
+        # divisible by 16, and 1176 is not, so without this it cannot prove 16-byte rows and
+        # falls back to 2-byte loads. K likewise, so the tail mask comes in runs of K_ALIGN.
+        K = K_q * K_ALIGN
+        stride_am = stride_am_q * A_ALIGN
+        stride_wn = stride_wn_q * W_ALIGN
+        pid = tl.program_id(0)
+        num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+        num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+        pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        # Wrapped rows/cols keep every main-loop load in bounds with no mask; they are
+        # computed twice and never stored.
+        ram = rm % M
+        rbn = rn % N
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + ram[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
+        w_ptrs = w_ptr + rbn[None, :].to(tl.int64) * stride_wn + rk[:, None] * stride_wk
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_full = K // BLOCK_K
+        for _ in range(0, k_full):
+            a = tl.load(a_ptrs)
+            b = tl.load(w_ptrs)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+            a_ptrs += BLOCK_K * stride_ak
+            w_ptrs += BLOCK_K * stride_wk
+        if not EVEN_K:
+            # The K tail (1176 = 18*64 + 24) is peeled so only this one step pays for masks.
+            k_left = K - k_full * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
+            acc = acc + bias.to(tl.float32)[None, :]
+        c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    @triton.jit(do_not_specialize=["M", "NUM_PROGS"])
+    def _gemm_tma_kernel(
+        a_desc,
+        w_desc,
+        c_desc,
+        bias_ptr,
+        M,
+        N,
+        K,
+        NUM_PROGS,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        UPCAST: tl.constexpr,
+        EPILOGUE_SUBTILE: tl.constexpr,
+        FLATTEN: tl.constexpr,
+    ):
+        # The TMA unit zero-fills out-of-range rows and the K tail, so no load needs a mask,
+        # and clips the store to M. With NUM_PROGS < tiles this is a persistent kernel, and
+        # FLATTEN lets the pipeliner prefetch the next tile's K steps during this epilogue.
+        pid = tl.program_id(0)
+        num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+        num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+        num_tiles = num_pid_m * num_pid_n
+        k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+        for tile in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
+            pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range(k_tiles):
+                off_k = ki * BLOCK_K
+                a = a_desc.load([off_m, off_k])
+                b = w_desc.load([off_n, off_k])
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+            if HAS_BIAS:
+                rn = off_n + tl.arange(0, BLOCK_N)
+                bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
+                acc = acc + bias.to(tl.float32)[None, :]
+            if EPILOGUE_SUBTILE:
+                # Two half-width stores halve the registers the bf16 copy of the tile needs.
+                acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+                acc0, acc1 = tl.split(acc3)
+                c_desc.store([off_m, off_n], acc0.to(c_desc.dtype))
+                c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(c_desc.dtype))
+            else:
+                c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+    _INTERPRETING = type(_gemm_ptr_kernel).__name__ == "InterpretedFunction"
+else:
+    _INTERPRETING = False
+
+try:
+    from triton.runtime.errors import OutOfResources as _OutOfResources
+
+    _OUT_OF_RESOURCES: tuple[type[BaseException], ...] = (_OutOfResources,)
+except Exception:  # noqa: BLE001
+    _OUT_OF_RESOURCES = ()
+
+
+# --------------------------------------------------------------------------------------------
+# Launch
+# --------------------------------------------------------------------------------------------
+
+
+def _row_align(t: torch.Tensor, stride: int) -> int:
+    # Largest power of two (elements, <= 16 bytes) dividing the row stride and the base address.
+    align = max(1, 16 // t.element_size())
+    while align > 1 and (stride % align or (t.data_ptr() // t.element_size()) % align):
+        align //= 2
+    return align
+
+
+class _Plan:
+    """A resolved config turned into launch arguments once, off the per-call path.
+
+    Triton's own launch costs ~30-40 us of host time per call on an H200 host; everything the
+    wrapper adds on top is visible in eager mode, so the per-call work is kept to shape checks,
+    two descriptors and the launch.
+    """
+
+    __slots__ = (
+        "bk",
+        "bm",
+        "bn",
+        "flatten",
+        "group",
+        "half",
+        "occupancy",
+        "opts",
+        "persistent",
+        "tma",
+    )
+
+    def __init__(self, cfg: Mapping[str, Any], device: torch.device) -> None:
+        self.bm, self.bn, self.bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        self.group = cfg["GROUP_M"]
+        self.opts: dict[str, Any] = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+        hip = bool(getattr(torch.version, "hip", None))
+        if hip:
+            for key in _HIP_LAUNCH_KEYS:
+                if key in cfg:
+                    self.opts[key] = cfg[key]
+        tma = bool(cfg.get("tma")) and _HAS_HOST_TMA
+        if device.type == "cuda":
+            tma = tma and not hip and _cc_major(device) >= 9
+        else:
+            tma = tma and _INTERPRETING
+        self.tma = tma
+        self.persistent = bool(cfg.get("persistent")) and device.type == "cuda"
+        self.occupancy = int(cfg.get("occupancy", 1))
+        self.half = bool(cfg.get("epilogue_subtile")) and self.bn >= 32
+        self.flatten = bool(cfg.get("flatten"))
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    # The TMA unit needs 16-byte aligned bases and row strides (1176 bf16 = 2352 bytes is).
+    return (
+        t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    )
+
+
+def _weight_descriptor(w: torch.Tensor, bn: int, bk: int) -> Any:
+    key = (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, w.device, bn, bk)
+    desc = _w_desc_cache.get(key)
+    if desc is None:
+        desc = TensorDescriptor.from_tensor(w, [bn, bk])
+        with _lock:
+            _w_desc_cache[key] = desc
+            while len(_w_desc_cache) > _W_DESC_CACHE_SIZE:
+                _w_desc_cache.popitem(last=False)
+    return desc
+
+
+def _launch(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    plan: _Plan,
+) -> None:
+    M, K = a.shape
+    N = w.shape[0]
+    bm, bn, bk = plan.bm, plan.bn, plan.bk
+    upcast = _INTERPRETING and a.dtype in (torch.bfloat16, torch.float16)
+    bias_arg = bias if bias is not None else out
+    tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
+    if plan.tma and _tma_ok(a) and _tma_ok(w) and _tma_ok(out):
+        a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+        w_desc = _weight_descriptor(w, bn, bk)
+        c_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2 if plan.half else bn])
+        progs = tiles
+        if plan.persistent:
+            progs = min(tiles, plan.occupancy * _sm_count(a.device))
+        _gemm_tma_kernel[(progs,)](
+            a_desc,
+            w_desc,
+            c_desc,
+            bias_arg,
+            M,
+            N,
+            K,
+            progs,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            GROUP_M=plan.group,
+            HAS_BIAS=bias is not None,
+            UPCAST=upcast,
+            EPILOGUE_SUBTILE=plan.half,
+            FLATTEN=plan.flatten,
+            **plan.opts,
+        )
+        return
+    a_align = _row_align(a, a.stride(0))
+    w_align = _row_align(w, w.stride(0))
+    k_align = max(1, 16 // a.element_size())
+    while K % k_align:
+        k_align //= 2
+    _gemm_ptr_kernel[(tiles,)](
+        a,
+        w,
+        bias_arg,
+        out,
+        M,
+        N,
+        K // k_align,
+        a.stride(0) // a_align,
+        a.stride(1),
+        w.stride(0) // w_align,
+        w.stride(1),
+        out.stride(0),
+        out.stride(1),
+        A_ALIGN=a_align,
+        W_ALIGN=w_align,
+        K_ALIGN=k_align,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=plan.group,
+        EVEN_K=K % bk == 0,
+        HAS_BIAS=bias is not None,
+        UPCAST=upcast,
+        **plan.opts,
+    )
+
+
+def _check(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if a.dim() != 2 or w.dim() != 2 or a.shape[1] != w.shape[1]:
+        raise ValueError(f"patch embed: bad shapes x{tuple(a.shape)} weight{tuple(w.shape)}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
+        raise ValueError(f"patch embed: bias{tuple(bias.shape)} for {w.shape[0]} channels")
+
+
+def _plan_for(device: torch.device, dtype: torch.dtype) -> _Plan:
+    # The env var and the tuned file are read at the first call per device and dtype, not on
+    # every call (each os.environ lookup is host time); clear_config_cache() re-reads them.
+    key = (device, dtype)
+    plan = _plan_cache.get(key)
+    if plan is None:
+        cfg = resolve_config(device)
+        if dtype == torch.float32 and not _INTERPRETING:
+            cfg.update(FP32_CONFIG)
+        plan = _Plan(cfg, device)
+        with _lock:
+            _plan_cache[key] = plan
+    return plan
+
+
+def _run(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    plan: _Plan,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    _check(a, w, bias)
+    if w.dtype != a.dtype:
+        w = w.to(a.dtype)
+    if bias is not None and bias.dtype != a.dtype:
+        bias = bias.to(a.dtype)
+    shape = (a.shape[0], w.shape[0])
+    if out is None:
+        out = torch.empty(shape, dtype=a.dtype, device=a.device)
+    elif tuple(out.shape) != shape or out.dtype != a.dtype or not out.is_contiguous():
+        raise ValueError(f"patch embed: out must be contiguous {shape} {a.dtype}")
+    if shape[0] > 0 and shape[1] > 0:
+        try:
+            _launch(a, w, bias, out, plan)
+        except _OUT_OF_RESOURCES as exc:
+            # A tile config too big for this GPU or triton build (a tuned file from elsewhere,
+            # a compiler that needs more shared memory): fall back to the portable default.
+            _warn_once(
+                f"oor:{plan.bm}x{plan.bn}x{plan.bk}",
+                f"rocmfix: patch-embed config does not fit ({exc}); using the default",
+            )
+            safe = dict(PATCH_EMBED_CONFIGS["default"])
+            if a.dtype == torch.float32:
+                safe.update(FP32_CONFIG)
+            _launch(a, w, bias, out, _Plan(safe, a.device))
+    return out
+
+
+def patchify_gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: Mapping[str, Any] | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``a[M, K] @ w[N, K].T (+ bias)`` with the Triton kernel and an explicit tile config.
+
+    This is the entry point for ``rocmfix tune``/``doctor``; ``config`` keys override
+    :func:`resolve_config` for ``a``'s device. ``out`` (contiguous ``[M, N]``, ``a``'s dtype)
+    lets a caller pre-poison the result. It always runs Triton (the caller picks the device),
+    and raises if triton is missing.
+    """
+    if not _HAS_TRITON:
+        raise RuntimeError("triton is not importable")
+    if config is None:
+        plan = _plan_for(a.device, a.dtype)
+    else:
+        cfg = resolve_config(a.device)
+        if a.dtype == torch.float32 and not _INTERPRETING:
+            cfg.update(FP32_CONFIG)
+        cfg.update(validate_config(config, "explicit config"))
+        plan = _Plan(cfg, a.device)
+    return _run(a, w, bias, plan, out)
+
+
+def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(a, w.to(a.dtype), None if bias is None else bias.to(a.dtype))
+
+
+def _impl_cuda(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if not _HAS_TRITON:
+        _warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
+        return _linear_fallback(a, w, bias)
+    return _run(a, w, bias, _plan_for(a.device, a.dtype), None)
+
+
+def _impl_cpu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if _INTERPRETING:
+        return _run(a, w, bias, _plan_for(a.device, a.dtype), None)
+    if not _HAS_TRITON:
+        _warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
+    return _linear_fallback(a, w, bias)
+
+
+def _impl_fake(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return a.new_empty((a.shape[0], w.shape[0]))
+
+
+# --------------------------------------------------------------------------------------------
+# Op registration (low-level Library API, as vllm's direct_register_custom_op does)
+# --------------------------------------------------------------------------------------------
+
+# The Library objects live in a process-wide holder, not in this module: a second import of
+# the file (another module name, importlib reload) must neither redefine the op nor let the
+# first Library be garbage-collected, which would unregister it.
+_REGISTRY_MODULE = "_rocmfix_op_registry"
+
+
+def _registry() -> types.ModuleType:
+    holder = sys.modules.get(_REGISTRY_MODULE)
+    if holder is None:
+        holder = types.ModuleType(_REGISTRY_MODULE)
+        sys.modules[_REGISTRY_MODULE] = holder
+    return holder
+
+
+def _register_op() -> None:
+    holder = _registry()
+    with _lock:
+        if getattr(holder, OP_NAME, None) is not None:
+            return
+        lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+        lib.define(f"{OP_NAME}(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+        lib.impl(OP_NAME, _impl_cuda, "CUDA")
+        lib.impl(OP_NAME, _impl_cpu, "CPU")
+        qualname = f"{OP_NAMESPACE}::{OP_NAME}"
+        if hasattr(torch.library, "register_fake"):  # torch >= 2.4
+            torch.library.register_fake(qualname, _impl_fake, lib=lib)
+        elif hasattr(torch.library, "impl_abstract"):
+            torch.library.impl_abstract(qualname, _impl_fake, lib=lib)
+        else:
+            lib.impl(OP_NAME, _impl_fake, "Meta")
+        setattr(holder, OP_NAME, lib)
+
+
+_register_op()
+# Looked up once: resolving torch.ops.<ns>.<name> costs host time on every call.
+_OP = getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME).default
+_compiler = getattr(torch, "compiler", None)
+if _compiler is not None and hasattr(_compiler, "is_compiling"):
+    _is_compiling = _compiler.is_compiling
+else:  # torch < 2.3
+    _is_compiling = torch._dynamo.is_compiling
+
+
+def triton_conv3d_patchify(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Conv3d with kernel == stride on ``x[L, C, T, P, P]`` and ``weight[N, C, T, P, P]``.
+
+    Returns ``[L, N]`` in ``x``'s dtype, computed as one GEMM with fp32 accumulation.
+    """
+    # flatten(1), not reshape(L, -1): the latter is ambiguous for an empty batch.
+    a = x.flatten(1)
+    w = weight.flatten(1)
+    if _is_compiling():
+        # torch.compile sees one opaque op with a fake-tensor rule.
+        return _OP(a, w, bias)
+    # Eager: call the implementation directly; the dispatcher round trip to a Python kernel
+    # is several microseconds of host time per call.
+    if a.is_cuda:
+        return _impl_cuda(a, w, bias)
+    return _OP(a, w, bias)

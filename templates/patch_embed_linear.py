@@ -1,0 +1,36 @@
+"""Qwen2-VL patch embedding through the vendor BLAS (rocmfix scheme ``linear``).
+
+rocmfix dropped this file into vllm as ``qwen2_vl_vision_kernels.py`` and rewrote
+``Qwen2VisionPatchEmbed.forward`` to call :func:`triton_conv3d_patchify` instead of the
+Conv3d. ``rocmfix revert`` removes it.
+
+The conv has kernel == stride and no padding, so it is ``F.linear`` on the flattened patches:
+rocBLAS/hipBLASLt on ROCm, cuBLAS on CUDA. This is what vllm upstream later did itself
+(``Conv3dLayer._forward_mulmat``), minus its unfold/permute copy, since vllm already hands the
+patches over as ``[L, C*T*P*P]``. No Triton, no custom op: ``F.linear`` already works under
+torch.compile and graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SCHEME = "linear"
+
+
+def triton_conv3d_patchify(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Conv3d with kernel == stride on ``x[L, C, T, P, P]`` and ``weight[N, C, T, P, P]``.
+
+    Returns ``[L, N]`` in ``x``'s dtype. (The name is kept so the patched forward is the same
+    for every scheme.)
+    """
+    # flatten(1), not reshape(L, -1): the latter is ambiguous for an empty batch.
+    w = weight.flatten(1)
+    if w.dtype != x.dtype:
+        w = w.to(x.dtype)
+    if bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    return F.linear(x.flatten(1), w, bias)

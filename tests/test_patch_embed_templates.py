@@ -1,0 +1,495 @@
+"""CPU tests of the patch-embed templates (templates/patch_embed_{gemm,direct,linear}.py).
+
+The Triton kernels run in Triton's CPU interpreter: ``TRITON_INTERPRET=1`` is set while the
+templates are imported (triton decides interpreter-or-compiler when ``@triton.jit`` runs), and
+restored afterwards so other test modules see the environment they started with. Every check
+draws fresh random inputs and, where the API allows, writes into a NaN-poisoned output.
+bf16 is checked here only through the interpreter's fp32 upcast; the GPU proof is
+bench/patch_embed.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports triton: triton.language's own @jit helpers are compiled-or-interpreted
+# at triton's first import. Left set for the session, as other interpreter tests want it too.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import ast
+import importlib.util
+import json
+import math
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = ROOT / "templates"
+SCHEMES = ("gemm", "direct", "linear")
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+triton = pytest.importorskip("triton")
+
+_counter = 0
+
+
+def _load(scheme: str, extra_env: dict[str, str | None] | None = None) -> ModuleType:
+    """Import a template from its file under a fresh module name, interpreter on."""
+    global _counter
+    _counter += 1
+    env = {"TRITON_INTERPRET": "1", **(extra_env or {})}
+    saved = {key: os.environ.get(key) for key in env}
+    try:
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        name = f"_rocmfix_test_patch_embed_{scheme}_{_counter}"
+        spec = importlib.util.spec_from_file_location(name, TEMPLATES / f"patch_embed_{scheme}.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def mods() -> dict[str, ModuleType]:
+    return {scheme: _load(scheme) for scheme in SCHEMES}
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # No developer's real tuned file or env override may leak into a test.
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
+    monkeypatch.delenv("ROCMFIX_PATCH_EMBED_CONFIG", raising=False)
+    yield
+
+
+@pytest.fixture
+def gemm(mods: dict[str, ModuleType]) -> Iterator[ModuleType]:
+    mods["gemm"].clear_config_cache()
+    yield mods["gemm"]
+    mods["gemm"].clear_config_cache()
+
+
+def _inputs(
+    m: int, c: int, t: int, p: int, n: int, dtype: torch.dtype, bias: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    k = c * t * p * p
+    x = torch.randn(m, c, t, p, p, dtype=torch.float64)
+    w = torch.randn(n, c, t, p, p, dtype=torch.float64) / math.sqrt(k)
+    b = torch.randn(n, dtype=torch.float64) if bias else None
+    return x.to(dtype), w.to(dtype), None if b is None else b.to(dtype)
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """The Conv3d itself, in fp64, on the (already rounded) inputs."""
+    t, p = w.shape[2], w.shape[3]
+    out = F.conv3d(x.double(), w.double(), None if b is None else b.double(), stride=(t, p, p))
+    return out.reshape(x.shape[0], w.shape[0])
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all(), "non-finite output (unwritten or poisoned element)"
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def _poisoned(m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.full((m, n), float("nan"), dtype=dtype)
+
+
+# ------------------------------------------------------------------------------ correctness
+
+MINERU = (3, 2, 14, 1280)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("m", [1, 7, 130])
+def test_gemm_mineru_shape(gemm: ModuleType, dtype: torch.dtype, bias: bool, m: int) -> None:
+    x, w, b = _inputs(m, *MINERU, dtype, bias)
+    ref = _reference(x, w, b)
+    out = gemm.triton_conv3d_patchify(x, w, b)
+    assert out.shape == (m, 1280) and out.dtype == dtype
+    assert _rel_err(out, ref) < TOL[dtype]
+    poisoned = _poisoned(m, 1280, dtype)
+    gemm.patchify_gemm(x.reshape(m, -1), w.reshape(1280, -1), b, out=poisoned)
+    assert _rel_err(poisoned, ref) < TOL[dtype]
+
+
+def test_gemm_bf16_through_interpreter_upcast(gemm: ModuleType) -> None:
+    x, w, b = _inputs(33, *MINERU, torch.bfloat16, True)
+    out = gemm.triton_conv3d_patchify(x, w, b)
+    assert out.dtype == torch.bfloat16
+    assert _rel_err(out, _reference(x, w, b)) < TOL[torch.bfloat16]
+
+
+# Odd K (96 = whole BLOCK_K steps; 150 and 54 have a tail and rows that are not 16-byte
+# aligned in 16-bit dtypes) and N not a multiple of the tile.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(3, 2, 4, 40), (3, 2, 5, 96), (3, 1, 3, 17)])
+def test_gemm_odd_shapes(gemm: ModuleType, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    for m, bias in ((1, True), (7, False), (130, True)):
+        x, w, b = _inputs(m, *shape, dtype, bias)
+        n = shape[-1]
+        out = _poisoned(m, n, dtype)
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32}
+        gemm.patchify_gemm(x.reshape(m, -1), w.reshape(n, -1), b, config=cfg, out=out)
+        assert _rel_err(out, _reference(x, w, b)) < TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"tma": True, "persistent": True, "flatten": True},
+        {"tma": True, "persistent": False, "epilogue_subtile": True},
+        {"tma": True, "persistent": True, "epilogue_subtile": True, "BLOCK_K": 64},
+    ],
+    ids=["persistent-flatten", "grid-subtile", "persistent-subtile-bk64"],
+)
+def test_gemm_descriptor_kernel(gemm: ModuleType, cfg: dict[str, Any]) -> None:
+    if not gemm._HAS_HOST_TMA:
+        pytest.skip("this triton has no host-side TensorDescriptor")
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, **cfg}
+    for m, shape, dtype in ((7, MINERU, torch.float16), (70, (3, 2, 4, 40), torch.float32)):
+        x, w, b = _inputs(m, *shape, dtype, True)
+        n = shape[-1]
+        out = _poisoned(m, n, dtype)
+        gemm.patchify_gemm(x.reshape(m, -1), w.reshape(n, -1), b, config=cfg, out=out)
+        assert _rel_err(out, _reference(x, w, b)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_direct(mods: dict[str, ModuleType], dtype: torch.dtype, bias: bool) -> None:
+    direct = mods["direct"]
+    # ~3 ms of interpreter time per program: keep M*N small, K at MinerU's 1176.
+    for m, n in ((1, 24), (7, 16)):
+        x, w, b = _inputs(m, 3, 2, 14, n, dtype, bias)
+        ref = _reference(x, w, b)
+        assert _rel_err(direct.triton_conv3d_patchify(x, w, b), ref) < TOL[dtype]
+        out = _poisoned(m, n, dtype)
+        direct.patchify_direct(x.reshape(m, -1), w.reshape(n, -1), b, out=out)
+        assert _rel_err(out, ref) < TOL[dtype]
+    x, w, b = _inputs(3, 3, 2, 5, 8, dtype, bias)
+    assert _rel_err(direct.triton_conv3d_patchify(x, w, b), _reference(x, w, b)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [MINERU, (3, 2, 5, 96)])
+def test_linear(mods: dict[str, ModuleType], dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    for m, bias in ((1, False), (7, True), (130, True)):
+        x, w, b = _inputs(m, *shape, dtype, bias)
+        out = mods["linear"].triton_conv3d_patchify(x, w, b)
+        assert out.shape == (m, shape[-1]) and out.dtype == dtype
+        assert _rel_err(out, _reference(x, w, b)) < TOL[dtype]
+
+
+def test_empty_batch_and_bad_shapes(mods: dict[str, ModuleType]) -> None:
+    for scheme in SCHEMES:
+        x, w, _ = _inputs(0, 3, 2, 4, 8, torch.float32, False)
+        assert mods[scheme].triton_conv3d_patchify(x, w).shape == (0, 8)
+    x, w, _ = _inputs(2, 3, 2, 4, 8, torch.float32, False)
+    for scheme in ("gemm", "direct"):
+        with pytest.raises((ValueError, RuntimeError)):
+            mods[scheme].triton_conv3d_patchify(x, w[:, :2])
+        with pytest.raises((ValueError, RuntimeError)):
+            mods[scheme].triton_conv3d_patchify(x, w, torch.zeros(5))
+
+
+def test_kernels_run_in_interpreter(mods: dict[str, ModuleType]) -> None:
+    # Otherwise the CPU path would be F.linear and the tests above would prove nothing.
+    assert mods["gemm"]._INTERPRETING and mods["direct"]._INTERPRETING
+
+
+# ------------------------------------------------------------------------------ weights
+
+
+def test_weight_modified_in_place_is_seen(mods: dict[str, ModuleType]) -> None:
+    # The kernels read the weight in place (no packed copy), so an in-place update such as a
+    # late weight load must show up in the very next call.
+    for scheme in SCHEMES:
+        x, w, b = _inputs(5, 3, 2, 4, 24, torch.float32, True)
+        first = mods[scheme].triton_conv3d_patchify(x, w, b)
+        assert _rel_err(first, _reference(x, w, b)) < 1e-5
+        with torch.no_grad():
+            w.mul_(-2.0)
+            w[0].add_(1.0)
+        second = mods[scheme].triton_conv3d_patchify(x, w, b)
+        assert _rel_err(second, _reference(x, w, b)) < 1e-5, scheme
+
+
+# ------------------------------------------------------------------------------ config
+
+
+def _write_tuned(path: Path, per_arch: dict[str, Any]) -> None:
+    doc = {"schema": 1, "kernels": {"patch_embed_gemm": per_arch}}
+    path.write_text(json.dumps(doc))
+
+
+def test_config_shipped_default_without_gpu(gemm: ModuleType) -> None:
+    assert gemm.device_arch("cpu") == "default"
+    assert gemm.resolve_config("cpu") == gemm.PATCH_EMBED_CONFIGS["default"]
+    for arch, cfg in gemm.PATCH_EMBED_CONFIGS.items():
+        assert set(cfg) <= gemm.CONFIG_KEYS, arch
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert gemm.validate_config(cfg, arch) == cfg
+
+
+def test_config_lookup_order(
+    gemm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tuned = tmp_path / "tuned.json"
+    _write_tuned(
+        tuned,
+        {
+            "default": {"BLOCK_M": 64, "num_stages": 2},
+            "gfx1100": {"BLOCK_M": 16, "BLOCK_N": 16},
+        },
+    )
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tuned))
+    cfg = gemm.resolve_config("cpu")
+    assert cfg["BLOCK_M"] == 64 and cfg["num_stages"] == 2
+    # The foreign-arch entry is ignored; untouched keys keep the shipped values.
+    assert cfg["BLOCK_N"] == gemm.PATCH_EMBED_CONFIGS["default"]["BLOCK_N"]
+    monkeypatch.setenv("ROCMFIX_PATCH_EMBED_CONFIG", json.dumps({"BLOCK_M": 32}))
+    cfg = gemm.resolve_config("cpu")
+    assert cfg["BLOCK_M"] == 32 and cfg["num_stages"] == 2
+    # The env config is used by the kernel: a result through it is still right.
+    x, w, b = _inputs(9, 3, 2, 4, 40, torch.float32, True)
+    assert _rel_err(gemm.triton_conv3d_patchify(x, w, b), _reference(x, w, b)) < 1e-5
+
+
+def test_tuned_file_read_once(
+    gemm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tuned = tmp_path / "tuned.json"
+    _write_tuned(tuned, {"default": {"BLOCK_K": 64}})
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tuned))
+    assert gemm.resolve_config("cpu")["BLOCK_K"] == 64
+    _write_tuned(tuned, {"default": {"BLOCK_K": 16}})
+    assert gemm.resolve_config("cpu")["BLOCK_K"] == 64
+    gemm.clear_config_cache()
+    assert gemm.resolve_config("cpu")["BLOCK_K"] == 16
+
+
+def test_tuned_file_default_location(
+    gemm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ROCMFIX_TUNED_FILE")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    (tmp_path / "rocmfix").mkdir()
+    _write_tuned(tmp_path / "rocmfix" / "tuned.json", {"default": {"GROUP_M": 4}})
+    assert gemm.tuned_file_path() == str(tmp_path / "rocmfix" / "tuned.json")
+    assert gemm.resolve_config("cpu")["GROUP_M"] == 4
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", json.dumps({"schema": 99, "kernels": {}}), json.dumps([1, 2])],
+    ids=["garbage", "wrong-schema", "not-an-object"],
+)
+def test_corrupt_tuned_file_warns_once(
+    gemm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str
+) -> None:
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(content)
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tuned))
+    with pytest.warns(RuntimeWarning, match="tuned file"):
+        cfg = gemm.resolve_config("cpu")
+    assert cfg == gemm.PATCH_EMBED_CONFIGS["default"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert gemm.resolve_config("cpu") == cfg
+
+
+def test_unknown_and_invalid_keys_warn(
+    gemm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tuned = tmp_path / "tuned.json"
+    _write_tuned(tuned, {"default": {"BLOCK_M": 64, "BLOCK_Q": 1, "BLOCK_N": 100}})
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tuned))
+    with pytest.warns(RuntimeWarning, match="BLOCK_Q"):
+        cfg = gemm.resolve_config("cpu")
+    assert cfg["BLOCK_M"] == 64
+    assert cfg["BLOCK_N"] == gemm.PATCH_EMBED_CONFIGS["default"]["BLOCK_N"]
+    assert "BLOCK_Q" not in cfg
+    monkeypatch.setenv("ROCMFIX_PATCH_EMBED_CONFIG", "[oops")
+    with pytest.warns(RuntimeWarning, match="ROCMFIX_PATCH_EMBED_CONFIG"):
+        assert gemm.resolve_config("cpu")["BLOCK_M"] == 64
+
+
+def _fake_gpu(monkeypatch: pytest.MonkeyPatch, hip: str | None, **props: Any) -> None:
+    class Props:
+        multi_processor_count = 132
+
+    for key, value in props.items():
+        setattr(Props, key, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    monkeypatch.setattr(torch.version, "hip", hip)
+
+
+def test_arch_detection_and_arch_entries(
+    gemm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_gpu(monkeypatch, None, major=9, minor=0)
+    assert gemm.device_arch("cuda:0") == "sm_90"
+    shipped = {**gemm.PATCH_EMBED_CONFIGS["default"], **gemm.PATCH_EMBED_CONFIGS["sm_90"]}
+    assert gemm.resolve_config("cuda:0") == shipped
+    tuned = tmp_path / "tuned.json"
+    _write_tuned(tuned, {"sm_90": {"num_stages": 5}, "gfx942": {"num_stages": 1}})
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tuned))
+    assert gemm.resolve_config("cuda:0")["num_stages"] == 5
+    gemm.clear_config_cache()
+    _fake_gpu(monkeypatch, "6.4", gcnArchName="gfx942:sramecc+:xnack-")
+    assert gemm.device_arch("cuda:0") == "gfx942"
+    assert gemm.resolve_config("cuda:0")["num_stages"] == 1
+    assert gemm.resolve_config("cuda:0")["matrix_instr_nonkdim"] == 16
+    gemm.clear_config_cache()
+
+    def broken(index: int) -> None:
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", broken)
+    assert gemm.device_arch("cuda:0") == "default"
+
+
+# ------------------------------------------------------------------------------ op / import
+
+
+def test_second_import_keeps_op_working(mods: dict[str, ModuleType]) -> None:
+    for scheme in ("gemm", "direct"):
+        again = _load(scheme)
+        x, w, b = _inputs(3, 3, 2, 4, 16, torch.float32, True)
+        ref = _reference(x, w, b)
+        assert _rel_err(again.triton_conv3d_patchify(x, w, b), ref) < 1e-5
+        assert _rel_err(mods[scheme].triton_conv3d_patchify(x, w, b), ref) < 1e-5
+        assert hasattr(torch.ops.rocmfix, again.OP_NAME)
+
+
+def test_templates_import_only_stdlib_torch_triton() -> None:
+    allowed = set(sys.stdlib_module_names) | {"torch", "triton", "__future__"}
+    for scheme in SCHEMES:
+        tree = ast.parse((TEMPLATES / f"patch_embed_{scheme}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{scheme}: relative import"
+                roots = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            assert roots <= allowed, f"{scheme} imports {roots - allowed}"
+
+
+def test_public_surface(mods: dict[str, ModuleType]) -> None:
+    for scheme in SCHEMES:
+        mod = mods[scheme]
+        assert scheme == mod.SCHEME
+        assert callable(mod.triton_conv3d_patchify)
+        assert mod.__doc__ and "rocmfix revert" in mod.__doc__
+    assert "100-200x slower" in (mods["direct"].__doc__ or "")
+
+
+def test_opcheck(mods: dict[str, ModuleType]) -> None:
+    opcheck = getattr(torch.library, "opcheck", None)
+    if opcheck is None:
+        pytest.skip("torch.library.opcheck needs torch >= 2.4")
+    for scheme in ("gemm", "direct"):
+        op = getattr(torch.ops.rocmfix, mods[scheme].OP_NAME).default
+        x, w, b = _inputs(3, 3, 2, 4, 8, torch.float32, True)
+        for bias in (b, None):
+            opcheck(
+                op,
+                (x.reshape(3, -1), w.reshape(8, -1), bias),
+                test_utils=("test_schema", "test_faketensor"),
+            )
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_torch_compile_fullgraph(mods: dict[str, ModuleType], scheme: str) -> None:
+    mod = mods[scheme]
+
+    class PatchEmbed(torch.nn.Module):
+        # vllm's Qwen2VisionPatchEmbed after rocmfix rewrote its forward.
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Conv3d(3, 24, (2, 4, 4), stride=(2, 4, 4), bias=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            L, _ = x.shape
+            x = x.view(L, -1, 2, 4, 4)
+            return mod.triton_conv3d_patchify(x, self.proj.weight, self.proj.bias)
+
+    torch._dynamo.reset()
+    model = PatchEmbed().eval()
+    x = torch.randn(6, 96)
+    with torch.no_grad():
+        ref = model.proj(x.view(6, 3, 2, 4, 4)).reshape(6, 24)
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        out = compiled(x)
+        x2 = torch.randn(11, 96)
+        out2 = compiled(x2)
+        ref2 = model.proj(x2.view(11, 3, 2, 4, 4)).reshape(11, 24)
+    assert _rel_err(out, ref.double()) < 1e-5
+    assert _rel_err(out2, ref2.double()) < 1e-5
+
+
+def test_config_too_big_for_the_gpu_falls_back(
+    gemm: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not gemm._OUT_OF_RESOURCES:
+        pytest.skip("this triton has no OutOfResources")
+    real = gemm._launch
+    calls: list[int] = []
+
+    def first_call_out_of_resources(*args: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise gemm._OUT_OF_RESOURCES[0](300000, 232448, "shared memory")
+        real(*args)
+
+    monkeypatch.setattr(gemm, "_launch", first_call_out_of_resources)
+    x, w, b = _inputs(5, 3, 2, 4, 24, torch.float32, True)
+    with pytest.warns(RuntimeWarning, match="does not fit"):
+        out = gemm.triton_conv3d_patchify(x, w, b)
+    assert len(calls) == 2
+    assert _rel_err(out, _reference(x, w, b)) < 1e-5
+
+
+def test_missing_triton_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    for scheme in ("gemm", "direct"):
+        monkeypatch.setitem(sys.modules, "triton", None)
+        monkeypatch.setitem(sys.modules, "triton.language", None)
+        monkeypatch.setitem(sys.modules, "triton.tools.tensor_descriptor", None)
+        mod = _load(scheme)
+        monkeypatch.undo()
+        assert not mod._HAS_TRITON
+        x, w, b = _inputs(4, 3, 2, 4, 8, torch.float32, True)
+        ref = _reference(x, w, b)
+        a2, w2 = x.reshape(4, -1), w.reshape(8, -1)
+        with pytest.warns(RuntimeWarning, match="triton is not importable"):
+            out = mod._impl_cuda(a2, w2, b)
+        assert _rel_err(out, ref) < 1e-5
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert _rel_err(mod._impl_cpu(a2, w2, b), ref) < 1e-5
