@@ -249,5 +249,33 @@ def partial_install(python: Path, project: str, version: str, members: list[str]
     return site
 
 
+def importable(project: str, version: str) -> Path:
+    """A folder holding the release (``pip install --no-deps --target``), to put on sys.path.
+
+    The test environment carries the package's runtime needs, but not the package itself: its
+    own requirements would pull in a GUI build of OpenCV and more.
+    """
+    target = cache_dir() / "importable" / f"{project}-{version}"
+    if not (target / ".complete").exists():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--no-index",
+                "--no-compile",
+                "--target",
+                str(target),
+                str(wheel(project, version)),
+            ],
+            check=True,
+        )
+        (target / ".complete").write_text("")
+    return target
+
+
 def copy_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, symlinks=True)

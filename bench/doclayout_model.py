@@ -1,0 +1,377 @@
+"""Whole-model check of the dilated-conv templates in the real DocLayout-YOLO network.
+
+Builds the released architecture from the installed ``doclayout-yolo`` package's
+``yolov10m-doclayout.yaml`` (random weights, fixed seed, eval, fp32), then compares the stock
+forward with ``DilatedBlock.dilated_conv`` monkeypatched (in this process only) to route the conv
+through each template while keeping ``act(bn(...))``:
+
+* outputs and top-k detections, patched vs stock (strict IEEE fp32 and TF32);
+* ms per forward at 1280x928 (an A4 page letterboxed by MinerU), batch 1 and 4;
+* torch.profiler (record_shapes) and a dispatch-level spy: which ``aten::convolution`` calls carry
+  a dilation > 1 (none may remain once patched);
+* Triton compiles: the kernel cache must not grow over new page sizes.
+
+  python bench/doclayout_model.py --out DIR [--device cuda] [--size 1280 928]
+
+Runs on the CPU too (phase template only; the Triton path then falls back to F.conv2d).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_template(name: str) -> ModuleType:
+    path = ROOT / "templates" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_model_{name}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def build_model(device: str, nc: int = 10, seed: int = 0) -> torch.nn.Module:
+    import doclayout_yolo
+    from doclayout_yolo.nn.tasks import YOLOv10DetectionModel
+
+    cfg = (
+        Path(doclayout_yolo.__file__).parent / "cfg" / "models" / "v10" / "yolov10m-doclayout.yaml"
+    )
+    torch.manual_seed(seed)
+    model = YOLOv10DetectionModel(str(cfg), nc=nc, verbose=False)
+    # Non-trivial BN statistics, so the BN kept after the patched conv matters.
+    g = torch.Generator().manual_seed(seed + 1)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+    return model.eval().to(device)
+
+
+@contextlib.contextmanager
+def patched(impl: Callable[..., torch.Tensor] | None) -> Iterator[None]:
+    """Route DilatedBlock.dilated_conv's conv through ``impl`` (GPU inputs), keeping act(bn())."""
+    from doclayout_yolo.nn.modules.g2l_crm import DilatedBlock
+
+    original = DilatedBlock.dilated_conv
+    if impl is None:
+        yield
+        return
+
+    def dilated_conv(self: Any, x: torch.Tensor, dilation: int) -> torch.Tensor:
+        act = self.dcv.act
+        bn = self.dcv.bn
+        weight = self.dcv.conv.weight
+        padding = dilation * (self.k // 2)
+        if x.is_cuda or impl_on_cpu:
+            y = impl(x, weight, dilation, padding)
+        else:
+            y = F.conv2d(x, weight, stride=1, padding=padding, dilation=dilation)
+        return act(bn(y))
+
+    impl_on_cpu = getattr(impl, "__module__", "").endswith("dilated_conv_phase")
+    DilatedBlock.dilated_conv = dilated_conv
+    try:
+        yield
+    finally:
+        DilatedBlock.dilated_conv = original
+
+
+class ConvSpy(TorchDispatchMode):
+    """Counts aten.convolution calls by dilation as they reach the dispatcher."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_dilation: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # Under inference_mode the mode sees aten.conv2d itself, elsewhere its decomposition
+        # aten.convolution; dilation is argument 5 of both.
+        if func in (torch.ops.aten.convolution.default, torch.ops.aten.conv2d.default):
+            d = max(args[5]) if len(args) > 5 else 1
+            self.by_dilation[d] = self.by_dilation.get(d, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def detections(out: Any, nc: int, k: int = 100) -> tuple[torch.Tensor, ...]:
+    from doclayout_yolo.utils import ops
+
+    preds = out["one2one"] if isinstance(out, dict) else out
+    if isinstance(preds, (tuple, list)):
+        preds = preds[0]
+    boxes, scores, labels = ops.v10postprocess(preds.permute(0, 2, 1), k, nc)
+    return preds, boxes, scores, labels
+
+
+def compare(ref: Any, got: Any, nc: int) -> dict[str, float]:
+    p0, b0, s0, l0 = detections(ref, nc)
+    p1, b1, s1, l1 = detections(got, nc)
+    rel = ((p1.double() - p0.double()).norm() / p0.double().norm()).item()
+    # Same detection = same (box, label) up to tolerance; count stock top-100 entries found.
+    found = 0
+    total = 0
+    for i in range(b0.shape[0]):
+        for j in range(b0.shape[1]):
+            total += 1
+            close = ((b1[i] - b0[i, j]).abs().amax(-1) <= 1e-2 * (1 + b0[i, j].abs().amax())) & (
+                l1[i] == l0[i, j]
+            )
+            found += int(bool(close.any()))
+    return {
+        "rel_err_raw": rel,
+        "top100_matched": found / total,
+        "max_abs_score_diff": (s1 - s0).abs().max().item(),
+        "max_abs_box_diff_same_rank": (b1 - b0).abs().max().item(),
+    }
+
+
+def time_forward(
+    model: torch.nn.Module, x: torch.Tensor, device: str, reps: int = 7, inner: int = 10
+) -> float:
+    """Median ms per forward over ``reps`` timings of ``inner`` back-to-back forwards."""
+    with torch.inference_mode():
+        for _ in range(5):
+            model(x)
+        times = []
+        for _ in range(reps):
+            if device == "cuda":
+                torch.cuda.synchronize()
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                start.record()
+                for _ in range(inner):
+                    model(x)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / inner)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    model(x)
+                times.append((time.perf_counter() - t0) * 1e3 / inner)
+    return statistics.median(times)
+
+
+def graph_forward_ms(model: torch.nn.Module, x: torch.Tensor, reps: int = 20) -> float | None:
+    """GPU time of one forward: the whole forward captured in a CUDA graph and replayed."""
+    try:
+        static_x = x.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.inference_mode():
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    model(static_x)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model(static_x)
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(5):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            for _ in range(reps):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / reps)
+        del graph
+        return statistics.median(times)
+    except Exception as exc:  # noqa: BLE001  # report, do not abort the other measurements
+        print(f"graph capture failed: {exc!r}", flush=True)
+        return None
+
+
+def profile_convs(model: torch.nn.Module, x: torch.Tensor, device: str) -> tuple[dict, str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with torch.inference_mode():
+        model(x)
+        with profile(activities=acts, record_shapes=True) as prof:
+            model(x)
+    by_dil: dict[int, int] = {}
+    for e in prof.events():
+        if e.name == "aten::convolution":
+            dil = e.concrete_inputs[5] if len(e.concrete_inputs) > 5 else None
+            d = max(dil) if isinstance(dil, (list, tuple)) else -1  # -1: not recorded
+            by_dil[d] = by_dil.get(d, 0) + 1
+    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=60)
+    return by_dil, table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--size", type=int, nargs=2, default=(1280, 928), metavar=("H", "W"))
+    ap.add_argument("--batches", type=int, nargs="+", default=(1, 4))
+    ap.add_argument("--nc", type=int, default=10)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = args.device
+    tri = load_template("dilated_conv_triton")
+    phase = load_template("dilated_conv_phase")
+    impls: dict[str, Callable[..., torch.Tensor] | None] = {
+        "stock": None,
+        "triton": tri.dilated_conv2d,
+        "phase": phase.dilated_conv2d,
+    }
+    if dev != "cuda":
+        impls.pop("triton")
+    model = build_model(dev, args.nc)
+    h, w = args.size
+    g = torch.Generator(device="cpu").manual_seed(1)
+    md = [f"# DocLayout-YOLO whole-model check ({time.strftime('%Y-%m-%d')})", ""]
+    if dev == "cuda":
+        import triton
+
+        md.append(
+            f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+            f"{triton.__version__}, cuDNN {torch.backends.cudnn.version()}"
+        )
+    md += [
+        f"Model: yolov10m-doclayout.yaml, nc={args.nc}, random weights (seed 0), eval, fp32; "
+        f"input {h}x{w}; Triton configs from {tri.tuned_file_path()} if present.",
+        "",
+    ]
+    results: dict[str, Any] = {"accuracy": {}, "timing": {}, "convs": {}}
+
+    # Accuracy: strict IEEE (tight) and TF32 (torch default), batch 2 so batching is covered.
+    md += [
+        "## Outputs vs stock",
+        "",
+        "| precision | variant | rel err raw | top-100 matched | max score diff |",
+        "|---|---|---|---|---|",
+    ]
+    x2 = torch.rand(2, 3, h, w, generator=g).to(dev)
+    for prec in ("ieee", "tf32"):
+        torch.backends.cudnn.conv.fp32_precision = prec
+        with torch.inference_mode():
+            ref = model(x2)
+            for name, impl in impls.items():
+                if impl is None:
+                    continue
+                with patched(impl):
+                    got = model(x2)
+                r = compare(ref, got, args.nc)
+                results["accuracy"][f"{prec}/{name}"] = r
+                md.append(
+                    f"| {prec} | {name} | {r['rel_err_raw']:.2e} | "
+                    f"{r['top100_matched']:.3f} | {r['max_abs_score_diff']:.2e} |"
+                )
+                print(md[-1], flush=True)
+    torch.backends.cudnn.conv.fp32_precision = "tf32"
+
+    # Timing (TF32, torch's default for cuDNN convs).
+    md += [
+        "",
+        "## ms per forward (TF32 on, inference_mode)",
+        "",
+        "eager: median over 7 timings of 10 back-to-back forwards (at batch 1 the host, not "
+        "the GPU, sets the pace); graph: the forward captured in a CUDA graph (GPU time).",
+        "",
+        "| batch | timing | "
+        + " | ".join(impls)
+        + " | "
+        + " | ".join(f"{n}/stock" for n in impls if n != "stock")
+        + " |",
+        "|---" * (2 + 2 * len(impls) - 1) + "|",
+    ]
+    for n in args.batches:
+        x = torch.rand(n, 3, h, w, generator=g).to(dev)
+        for mode in ("eager", "graph") if dev == "cuda" else ("eager",):
+            t: dict[str, float | None] = {}
+            for name, impl in impls.items():
+                with patched(impl):
+                    t[name] = (
+                        time_forward(model, x, dev)
+                        if mode == "eager"
+                        else graph_forward_ms(model, x)
+                    )
+            results["timing"][f"{mode}/b{n}"] = t
+            md.append(
+                f"| {n} | {mode} | "
+                + " | ".join("n/a" if t[k] is None else f"{t[k]:.2f}" for k in impls)
+                + " | "
+                + " | ".join(
+                    "n/a" if t[k] is None or t["stock"] is None else f"{t[k] / t['stock']:.3f}"
+                    for k in impls
+                    if k != "stock"
+                )
+                + " |"
+            )
+            print(md[-1], flush=True)
+
+    # Which convolutions run: profiler (recorded args) and dispatcher spy.
+    md += [
+        "",
+        "## Convolutions issued per forward (batch 1)",
+        "",
+        "| variant | profiler aten::convolution by dilation | dispatch spy by dilation |",
+        "|---|---|---|",
+    ]
+    x1 = torch.rand(1, 3, h, w, generator=g).to(dev)
+    tables = []
+    for name, impl in impls.items():
+        with patched(impl):
+            by_dil, table = profile_convs(model, x1, dev)
+            spy = ConvSpy()
+            with torch.inference_mode(), spy:
+                model(x1)
+        results["convs"][name] = {"profiler": by_dil, "spy": spy.by_dilation}
+        md.append(
+            f"| {name} | {dict(sorted(by_dil.items()))} | {dict(sorted(spy.by_dilation.items()))} |"
+        )
+        print(md[-1], flush=True)
+        tables.append(f"### {name}\n\n```\n{table}\n```\n")
+        if name != "stock":
+            assert not any(d > 1 for d in by_dil), f"{name}: dilated conv still issued"
+            assert not any(d > 1 for d in spy.by_dilation), f"{name}: dilated conv still issued"
+
+    if "triton" in impls:
+        dev_idx = torch.cuda.current_device()
+        kernel = tri._KERNELS[tri.SCHEME]
+        before = len(kernel.device_caches[dev_idx][0])
+        with patched(tri.dilated_conv2d), torch.inference_mode():
+            for n, hh, ww in ((1, 1280, 1280), (4, 1280, 928), (2, 1024, 768), (1, 960, 1280)):
+                model(torch.rand(n, 3, hh, ww, device=dev))
+        after = len(kernel.device_caches[dev_idx][0])
+        md += [
+            "",
+            "## Triton compiles over page sizes",
+            "",
+            f"{kernel.fn.__name__}: {before} compiled variants after the runs above (two "
+            f"shape classes x precisions used), {after} after forwards at 1280x1280 (b1), "
+            f"1280x928 (b4), 1024x768 (b2), 960x1280 (b1).",
+        ]
+        results["compiles"] = [before, after]
+        print(md[-1], flush=True)
+    md += ["", "## Profiles (batch 1, top kernels)", "", *tables]
+    (args.out / "model.md").write_text("\n".join(md) + "\n")
+    (args.out / "model.json").write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

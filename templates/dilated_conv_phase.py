@@ -1,0 +1,90 @@
+"""Dilated conv2d as one dense conv over the input's phases (rocmfix template, no Triton).
+
+rocmfix dropped this file into ``doclayout_yolo/nn/modules/`` as ``g2l_crm_triton.py`` and rewrote
+``DilatedBlock.dilated_conv`` to call :func:`dilated_conv2d` for GPU inputs, keeping the block's
+``act(bn(...))`` around it.  ``rocmfix revert`` removes this file and restores the original method.
+
+Why: on ROCm, MIOpen has no fast solver for dilation > 1 and falls back to a naive kernel, while
+its dense (dilation 1) kernels are fast.  A conv with dilation ``d`` equals a dense conv over the
+``d*d`` strided phases ``x[..., a::d, b::d]`` of the (padded) input.  All phases are made the same
+size, stacked into the batch dimension, convolved by ONE ``F.conv2d`` call with dilation 1, then
+interleaved back and cropped.  No convolution with dilation > 1 is issued, so the vendor library's
+fast dense kernels do the work.  Plain torch ops: works on any device, and autograd works too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SCHEME = "linear"
+
+
+def _pair(v: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"expected an int or a pair, got {v!r}")
+        return int(v[0]), int(v[1])
+    return int(v), int(v)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _phase_geometry(size: int, pad: int, d: int, k: int) -> tuple[int, int, int, int, int]:
+    """(front pad, back pad, phase length, dense-conv padding, output size) along one axis.
+
+    With ``pad = q*d + f``, padding the input by ``f`` in front turns the conv's padding into a
+    whole number ``q`` of zeros per phase; the back is padded until every phase has the length
+    ``length`` that yields at least ``ceil(out/d)`` outputs.
+    """
+    out = size + 2 * pad - d * (k - 1)
+    q, f = divmod(pad, d)
+    length = max(_cdiv(f + size, d), _cdiv(out, d) + k - 1 - 2 * q)
+    back = length * d - (f + size)
+    return f, back, length, q, out
+
+
+def dilated_conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: int,
+    padding: int | tuple[int, int],
+) -> torch.Tensor:
+    """``F.conv2d(x, weight, None, stride=1, padding=padding, dilation=dilation)`` computed
+    through a single dilation-1 ``F.conv2d`` over the ``dilation**2`` phases of ``x``.
+
+    The result may be a non-contiguous view (a crop of the interleaved phases).
+    """
+    d = dilation
+    if isinstance(d, (tuple, list)):
+        if len(set(d)) != 1:
+            return F.conv2d(x, weight, None, 1, padding, d)
+        d = d[0]
+    d = int(d)
+    pad_h, pad_w = _pair(padding)
+    if d == 1 or x.dim() != 4 or weight.dim() != 4 or x.shape[0] == 0 or d < 1:
+        return F.conv2d(x, weight, None, 1, (pad_h, pad_w), d)
+    n, c, h, w = x.shape
+    co, _, kh, kw = weight.shape
+    if (
+        pad_h < 0
+        or pad_w < 0
+        or h + 2 * pad_h - d * (kh - 1) < 1
+        or w + 2 * pad_w - d * (kw - 1) < 1
+    ):
+        return F.conv2d(x, weight, None, 1, (pad_h, pad_w), d)  # torch raises its own error
+    f_h, b_h, l_h, q_h, oh = _phase_geometry(h, pad_h, d, kh)
+    f_w, b_w, l_w, q_w, ow = _phase_geometry(w, pad_w, d, kw)
+    if f_h or b_h or f_w or b_w:
+        x = F.pad(x, (f_w, b_w, f_h, b_h))
+    # [N, C, Lh*d, Lw*d] -> [d(a), d(b), N, C, Lh, Lw] -> batch of d*d*N phase images (one copy).
+    phases = (
+        x.reshape(n, c, l_h, d, l_w, d).permute(3, 5, 0, 1, 2, 4).reshape(d * d * n, c, l_h, l_w)
+    )
+    y = F.conv2d(phases, weight, None, 1, (q_h, q_w), 1)
+    ph, pw = y.shape[-2:]
+    # Phase (a, b) output i, j lands at row i*d + a, column j*d + b.
+    y = y.reshape(d, d, n, co, ph, pw).permute(2, 3, 4, 0, 5, 1).reshape(n, co, ph * d, pw * d)
+    return y[:, :, :oh, :ow]

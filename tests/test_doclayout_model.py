@@ -1,0 +1,127 @@
+"""The phase-split template inside the real DocLayout-YOLO model (CPU).
+
+Builds the released architecture from the installed ``doclayout-yolo`` package (random weights),
+routes ``DilatedBlock.dilated_conv``'s conv through templates/dilated_conv_phase.py (kept
+``act(bn(...))``, as rocmfix's rewrite does) and compares a forward with the stock one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import releases
+
+sys.path.insert(0, str(releases.importable("doclayout-yolo", "0.0.4")))
+import doclayout_yolo
+from doclayout_yolo.nn.modules.g2l_crm import DilatedBlock
+from doclayout_yolo.nn.tasks import YOLOv10DetectionModel
+
+PHASE_TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "dilated_conv_phase.py"
+
+
+def _phase() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_rocmfix_model_phase", PHASE_TEMPLATE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _DilationSpy(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dilations: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.convolution.default, torch.ops.aten.conv2d.default):
+            self.dilations.append(max(args[5]) if len(args) > 5 else 1)
+        return func(*args, **(kwargs or {}))
+
+
+def _head_maps(out: dict) -> torch.Tensor:
+    """The one-to-one head's raw maps (before box decoding, whose anchor offsets would swamp
+    differences), flattened into one tensor."""
+    _decoded, maps = out["one2one"]
+    return torch.cat([m.flatten(1) for m in maps], 1)
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    cfg = Path(doclayout_yolo.__file__).parent / "cfg/models/v10/yolov10m-doclayout.yaml"
+    torch.manual_seed(0)
+    m = YOLOv10DetectionModel(str(cfg), nc=10, verbose=False)
+    g = torch.Generator().manual_seed(1)
+    for mod in m.modules():  # non-trivial BN statistics: the kept BN must matter
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.copy_(torch.randn(mod.num_features, generator=g) * 0.1)
+            mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+    return m.eval()
+
+
+def _run(
+    model: torch.nn.Module, x: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor, list[int]]:
+    """Each DilatedBlock's fused branch output (before the residual add, where the dilated convs
+    are not yet diluted by the identity), the head maps, and the dilation of every conv run."""
+    blocks = [m for m in model.modules() if isinstance(m, DilatedBlock)]
+    taps: list[torch.Tensor] = []
+    hooks = [
+        b.conv1x1.register_forward_hook(lambda _m, _i, out: taps.append(out.clone()))
+        for b in blocks
+    ]
+    try:
+        with torch.inference_mode(), _DilationSpy() as spy:
+            head = _head_maps(model(x))
+    finally:
+        for h in hooks:
+            h.remove()
+    return taps, head, spy.dilations
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def test_phase_split_model_forward_matches_stock(
+    model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    phase = _phase()
+    blocks = [m for m in model.modules() if isinstance(m, DilatedBlock)]
+    assert sorted({(b.k, tuple(b.dilation)) for b in blocks}) == [(3, (1, 3, 5)), (5, (1, 2, 3))]
+    x = torch.rand(1, 3, 256, 192)
+    ref_taps, ref_head, dils = _run(model, x)
+    assert len(ref_taps) == 8
+    assert sum(d > 1 for d in dils) == 16  # 8 blocks x 2 dilated convs
+
+    def dilated_conv(self: DilatedBlock, x: torch.Tensor, dilation: int) -> torch.Tensor:
+        w = self.dcv.conv.weight
+        y = phase.dilated_conv2d(x, w, dilation, dilation * (self.k // 2))
+        return self.dcv.act(self.dcv.bn(y))
+
+    monkeypatch.setattr(DilatedBlock, "dilated_conv", dilated_conv)
+    taps, head, dils = _run(model, x)
+    assert dils and max(dils) == 1
+    for got, ref in zip(taps, ref_taps, strict=True):
+        assert got.shape == ref.shape and torch.isfinite(got).all()
+        assert _rel(got, ref) < 1e-5
+    assert _rel(head, ref_head) < 1e-5
+    torch.testing.assert_close(head, ref_head, rtol=1e-4, atol=1e-4)
+
+    # The probe can fail: running the dilated convs undilated changes every block's output.
+    monkeypatch.setattr(
+        DilatedBlock,
+        "dilated_conv",
+        lambda self, x, d: self.dcv.act(
+            self.dcv.bn(F.conv2d(x, self.dcv.conv.weight, None, 1, self.k // 2, 1))
+        ),
+    )
+    wrong, _, _ = _run(model, x)
+    assert min(_rel(a, b) for a, b in zip(wrong, ref_taps, strict=True)) > 1e-3
