@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from . import __version__, engine, exports, render
+from . import __version__, doctor, engine, exports, render, tune
 from .environment import Environment, discover
 from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, RocmfixError
 from .patch import Patch
@@ -192,6 +192,117 @@ def list_(
     def body() -> int:
         render.patch_list(all_patches(), as_json=as_json)
         return EXIT_OK
+
+    _run(body)
+
+
+OpOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--op",
+        metavar="OP",
+        help="patch-embed or dilated-conv; repeat to select both (default: both).",
+    ),
+]
+
+
+@app.command("doctor")
+def doctor_(
+    python: PythonOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON document (schema rocmfix-doctor/1).")
+    ] = False,
+    time_limit: Annotated[
+        float,
+        typer.Option(
+            "--time-limit",
+            metavar="SECONDS",
+            help="Give up on a native op (or vendor-library scheme) that has no result after "
+            "this long: a MIOpen kernel search, say.",
+        ),
+    ] = doctor.DEFAULT_TIME_LIMIT_S,
+    op: OpOpt = None,
+) -> None:
+    """Measure the slow ops and every scheme's kernel on this GPU; say what to apply.
+
+    Each kernel is checked against fp64 at MinerU's shapes and timed against the native op.
+
+    Without a GPU: a check in Triton's CPU interpreter, at small shapes. Exit 1: a kernel failed.
+
+    Example: [bold]rocmfix doctor --python ~/venvs/mineru/bin/python[/]
+    """
+
+    def body() -> int:
+        ops = doctor.select_ops(op or [])
+        env, patches = _setup(python, None)
+        status_report = engine.status(env, patches)
+        with render.progress("doctor") as progress:
+            report = doctor.run(status_report, ops=ops, time_limit=time_limit, progress=progress)
+        if as_json:
+            render.doctor_json(report)
+        else:
+            render.doctor_table(report)
+        return EXIT_OK if report.ok else EXIT_FAILED
+
+    _run(body)
+
+
+@app.command("tune")
+def tune_(
+    python: PythonOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON document (schema rocmfix-tune/1).")
+    ] = False,
+    reset: Annotated[
+        bool,
+        typer.Option(
+            "--reset",
+            help="Remove the tuned-config file (every GPU's entries): the kernels go back to "
+            "their shipped configs.",
+        ),
+    ] = False,
+    budget: Annotated[
+        float,
+        typer.Option(
+            "--budget",
+            metavar="SECONDS",
+            help="Stop trying new candidates after this long (compiles and checks included).",
+        ),
+    ] = tune.DEFAULT_BUDGET_S,
+    op: OpOpt = None,
+    interpret: Annotated[
+        bool,
+        typer.Option(
+            "--interpret",
+            hidden=True,
+            help="Search in Triton's CPU interpreter on tiny shapes (tests the plumbing; the "
+            "timings mean nothing).",
+        ),
+    ] = False,
+) -> None:
+    """Find each kernel's fastest correct tile config on this GPU and store it for the kernels.
+
+    The kernels read it at import from $ROCMFIX_TUNED_FILE, else ~/.config/rocmfix/tuned.json.
+
+    The shipped config stays unless a candidate is clearly faster.
+
+    Example: [bold]rocmfix tune --python ~/venvs/mineru/bin/python[/]
+    """
+
+    def body() -> int:
+        if reset:
+            path, removed = tune.reset()
+            render.tune_reset(path, removed)
+            return EXIT_OK
+        ops = doctor.select_ops(op or [])
+        env = discover(all_patches(), python)
+        with render.progress("tune") as progress:
+            report = tune.run(env, ops=ops, budget_s=budget, interpret=interpret, progress=progress)
+        if as_json:
+            render.tune_json(report)
+        else:
+            render.tune_table(report)
+        return EXIT_OK if report.ok else EXIT_FAILED
 
     _run(body)
 

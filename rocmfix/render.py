@@ -3,17 +3,27 @@ stdout; progress, summaries, warnings and errors go to stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
-from . import __version__
+from . import __version__, doctor
+from . import tune as tune_mod
 from .diffing import unified_diffs
 from .environment import Environment
 from .errors import RocmfixError
@@ -257,3 +267,433 @@ def internal_error(exc: BaseException, log: str | None) -> None:
         highlight=False,
     )
     _err().print("This is a bug in rocmfix; please report it with that file.", highlight=False)
+
+
+# ---------------------------------------------------------------------------- doctor, tune
+
+
+@contextlib.contextmanager
+def progress(title: str) -> Iterator[Callable[[int, int, str], None]]:
+    """A progress bar on stderr (one plain line per step when stderr is not a terminal)."""
+    console = _err()
+    if console.is_terminal:
+        columns = (
+            SpinnerColumn(),
+            TextColumn(f"[bold]{escape(title)}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+        )
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task("starting", total=None)
+
+            def update(done: int, total: int, label: str) -> None:
+                bar.update(task, completed=done, total=total or None, description=escape(label))
+
+            yield update
+        return
+    last = [-1]
+
+    def plain(done: int, total: int, label: str) -> None:
+        if done != last[0]:
+            last[0] = done
+            console.print(f"{title} [{done}/{total}] {escape(label)}", highlight=False)
+
+    yield plain
+
+
+def _duration(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1.0:
+        return f"{ms * 1e3:.1f} µs"
+    if ms < 1000.0:
+        return f"{ms:.2f} ms"
+    return f"{ms / 1e3:.1f} s"
+
+
+def _case_label(result: doctor.CaseResult) -> str:
+    s = result.shape
+    if result.case.op == doctor.PATCH_EMBED:
+        k = s["c"] * s["t"] * s["p"] * s["p"]
+        return f"{s['m']}x{k}→{s['n']} {_short_dtype(s['dtype'])}"
+    return f"{s['c']}ch {s['k']}x{s['k']} d={s['d']} {s['h']}x{s['w']} {_short_dtype(s['dtype'])}"
+
+
+def _short_dtype(name: str) -> str:
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name, name)
+
+
+def _impl_label(report: doctor.DoctorReport, op: str, impl: str) -> str:
+    if impl == "native":
+        library = (report.device.conv_library or "").split(" ")[0] or report.device.backend
+        if report.device.interpreter:
+            library = "CPU"
+        return f"{doctor.NATIVE[op]} ({library})"
+    if impl in doctor.TRITON_SCHEMES:
+        also = " = direct" if op == doctor.DILATED_CONV else ""
+        return f"{impl} (Triton{also})"
+    return "linear (F.linear)" if op == doctor.PATCH_EMBED else "linear (phase split)"
+
+
+def _check(m: doctor.Measurement) -> str:
+    if m.status == "ok":
+        if not m.checked:
+            return "[dim]reference[/]"
+        return "[green]ok[/]"
+    if m.status == "failed":
+        return f"[red]WRONG[/] (> {m.tolerance:.0e})" if m.tolerance else "[red]WRONG[/]"
+    if m.status == "timeout":
+        return f"[yellow]no result within {m.limit_s:g} s[/]" if m.limit_s else "[yellow]timeout[/]"
+    if m.status == "unavailable":
+        return f"[dim]unavailable: {escape(m.message or '')}[/]"
+    return f"[red]{m.status}[/]: {escape(m.message or '')}"
+
+
+def _err_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
+def _device_line(report: doctor.DoctorReport) -> str:
+    d = report.device
+    if d.kind != "gpu":
+        return (
+            f"no GPU visible to torch {d.torch}: the kernels ran in Triton's CPU interpreter "
+            "on small shapes (correctness only)"
+        )
+    build = f"ROCm {d.hip}" if d.hip else f"CUDA {d.cuda}"
+    parts = [f"{d.name} ({d.arch})" + (f" x{d.count}" if d.count > 1 else ""), build]
+    if d.conv_library:
+        parts.append(d.conv_library)
+    parts.append(f"triton {d.triton}" if d.triton else "no triton")
+    return " · ".join(parts)
+
+
+def _packages_line(report: doctor.DoctorReport) -> str:
+    versions = report.environment.versions
+    names = ("vllm", "mineru", "mineru-vl-utils", "doclayout-yolo", "triton", "pytorch-triton-rocm")
+    return " · ".join(f"{n} {versions[n]}" for n in names if n in versions) or "-"
+
+
+def _tuned_line(report: doctor.DoctorReport) -> str:
+    arch = report.device.arch
+    if report.device.interpreter:
+        return f"{report.tuned_file} (not used without a GPU)"
+    if arch in report.tuned_archs:
+        return f"{report.tuned_file}: tuned configs for this GPU ({arch})"
+    return f"no tuned configs for {arch} in {report.tuned_file}: the shipped ones apply"
+
+
+def doctor_table(report: doctor.DoctorReport) -> None:
+    console = _out()
+    console.print(f"[bold]Environment[/] {escape(_environment_line(report.environment))}")
+    console.print(f"[bold]Device[/]      {escape(_device_line(report))}")
+    console.print(f"[bold]Packages[/]    {escape(_packages_line(report))}")
+    console.print(f"[bold]Tuned[/]       {escape(_tuned_line(report))}")
+    patches = Table(show_edge=False, pad_edge=False, title=None)
+    patches.add_column("patch", no_wrap=True)
+    patches.add_column("verdict", no_wrap=True)
+    patches.add_column("scheme", no_wrap=True)
+    patches.add_column("reason", overflow="fold", ratio=1)
+    for item in report.status.patches:
+        patches.add_row(
+            item.patch.id,
+            f"[{_STYLE[item.verdict]}]{item.verdict.value}[/]",
+            item.scheme or "-",
+            escape(item.reason),
+        )
+    console.print(patches)
+    console.print()
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("op", "case", "implementation", "first call", "median", "vs native"):
+        table.add_column(name, no_wrap=True, justify="right" if name != "op" else "left")
+    table.columns[1].justify = table.columns[2].justify = "left"
+    table.add_column("rel err", no_wrap=True, justify="right")
+    table.add_column("check", overflow="fold")
+    for op in report.ops:
+        for index, result in enumerate(op.cases):
+            for m in (result.native, *result.schemes):
+                ratio = result.speedup(m) if m.checked else None
+                table.add_row(
+                    doctor.TITLES[op.op].split(" (")[0]
+                    if index == 0 and m.impl == "native"
+                    else "",
+                    _case_label(result) if m.impl == "native" else "",
+                    _impl_label(report, op.op, m.impl),
+                    _duration(m.first_ms),
+                    _duration(m.ms if result.timed else None),
+                    "-" if ratio is None else f"{ratio:.1f}x",
+                    _err_text(m.rel_err),
+                    _check(m),
+                )
+        table.add_section()
+    console.print(table)
+    for op in report.ops:
+        console.print(f"[bold]{escape(doctor.TITLES[op.op])}[/]")
+        if len(op.cases) > 1 and not report.device.interpreter:
+            totals = ", ".join(
+                f"{_impl_label(report, op.op, impl).split(' (')[0]} {_duration(ms)}"
+                for impl, ms in op.totals.items()
+            )
+            console.print(f"  all {len(op.cases)} shapes: {escape(totals)}")
+        console.print(f"  {escape(op.why)}")
+        console.print(f"  {escape(op.advice)}")
+    if report.warnings:
+        console.print("[bold yellow]Warnings[/]")
+        for warning in report.warnings:
+            console.print(f"  [yellow]{warning.code}[/]: {escape(warning.message)}")
+            console.print(f"    {escape(warning.advice)}", style="dim")
+    _doctor_failures(report)
+
+
+def _doctor_failures(report: doctor.DoctorReport) -> None:
+    if report.ok:
+        return
+    console = _err()
+    for line in report.failures:
+        console.print(f"[red]failed[/] {escape(line)}", highlight=False)
+    if report.worker_log.strip():
+        console.print("worker output (last lines):", style="dim")
+        console.print(escape(report.worker_log.strip()[-1500:]), style="dim", highlight=False)
+
+
+def _measurement_json(m: doctor.Measurement, result: doctor.CaseResult) -> dict[str, Any]:
+    return {
+        "impl": m.impl,
+        "status": m.status,
+        "first_ms": m.first_ms,
+        "ms": m.ms,
+        "speedup": result.speedup(m) if m.checked else None,
+        "rel_err": m.rel_err,
+        "tolerance": m.tolerance,
+        "config": dict(m.config) if m.config else None,
+        "limit_s": m.limit_s,
+        "message": m.message,
+    }
+
+
+def doctor_document(report: doctor.DoctorReport) -> dict[str, Any]:
+    env = report.environment
+    d = report.device
+    return {
+        "schema": doctor.SCHEMA,
+        "rocmfix_version": __version__,
+        "environment": status_document(report.status)["environment"],
+        "device": {
+            "kind": d.kind,
+            "backend": d.backend,
+            "name": d.name,
+            "arch": d.arch,
+            "count": d.count,
+            "memory_gib": d.memory_gib,
+            "torch": d.torch,
+            "hip": d.hip,
+            "cuda": d.cuda,
+            "triton": d.triton,
+            "triton_error": d.triton_error,
+            "conv_library": d.conv_library,
+            "interpreter": d.interpreter,
+        },
+        "versions": dict(sorted(env.versions.items())),
+        "patches": [
+            {"id": p.patch.id, "verdict": p.verdict.value, "scheme": p.scheme, "reason": p.reason}
+            for p in report.status.patches
+        ],
+        "time_limit_s": report.time_limit_s,
+        "tuned_file": report.tuned_file,
+        "tuned_archs": list(report.tuned_archs),
+        "ops": [
+            {
+                "op": op.op,
+                "needed": op.needed,
+                "why": op.why,
+                "recommended": op.recommended,
+                "speedup": op.speedup,
+                "speedup_at_least": op.speedup_at_least,
+                "advice": op.advice,
+                "totals_ms": dict(op.totals),
+                "cases": [
+                    {
+                        "id": r.case.id,
+                        "shape": dict(r.shape),
+                        "native": _measurement_json(r.native, r),
+                        "schemes": [_measurement_json(m, r) for m in r.schemes],
+                    }
+                    for r in op.cases
+                ],
+            }
+            for op in report.ops
+        ],
+        "warnings": [
+            {"code": w.code, "message": w.message, "advice": w.advice} for w in report.warnings
+        ],
+        "ok": report.ok,
+        "failures": list(report.failures),
+    }
+
+
+def doctor_json(report: doctor.DoctorReport) -> None:
+    sys.stdout.write(json.dumps(doctor_document(report), indent=2) + "\n")
+    _doctor_failures(report)
+
+
+_FLAGS = ("tma", "persistent", "flatten", "epilogue_subtile", "taps_inner", "nhwc", "w_kmajor")
+
+
+def _config_text(config: Mapping[str, Any] | None) -> str:
+    if not config:
+        return "-"
+    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+    tile = "x".join(str(config[k]) for k in keys if k in config)
+    words = [tile, f"w{config.get('num_warps', '?')}", f"s{config.get('num_stages', '?')}"]
+    words += sorted(k for k, v in config.items() if k in _FLAGS and v in (True, 1))
+    words += [
+        f"{k}={v}"
+        for k, v in sorted(config.items())
+        if k in ("GROUP_M", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "occupancy")
+        and v not in (None, 0, 1, 8)
+    ]
+    return " ".join(words)
+
+
+def tune_table(report: tune_mod.TuneReport) -> None:
+    console = _out()
+    console.print(f"[bold]Environment[/] {escape(_environment_line(report.environment))}")
+    d = report.device
+    device = f"{d.name} ({d.arch})" if d.kind == "gpu" else "CPU (Triton interpreter)"
+    console.print(
+        f"[bold]Device[/]      {escape(device)} · torch {escape(d.torch)} · "
+        f"triton {escape(d.triton or '-')}"
+    )
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("kernel", "arch", "key", "shipped", "fastest", "gain", "decision", "config"):
+        table.add_column(name, no_wrap=name != "config", overflow="fold")
+    for k in report.kernels:
+        if k.status != "ok":
+            table.add_row(k.id, k.arch, k.key, "-", "-", "-", f"[red]{k.status}[/]",
+                          escape(k.message or ""))  # fmt: skip
+            continue
+        gain = "-" if k.gain is None else f"{k.gain:.3f}x"
+        decision = "[green]tuned[/]" if k.tuned else "kept shipped"
+        if k.verified is True:
+            decision += " ✓"
+        elif k.verified is False:
+            decision += " [red]not read back[/]"
+        tried = sum(1 for c in k.candidates if c.status != "skipped")
+        table.add_row(
+            k.id.split(":")[0],
+            k.arch,
+            k.key or "-",
+            _duration(k.shipped.ms if k.shipped else None),
+            _duration(k.fastest.ms if k.fastest else None),
+            gain,
+            f"{decision} ({tried} tried)",
+            escape(_config_text(k.best.config if k.best else None)),
+        )
+    console.print(table)
+    timing = {"graph": "CUDA-graph replay", "eager": "eager launches", "host": "host clock"}
+    methods = sorted({timing.get(k.method or "", "-") for k in report.kernels if k.method})
+    console.print(
+        f"Times: median kernel time per call ({', '.join(methods) or '-'}); a candidate "
+        f"replaces the shipped config only when it is ≥ {report.min_gain:.0%} faster."
+    )
+    stored = report.stored
+    if stored is None:
+        console.print(f"Nothing stored; {escape(report.path)} is unchanged.")
+    elif stored.written:
+        console.print(f"Stored in {escape(str(stored.path))}.")
+    elif stored.removed:
+        console.print(f"No tuned entries left; removed {escape(str(stored.path))}.")
+    else:
+        console.print(f"No tuned entries: the shipped configs stay ({escape(report.path)}).")
+    if stored is not None and stored.replaced_corrupt:
+        console.print(
+            f"[yellow]warning[/]: the old file {escape(stored.replaced_corrupt)}; replaced"
+        )
+    if any(k.verified is not None for k in report.kernels):
+        good = all(k.verified is not False for k in report.kernels)
+        verdict = "[green]yes[/]" if good else "[red]no[/]"
+        console.print(f"A fresh process's kernels resolve these configs: {verdict}")
+    _tune_failures(report)
+
+
+def _tune_failures(report: tune_mod.TuneReport) -> None:
+    if report.ok:
+        return
+    console = _err()
+    for line in report.failures:
+        console.print(f"[red]failed[/] {escape(line)}", highlight=False)
+    if report.worker_log.strip():
+        console.print("worker output (last lines):", style="dim")
+        console.print(escape(report.worker_log.strip()[-1500:]), style="dim", highlight=False)
+
+
+def _candidate_json(c: tune_mod.Candidate | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {
+        "config": dict(c.config),
+        "role": c.role,
+        "status": c.status,
+        "ms": c.ms,
+        "rel_err": c.rel_err,
+        "message": c.message,
+    }
+
+
+def tune_document(report: tune_mod.TuneReport) -> dict[str, Any]:
+    d = report.device
+    return {
+        "schema": tune_mod.SCHEMA,
+        "rocmfix_version": __version__,
+        "python": report.environment.python.executable,
+        "device": {
+            "kind": d.kind,
+            "name": d.name,
+            "arch": d.arch,
+            "torch": d.torch,
+            "triton": d.triton,
+        },
+        "tuned_file": report.path,
+        "stored": None
+        if report.stored is None
+        else {"written": report.stored.written, "removed": report.stored.removed},
+        "min_gain": report.min_gain,
+        "budget_s": report.budget_s,
+        "kernels": [
+            {
+                "id": k.id,
+                "kernel": k.kernel,
+                "arch": k.arch,
+                "key": k.key,
+                "precision": k.precision,
+                "status": k.status,
+                "message": k.message,
+                "timing": k.method,
+                "tuned": k.tuned,
+                "gain": k.gain,
+                "shipped": _candidate_json(k.shipped),
+                "fastest": _candidate_json(k.fastest),
+                "chosen": _candidate_json(k.best),
+                "verified": k.verified,
+                "resolved": dict(k.resolved) if k.resolved else None,
+                "candidates": [_candidate_json(c) for c in k.candidates],
+            }
+            for k in report.kernels
+        ],
+        "ok": report.ok,
+        "failures": list(report.failures),
+    }
+
+
+def tune_json(report: tune_mod.TuneReport) -> None:
+    sys.stdout.write(json.dumps(tune_document(report), indent=2) + "\n")
+    _tune_failures(report)
+
+
+def tune_reset(path: str, removed: bool) -> None:
+    if removed:
+        _err().print(f"Removed {escape(path)}: the kernels use their shipped configs again.")
+    else:
+        _err().print(f"No tuned file at {escape(path)}; nothing to reset.")

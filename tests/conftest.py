@@ -11,6 +11,11 @@ from typing import Any
 
 import pytest
 
+# Without a GPU, Triton runs only in its interpreter, and triton.language's own @jit helpers
+# are made interpreted or compiled when triton is first imported: whichever test module
+# imports triton first would otherwise decide for all the others.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import releases
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,0 +1,551 @@
+"""``rocmfix doctor``: measure the slow ops and every scheme's kernel on this GPU, and say
+which scheme to apply, if any.
+
+The measuring runs in the target interpreter (:mod:`rocmfix.worker`, held to its time limits
+by :mod:`rocmfix.supervise`); this module turns the worker's events into frozen results and
+adds what the environment says (the engine's verdicts and warnings, the tuned file). It never
+prints.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import supervise, tuned
+from ._resources import template_path
+from .checks import EnvWarning
+from .environment import Environment
+from .errors import RefusedError, UsageError
+from .results import PatchStatus, StatusReport, Verdict
+
+SCHEMA = "rocmfix-doctor/1"
+
+PATCH_EMBED = "patch-embed"
+DILATED_CONV = "dilated-conv"
+OPS = (PATCH_EMBED, DILATED_CONV)
+
+TEMPLATES = {
+    "patch_embed_gemm": "patch_embed_gemm.py",
+    "patch_embed_direct": "patch_embed_direct.py",
+    "patch_embed_linear": "patch_embed_linear.py",
+    "dilated_conv_triton": "dilated_conv_triton.py",
+    "dilated_conv_phase": "dilated_conv_phase.py",
+}
+
+# The scheme a dilated-conv `--scheme direct` installs is the gemm kernel (one template), so
+# it is measured once, as gemm.
+SCHEMES = {PATCH_EMBED: ("gemm", "direct", "linear"), DILATED_CONV: ("gemm", "linear")}
+NATIVE = {PATCH_EMBED: "F.conv3d", DILATED_CONV: "F.conv2d"}
+TITLES = {PATCH_EMBED: "patch embed (vllm)", DILATED_CONV: "dilated conv (DocLayout-YOLO)"}
+DISTRIBUTIONS = {PATCH_EMBED: "vllm", DILATED_CONV: "doclayout-yolo"}
+TRITON_SCHEMES = ("gemm", "direct")
+# A scheme must beat the native op by this much to be worth a patch.
+WORTH = 1.2
+
+DEFAULT_TIME_LIMIT_S = 10.0
+# A Triton item's first call compiles the kernel; that is not the hang the limit is for.
+TRITON_LIMIT_S = 180.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One shape MinerU runs, on a GPU (``gpu``) and, for the interpreter, scaled down."""
+
+    id: str
+    op: str
+    gpu: Mapping[str, Any]
+    cpu: Mapping[str, Any]
+
+
+def _dilated(c: int, k: int, h: int, w: int, d: int, small: tuple[int, int, int]) -> Case:
+    sc, sh, sw = small
+    return Case(
+        id=f"{DILATED_CONV}-c{c}-k{k}-d{d}",
+        op=DILATED_CONV,
+        gpu={"n": 1, "c": c, "k": k, "h": h, "w": w, "d": d, "dtype": "float32"},
+        cpu={"n": 1, "c": sc, "k": k, "h": sh, "w": sw, "d": d, "dtype": "float32"},
+    )
+
+
+# MinerU2.5's vision tower at a 1280x928 page (Qwen2-VL: 3x2x14x14 patches -> 1280), and
+# yolov10m-doclayout's G2L_CRM blocks at imgsz 1280 on that page (P3 and P4).
+CASES: tuple[Case, ...] = (
+    Case(
+        id=PATCH_EMBED,
+        op=PATCH_EMBED,
+        gpu={"m": 5476, "c": 3, "t": 2, "p": 14, "n": 1280, "dtype": "bfloat16"},
+        cpu={"m": 12, "c": 3, "t": 2, "p": 4, "n": 16, "dtype": "bfloat16"},
+    ),
+    *(_dilated(96, 5, 160, 116, d, (8, 20, 14)) for d in (1, 2, 3)),
+    *(_dilated(192, 3, 80, 58, d, (16, 12, 10)) for d in (1, 3, 5)),
+)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str
+    backend: str
+    name: str | None
+    arch: str
+    count: int
+    torch: str
+    hip: str | None
+    cuda: str | None
+    triton: str | None
+    triton_error: str | None
+    conv_library: str | None
+    memory_gib: float | None
+
+    @property
+    def interpreter(self) -> bool:
+        return self.kind != "gpu"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One implementation on one case. ``status``: ok, failed (wrong result), error,
+    timeout, crashed (the worker died in it), unavailable (cannot run here)."""
+
+    impl: str
+    status: str
+    first_ms: float | None = None
+    ms: float | None = None
+    rel_err: float | None = None
+    tolerance: float | None = None
+    config: Mapping[str, Any] | None = None
+    message: str | None = None
+    limit_s: float | None = None
+
+    @property
+    def checked(self) -> bool:
+        return self.impl != "native"
+
+    @property
+    def failed(self) -> bool:
+        """A kernel that gave a wrong result or broke: what makes doctor exit 1."""
+        return self.checked and self.status in ("failed", "error", "crashed")
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case: Case
+    shape: Mapping[str, Any]
+    native: Measurement
+    schemes: tuple[Measurement, ...]
+    # False in the interpreter, where a time says nothing about a kernel.
+    timed: bool = True
+
+    def speedup(self, scheme: Measurement) -> float | None:
+        if not self.timed or scheme.status != "ok" or not scheme.ms:
+            return None
+        if self.native.status != "ok":
+            return None
+        return self.native.ms / scheme.ms if self.native.ms else None
+
+
+@dataclass(frozen=True)
+class OpReport:
+    op: str
+    cases: tuple[CaseResult, ...]
+    patches: tuple[PatchStatus, ...]
+    needed: bool | None
+    why: str
+    recommended: str | None
+    speedup: float | None
+    speedup_at_least: bool
+    advice: str
+    totals: Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    status: StatusReport
+    device: DeviceInfo
+    ops: tuple[OpReport, ...]
+    time_limit_s: float
+    tuned_file: str
+    # GPU archs the tuned file has entries for (empty: no file, or nothing usable in it).
+    tuned_archs: tuple[str, ...]
+    warnings: tuple[EnvWarning, ...]
+    worker_error: str | None
+    worker_log: str
+
+    @property
+    def environment(self) -> Environment:
+        return self.status.environment
+
+    @property
+    def failures(self) -> tuple[str, ...]:
+        out = [
+            f"{result.case.id} {m.impl}: {m.status}"
+            for op in self.ops
+            for result in op.cases
+            for m in result.schemes
+            if m.failed
+        ]
+        if self.worker_error:
+            out.append(f"worker: {self.worker_error}")
+        return tuple(out)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+Progress = Callable[[int, int, str], None]
+
+
+def _item_ids(ops: Sequence[str]) -> list[dict[str, str]]:
+    items = []
+    for case in CASES:
+        if case.op not in ops:
+            continue
+        for impl in ("native", *SCHEMES[case.op]):
+            items.append({"id": f"{case.id}/{impl}", "case": case.id, "impl": impl})
+    return items
+
+
+def _limit(time_limit: float) -> Callable[[str], float]:
+    def limit_for(item: str) -> float:
+        impl = item.rsplit("/", 1)[-1]
+        return max(time_limit, TRITON_LIMIT_S) if impl in TRITON_SCHEMES else time_limit
+
+    return limit_for
+
+
+def select_ops(names: Sequence[str]) -> tuple[str, ...]:
+    unknown = [n for n in names if n not in OPS]
+    if unknown:
+        raise UsageError(f"unknown op {', '.join(unknown)}", hint=f"choose from {', '.join(OPS)}")
+    return tuple(op for op in OPS if op in names) if names else OPS
+
+
+def run(
+    status: StatusReport,
+    *,
+    ops: Sequence[str] = OPS,
+    time_limit: float = DEFAULT_TIME_LIMIT_S,
+    progress: Progress | None = None,
+) -> DoctorReport:
+    """Measure every case of ``ops`` in the target interpreter; see the module doc."""
+    env = status.environment
+    if time_limit <= 0:
+        raise UsageError("--time-limit must be more than 0 seconds")
+    if env.torch is None:
+        raise RefusedError(
+            f"torch is not installed in {env.python.executable}: there is nothing to measure",
+            hint="point --python at the interpreter that runs MinerU",
+        )
+    items = _item_ids(ops)
+    path = tuned.tuned_path()
+    request = {
+        "mode": "measure",
+        "templates": {key: str(template_path(name)) for key, name in TEMPLATES.items()},
+        "cases": {c.id: {"op": c.op, "gpu": dict(c.gpu), "cpu": dict(c.cpu)} for c in CASES},
+        "items": items,
+        "budget_s": 0.5,
+        "tuned_file": str(path),
+    }
+    labels = {item["id"]: item["id"].replace("/", " ") for item in items}
+    done = 0
+
+    def on_event(event: supervise.Event) -> None:
+        nonlocal done
+        if progress is None:
+            return
+        kind = event.get("event")
+        if kind == "hello":
+            progress(done, len(items), "worker started")
+        elif kind == "start":
+            progress(done, len(items), labels.get(str(event.get("id")), ""))
+        elif kind == "item":
+            done += 1
+            label = f"{labels.get(str(event.get('id')), '')}: {event.get('status')}"
+            progress(done, len(items), label)
+
+    outcome = supervise.run(
+        env.python.executable,
+        request,
+        limit_for=_limit(time_limit),
+        on_event=on_event,
+        item_ids=[i["id"] for i in items],
+    )
+    if outcome.hello is None:
+        raise WorkerError(env.python.executable, outcome)
+    return build_report(status, outcome, ops=ops, time_limit=time_limit, tuned_file=str(path))
+
+
+class WorkerError(RefusedError):
+    """The worker never got as far as saying hello: torch or the GPU would not start."""
+
+    def __init__(self, python: str, outcome: supervise.WorkerRun) -> None:
+        lines = [line for line in outcome.stderr_tail.strip().splitlines() if line.strip()]
+        super().__init__(
+            f"could not measure in {python}: {outcome.fatal or 'the worker did not start'}",
+            hint=lines[-1][:300] if lines else None,
+        )
+
+
+def _device(hello: Mapping[str, Any] | None) -> DeviceInfo:
+    raw: Mapping[str, Any] = (hello or {}).get("device") or {}
+    return DeviceInfo(
+        kind=str(raw.get("kind", "unknown")),
+        backend=str(raw.get("backend", "unknown")),
+        name=raw.get("name"),
+        arch=str(raw.get("arch", "?")),
+        count=int(raw.get("count") or 0),
+        torch=str(raw.get("torch", "?")),
+        hip=raw.get("hip"),
+        cuda=raw.get("cuda"),
+        triton=raw.get("triton"),
+        triton_error=raw.get("triton_error"),
+        conv_library=raw.get("conv_library"),
+        memory_gib=raw.get("memory_gib"),
+    )
+
+
+def _measurement(impl: str, event: Mapping[str, Any] | None) -> Measurement:
+    if event is None:
+        return Measurement(impl=impl, status="missing", message="the worker never ran it")
+    return Measurement(
+        impl=impl,
+        status=str(event.get("status", "error")),
+        first_ms=event.get("first_ms"),
+        ms=event.get("ms"),
+        rel_err=event.get("rel_err"),
+        tolerance=event.get("tolerance"),
+        config=event.get("config"),
+        message=event.get("message"),
+        limit_s=event.get("limit_s"),
+    )
+
+
+def build_report(
+    status: StatusReport,
+    outcome: supervise.WorkerRun,
+    *,
+    ops: Sequence[str],
+    time_limit: float,
+    tuned_file: str,
+) -> DoctorReport:
+    """Turn the worker's events into the report (pure: the unit tests feed it events)."""
+    env = status.environment
+    device = _device(outcome.hello)
+    by_id = {str(e.get("id")): e for e in outcome.events if e.get("event") == "item"}
+    variant = "gpu" if device.kind == "gpu" else "cpu"
+    reports = []
+    for op in ops:
+        results = []
+        for case in CASES:
+            if case.op != op:
+                continue
+            results.append(
+                CaseResult(
+                    case=case,
+                    shape=case.gpu if variant == "gpu" else case.cpu,
+                    native=_measurement("native", by_id.get(f"{case.id}/native")),
+                    schemes=tuple(
+                        _measurement(s, by_id.get(f"{case.id}/{s}")) for s in SCHEMES[op]
+                    ),
+                    timed=variant == "gpu",
+                )
+            )
+        patches = tuple(p for p in status.patches if p.patch.distribution == DISTRIBUTIONS[op])
+        reports.append(_op_report(env, device, op, tuple(results), patches, time_limit))
+    warnings = list(status.warnings)
+    seen = set()
+    for event in outcome.events:
+        if event.get("event") == "warning" and event.get("message") not in seen:
+            seen.add(event.get("message"))
+            warnings.append(
+                EnvWarning(
+                    "kernel-warning",
+                    str(event.get("message")),
+                    "the dropped-in kernels print the same warning in MinerU",
+                )
+            )
+    overrides = (outcome.hello or {}).get("overrides") or {}
+    for name, value in sorted(overrides.items()):
+        warnings.append(
+            EnvWarning(
+                "config-override",
+                f"{name}={value} is set: it overrides the shipped and tuned configs",
+                f"unset {name} unless you mean to pin a config",
+            )
+        )
+    file = tuned.read(Path(tuned_file))
+    if device.kind == "gpu":
+        warnings.extend(tuned.file_warnings(file, device.arch, device))
+    elif file.problem is not None:
+        # Without a GPU no arch's entries apply, but a broken file is worth knowing about.
+        warnings.extend(tuned.file_warnings(file, device.arch))
+    return DoctorReport(
+        status=status,
+        device=device,
+        ops=tuple(reports),
+        time_limit_s=time_limit,
+        tuned_file=tuned_file,
+        tuned_archs=tuple(sorted(file.archs())),
+        warnings=tuple(warnings),
+        worker_error=outcome.fatal,
+        worker_log=outcome.stderr_tail,
+    )
+
+
+def _total(
+    results: Sequence[CaseResult], pick: Callable[[CaseResult], Measurement]
+) -> float | None:
+    total = 0.0
+    for result in results:
+        m = pick(result)
+        if m.status != "ok" or m.ms is None:
+            return None
+        total += m.ms
+    return total
+
+
+def _scheme_at(index: int, result: CaseResult) -> Measurement:
+    return result.schemes[index]
+
+
+def _native_floor(results: Sequence[CaseResult]) -> tuple[float | None, bool]:
+    """Native time over all cases; a timed-out case counts as its limit (a lower bound)."""
+    total, bound = 0.0, False
+    for result in results:
+        native = result.native
+        if native.status == "ok" and native.ms is not None:
+            total += native.ms
+        elif native.status == "timeout" and native.limit_s is not None:
+            total += native.limit_s * 1e3
+            bound = True
+        else:
+            return None, False
+    return total, bound
+
+
+def _op_report(
+    env: Environment,
+    device: DeviceInfo,
+    op: str,
+    results: tuple[CaseResult, ...],
+    patches: tuple[PatchStatus, ...],
+    time_limit: float,
+) -> OpReport:
+    totals: dict[str, float | None] = {
+        "native": _total(results, lambda r: r.native),
+    }
+    for index, scheme in enumerate(SCHEMES[op]):
+        totals[scheme] = _total(results, functools.partial(_scheme_at, index))
+    native_total, at_least = _native_floor(results)
+    candidates = [(ms, s) for s, ms in totals.items() if s != "native" and ms]
+    recommended: str | None = None
+    speedup: float | None = None
+    if candidates:
+        best_ms, recommended = min(candidates)
+        if native_total:
+            speedup = native_total / best_ms
+    timed_out = [r for r in results if r.native.status == "timeout"]
+    needed, why = _needed(env, device, op, patches, timed_out, time_limit)
+    advice = _advice(device, op, needed, recommended, speedup, at_least)
+    return OpReport(
+        op=op,
+        cases=results,
+        patches=patches,
+        needed=needed,
+        why=why,
+        recommended=recommended,
+        speedup=speedup,
+        speedup_at_least=at_least,
+        advice=advice,
+        totals=totals,
+    )
+
+
+def _build(env: Environment) -> str:
+    assert env.torch is not None
+    if env.torch.hip:
+        return f"ROCm {env.torch.hip}"
+    return f"CUDA {env.torch.cuda}" if env.torch.cuda else "CPU-only"
+
+
+def _needed(
+    env: Environment,
+    device: DeviceInfo,
+    op: str,
+    patches: tuple[PatchStatus, ...],
+    timed_out: Sequence[CaseResult],
+    time_limit: float,
+) -> tuple[bool | None, str]:
+    """Whether this stack needs the op's patch, in one plain sentence."""
+    assert env.torch is not None
+    forced = [p.patch.id for p in patches if p.verdict is Verdict.APPLIED]
+    if not env.torch.hip:
+        library = "cuDNN" if env.torch.cuda else "the CPU"
+        why = (
+            f"not needed on this stack: torch {env.torch.version} is a {_build(env)} build and "
+            f"{library} runs {NATIVE[op]} natively; the patch is for ROCm's MIOpen"
+        )
+        if forced:
+            why += f" (applied here anyway, with --force: {', '.join(forced)})"
+        return False, why
+    installed = [p for p in patches if p.verdict is not Verdict.NOT_INSTALLED]
+    if timed_out:
+        limit = f"{time_limit:g} s"
+        evidence = (
+            f"{NATIVE[op]} did not finish within {limit} on {len(timed_out)} of the shapes "
+            "(a MIOpen kernel search or its naive kernel)"
+        )
+    else:
+        evidence = ""
+    if not installed:
+        dist = DISTRIBUTIONS[op]
+        why = f"{dist} is not installed here; measured anyway"
+        return (True if timed_out else None), (why + (f": {evidence}" if evidence else ""))
+    needing = [p for p in installed if p.verdict in (Verdict.APPLICABLE, Verdict.STALE)]
+    applied = [p for p in installed if p.verdict is Verdict.APPLIED]
+    upstream = [p for p in installed if p.verdict is Verdict.NOT_NEEDED]
+    if needing:
+        why = f"needed: {needing[0].reason}"
+    elif applied:
+        why = f"needed, and applied ({applied[0].scheme or 'default'} scheme)"
+    elif upstream:
+        return False, f"not needed: {upstream[0].patch.id}: {upstream[0].reason}"
+    else:
+        return (
+            None,
+            f"{installed[0].patch.id} is {installed[0].verdict.value}: {installed[0].reason}",
+        )
+    return True, why + (f"; {evidence}" if evidence else "")
+
+
+def _advice(
+    device: DeviceInfo,
+    op: str,
+    needed: bool | None,
+    recommended: str | None,
+    speedup: float | None,
+    at_least: bool,
+) -> str:
+    if device.interpreter:
+        return (
+            "no GPU: the kernels ran in Triton's CPU interpreter on small shapes; "
+            "their results were checked, their timings mean nothing"
+        )
+    if recommended is None:
+        return "no scheme ran correctly here; keep the native op"
+    if speedup is None:
+        return f"fastest correct scheme: {recommended} (the native op gave no time to compare)"
+    ratio = f"{'≥ ' if at_least else ''}{speedup:.1f}x"
+    command = f"rocmfix apply --only {DISTRIBUTIONS[op]} --scheme {recommended}"
+    if speedup < WORTH and not at_least:
+        return (
+            f"the native {NATIVE[op]} is about as fast or faster ({recommended}: {ratio}); "
+            "no scheme is worth a patch here"
+        )
+    if needed is False:
+        return f"fastest scheme: {recommended}, {ratio} the native op; nothing to apply here"
+    return f"recommend {recommended}: {ratio} faster than {NATIVE[op]} here; `{command}`"

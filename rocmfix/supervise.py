@@ -1,0 +1,246 @@
+"""Run :mod:`rocmfix.worker` in the target interpreter and hold it to its time limits.
+
+The worker streams JSON lines; this side reads them on a thread, so it can stop waiting at
+a deadline. An item (one native op, one scheme, one kernel's search) that outlasts its limit
+is not waited on: the worker's whole process group is killed (a GPU library blocked in C
+cannot be interrupted any other way) and a fresh worker carries on with the items left. A
+worker that dies inside an item is handled the same way, once per item. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from . import worker
+
+Event = dict[str, Any]
+
+_EOF = object()
+# Importing torch and initialising the GPU happen before the first event.
+STARTUP_LIMIT_S = 300.0
+_MAX_RESTARTS = 16
+
+
+@dataclass
+class WorkerRun:
+    """Every event the worker sent (the items it could not finish synthesised as ``item``
+    events with status ``timeout`` or ``crashed``), and what went wrong outside any item."""
+
+    events: list[Event] = field(default_factory=list)
+    hello: Event | None = None
+    fatal: str | None = None
+    stderr_tail: str = ""
+    restarts: int = 0
+
+
+def _source() -> str:
+    return Path(worker.__file__).read_text(encoding="utf-8")
+
+
+def _tail(handle: IO[bytes], limit: int = 3000) -> str:
+    handle.seek(0, os.SEEK_END)
+    size = handle.tell()
+    handle.seek(max(0, size - limit))
+    return handle.read().decode("utf-8", "replace")
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    # start_new_session made the worker a group leader: its compile helpers die with it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+
+
+def _reader(stream: IO[bytes], lines: queue.Queue[object]) -> None:
+    for raw in stream:
+        lines.put(raw)
+    lines.put(_EOF)
+
+
+def run(
+    python: str,
+    request: Mapping[str, Any],
+    *,
+    limit_for: Callable[[str], float],
+    on_event: Callable[[Event], None],
+    item_ids: Sequence[str] = (),
+    idle_limit_s: float = 600.0,
+) -> WorkerRun:
+    """Run the worker until it ends, restarting it after each item it could not finish.
+
+    ``limit_for(item)`` gives an item's time limit in seconds, counted from the worker's
+    ``start`` event; ``idle_limit_s`` bounds the wait for any event at all.
+    """
+    source = _source()
+    outcome = WorkerRun()
+    finished: set[str] = set()
+    while True:
+        body = dict(request)
+        body["skip"] = sorted(finished)
+        body["worker_path"] = worker.__file__
+        encoded = base64.b64encode(json.dumps(body).encode("utf-8")).decode("ascii")
+        ended, current = _one_worker(
+            python, source, encoded, limit_for, on_event, idle_limit_s, outcome, finished
+        )
+        if ended or outcome.fatal is not None:
+            return outcome
+        if current is None:
+            return outcome
+        if item_ids and finished >= set(item_ids):
+            return outcome
+        outcome.restarts += 1
+        if outcome.restarts > _MAX_RESTARTS:
+            outcome.fatal = f"the worker was restarted {_MAX_RESTARTS} times; giving up"
+            return outcome
+
+
+def _one_worker(
+    python: str,
+    source: str,
+    encoded: str,
+    limit_for: Callable[[str], float],
+    on_event: Callable[[Event], None],
+    idle_limit_s: float,
+    outcome: WorkerRun,
+    finished: set[str],
+) -> tuple[bool, str | None]:
+    """One worker process. Returns (ended cleanly, the item it was stopped in)."""
+    with tempfile.TemporaryFile() as errors:
+        try:
+            proc = subprocess.Popen(
+                [python, "-c", source, encoded],
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                stdin=subprocess.DEVNULL,
+                cwd="/",
+                start_new_session=True,
+            )
+        except OSError as exc:
+            outcome.fatal = f"cannot run {python}: {exc.strerror or exc}"
+            return False, None
+        assert proc.stdout is not None
+        lines: queue.Queue[object] = queue.Queue()
+        thread = threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True)
+        thread.start()
+        current: str | None = None
+        started = 0.0
+        first_ms: float | None = None
+        last = time.monotonic()
+        limit = STARTUP_LIMIT_S
+        try:
+            while True:
+                now = time.monotonic()
+                wait = (started + limit - now) if current is not None else (last + limit - now)
+                wait = min(wait, last + idle_limit_s - now)
+                try:
+                    raw = lines.get(timeout=max(0.0, wait))
+                except queue.Empty:
+                    _kill(proc)
+                    if current is not None:
+                        elapsed = time.monotonic() - started
+                        synthetic: Event = {
+                            "event": "item",
+                            "id": current,
+                            "status": "timeout",
+                            "elapsed_s": round(elapsed, 2),
+                            "limit_s": limit,
+                        }
+                        if first_ms is not None:
+                            synthetic["first_ms"] = first_ms
+                        _deliver(synthetic, outcome, on_event)
+                        finished.add(current)
+                        return False, current
+                    outcome.fatal = (
+                        f"the worker sent nothing for {limit:.0f} s"
+                        if outcome.hello is None
+                        else f"the worker stopped answering for {idle_limit_s:.0f} s"
+                    )
+                    outcome.stderr_tail = _tail(errors)
+                    return False, None
+                if raw is _EOF:
+                    code = proc.wait()
+                    outcome.stderr_tail = _tail(errors)
+                    if current is not None:
+                        why = _exit_reason(code)
+                        _deliver(
+                            {
+                                "event": "item",
+                                "id": current,
+                                "status": "crashed",
+                                "message": f"the worker died ({why}) inside this item",
+                                "stderr": outcome.stderr_tail[-1500:],
+                            },
+                            outcome,
+                            on_event,
+                        )
+                        finished.add(current)
+                        return False, current
+                    if outcome.fatal is None:
+                        outcome.fatal = f"the worker ended early ({_exit_reason(code)})"
+                    return False, None
+                assert isinstance(raw, bytes)
+                last = time.monotonic()
+                try:
+                    event = json.loads(raw)
+                except ValueError:
+                    continue
+                if not isinstance(event, dict):
+                    continue
+                kind = event.get("event")
+                if kind == "start":
+                    current = str(event.get("id"))
+                    started = last
+                    first_ms = None
+                    limit = limit_for(current)
+                elif kind == "first":
+                    first_ms = event.get("ms")
+                elif kind in ("item", "tuned"):
+                    finished.add(str(event.get("id")))
+                    current = None
+                    limit = idle_limit_s
+                elif kind == "hello":
+                    outcome.hello = event
+                    limit = idle_limit_s
+                elif kind == "fatal":
+                    outcome.fatal = str(event.get("message"))
+                    tb = event.get("traceback")
+                    if tb:
+                        outcome.stderr_tail = str(tb)[-3000:]
+                elif kind == "end":
+                    proc.wait()
+                    _deliver(event, outcome, on_event)
+                    return True, None
+                _deliver(event, outcome, on_event)
+        finally:
+            if proc.poll() is None:
+                _kill(proc)
+            thread.join(timeout=5)
+            proc.stdout.close()
+
+
+def _deliver(event: Event, outcome: WorkerRun, on_event: Callable[[Event], None]) -> None:
+    outcome.events.append(event)
+    on_event(event)
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"

@@ -1,0 +1,211 @@
+"""The tuned-config file the dropped-in kernels read at import: where it is, what it holds.
+
+Layout (schema 1), read by ``templates/patch_embed_gemm.py`` and
+``templates/dilated_conv_triton.py``::
+
+    {"schema": 1,
+     "kernels": {"patch_embed_gemm": {"<arch>": {<tile config>}},
+                 "dilated_conv": {"<arch>": {"<shape class>_<precision class>": {<config>}}}},
+     "meta": {"<arch>": {"device": ..., "torch": ..., "triton": ..., "tuned_at": ...}}}
+
+The kernels ignore ``meta``; rocmfix uses it to say when a file was tuned on other software.
+Writes are atomic (a temporary file and ``os.replace``) and serialised by a lock on the folder,
+so two ``rocmfix tune`` runs cannot lose each other's entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import fsops
+from .checks import EnvWarning
+
+SCHEMA = 1
+FILE_ENV = "ROCMFIX_TUNED_FILE"
+KERNELS = ("patch_embed_gemm", "dilated_conv")
+
+
+def tuned_path() -> Path:
+    """The same lookup as the kernels': ``$ROCMFIX_TUNED_FILE``, else the XDG config dir."""
+    explicit = os.environ.get(FILE_ENV)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "rocmfix" / "tuned.json"
+
+
+@dataclass(frozen=True)
+class TunedFile:
+    path: Path
+    exists: bool
+    data: Mapping[str, Any] | None
+    problem: str | None
+
+    def archs(self) -> set[str]:
+        kernels = (self.data or {}).get("kernels") or {}
+        return {
+            arch for entries in kernels.values() if isinstance(entries, dict) for arch in entries
+        }
+
+    def meta(self, arch: str) -> Mapping[str, Any]:
+        meta = (self.data or {}).get("meta") or {}
+        entry = meta.get(arch) if isinstance(meta, dict) else None
+        return entry if isinstance(entry, dict) else {}
+
+
+def read(path: Path) -> TunedFile:
+    """The file as the kernels will see it; ``problem`` says why they would ignore it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return TunedFile(path, False, None, None)
+    except OSError as exc:
+        return TunedFile(path, True, None, f"cannot be read ({exc.strerror or exc})")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return TunedFile(path, True, None, f"is not valid JSON ({exc})")
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        return TunedFile(path, True, None, f'is not a rocmfix tuned file ("schema": {SCHEMA})')
+    kernels = data.get("kernels")
+    if not isinstance(kernels, dict) or not all(isinstance(v, dict) for v in kernels.values()):
+        return TunedFile(path, True, None, '"kernels" must map each kernel to its archs')
+    return TunedFile(path, True, data, None)
+
+
+class _Device(Protocol):
+    @property
+    def torch(self) -> str: ...
+
+    @property
+    def triton(self) -> str | None: ...
+
+
+def file_warnings(tuned: TunedFile, arch: str, device: _Device | None = None) -> list[EnvWarning]:
+    """What a user should know about the tuned file on a GPU of ``arch``."""
+    if not tuned.exists:
+        return []
+    if tuned.problem is not None:
+        return [
+            EnvWarning(
+                "tuned-file-corrupt",
+                f"{tuned.path} {tuned.problem}: the kernels ignore it and use their shipped "
+                "configs",
+                "`rocmfix tune --reset` removes it; `rocmfix tune` writes a new one",
+            )
+        ]
+    archs = tuned.archs()
+    if archs and arch not in archs:
+        return [
+            EnvWarning(
+                "tuned-file-foreign-arch",
+                f"{tuned.path} holds tuned configs for {', '.join(sorted(archs))}, not for this "
+                f"GPU ({arch}): the kernels use their shipped configs here",
+                "`rocmfix tune` adds entries for this GPU",
+            )
+        ]
+    meta = tuned.meta(arch)
+    if device is not None and meta:
+        then = (meta.get("torch"), meta.get("triton"))
+        now = (device.torch, device.triton)
+        if then != now:
+            return [
+                EnvWarning(
+                    "tuned-file-stale",
+                    f"the {arch} configs in {tuned.path} were tuned with torch {then[0]}, "
+                    f"triton {then[1]}; this is torch {now[0]}, triton {now[1]}",
+                    "run `rocmfix tune` again: a new compiler can move the best tile",
+                )
+            ]
+    return []
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tuned result to store (``config``) or to drop (``None``: the shipped one won)."""
+
+    kernel: str
+    arch: str
+    key: str
+    config: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    path: Path
+    written: bool
+    removed: bool
+    replaced_corrupt: str | None
+
+
+def store(path: Path, entries: list[Entry], meta: Mapping[str, Mapping[str, Any]]) -> StoreResult:
+    """Merge ``entries`` into the file, keeping every other arch's and kernel's entries."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.parent):
+        current = read(path)
+        replaced = current.problem if current.exists else None
+        data: dict[str, Any] = json.loads(json.dumps(current.data)) if current.data else {}
+        data["schema"] = SCHEMA
+        kernels = data.setdefault("kernels", {})
+        for entry in entries:
+            per_arch = kernels.setdefault(entry.kernel, {})
+            if entry.kernel == "dilated_conv":
+                classes = per_arch.get(entry.arch)
+                classes = dict(classes) if isinstance(classes, dict) else {}
+                if entry.config is None:
+                    classes.pop(entry.key, None)
+                else:
+                    classes[entry.key] = dict(entry.config)
+                if classes:
+                    per_arch[entry.arch] = classes
+                else:
+                    per_arch.pop(entry.arch, None)
+            elif entry.config is None:
+                per_arch.pop(entry.arch, None)
+            else:
+                per_arch[entry.arch] = dict(entry.config)
+        for name in [k for k, v in kernels.items() if not v]:
+            del kernels[name]
+        left = {arch for entries_ in kernels.values() for arch in entries_}
+        meta_all = {k: v for k, v in (data.get("meta") or {}).items() if k in left}
+        meta_all.update({arch: dict(m) for arch, m in meta.items() if arch in left})
+        data["meta"] = meta_all
+        if not kernels:
+            existed = path.exists()
+            if existed:
+                fsops.remove(path)
+            return StoreResult(path, False, existed, replaced)
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+        try:
+            like: os.stat_result | None = path.stat()
+        except FileNotFoundError:
+            like = None
+        fsops.atomic_write(path, text.encode("utf-8"), like=like)
+        return StoreResult(path, True, False, replaced)
+
+
+def reset(path: Path) -> bool:
+    """Remove the tuned file (every arch's entries); True if there was one."""
+    if not path.exists():
+        return False
+    with _locked(path.parent):
+        existed = path.exists()
+        fsops.remove(path)
+    return existed

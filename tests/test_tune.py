@@ -1,0 +1,207 @@
+"""``rocmfix tune``: the search, the file it writes and the kernels reading it back.
+
+On a CPU the search runs in Triton's interpreter on tiny shapes (``--interpret``, hidden);
+which config wins is decided by the worker's test-only ``ROCMFIX_WORKER_TEST`` hook, which
+slows the shipped config or every other candidate, so each path is tested deterministically.
+The proof that matters is the last step: a fresh process loads the templates the way the
+dropped-in kernels are loaded and resolves the stored configs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from rocmfix import tuned
+
+from conftest import ROOT, run_cli
+
+HOOK = "ROCMFIX_WORKER_TEST"
+
+# What a kernel module resolves at import in a new interpreter (interpreter mode, no GPU).
+RESOLVE = r"""
+import importlib.util, json, os, sys, warnings
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+
+def load(name):
+    spec = importlib.util.spec_from_file_location("_fresh_" + name, sys.argv[1] + f"/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+pe, tri = load("patch_embed_gemm"), load("dilated_conv_triton")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = {
+        "patch_embed": pe.resolve_config("cpu"),
+        "c8_k5": tri.resolve_config("cpu", 8, 8, 5, torch.float32),
+        "c16_k3": tri.resolve_config("cpu", 16, 16, 3, torch.float32),
+        "shipped_patch_embed": pe.PATCH_EMBED_CONFIGS["default"],
+    }
+out["warnings"] = [str(w.message) for w in caught]
+print(json.dumps(out))
+"""
+
+
+def fresh_resolve(path: Path) -> dict[str, Any]:
+    env = {**os.environ, "ROCMFIX_TUNED_FILE": str(path)}
+    env.pop("ROCMFIX_PATCH_EMBED_CONFIG", None)
+    env.pop("ROCMFIX_DILATED_CONV_CONFIG", None)
+    done = subprocess.run(
+        [sys.executable, "-c", RESOLVE, str(ROOT / "templates")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def _kernels(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {k["id"]: k for k in doc["kernels"]}
+
+
+def test_tune_stores_the_winner_and_a_fresh_process_reads_it(tmp_path: Path) -> None:
+    path = tmp_path / "config" / "tuned.json"
+    env = {"ROCMFIX_TUNED_FILE": str(path), HOOK: json.dumps({"slow": {"shipped": 0.3}})}
+    shipped = fresh_resolve(path)
+    result = run_cli("tune", "--interpret", "--json", env=env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    doc = result.json()
+    assert doc["schema"] == "rocmfix-tune/1" and doc["ok"] is True
+    assert doc["tuned_file"] == str(path) and doc["stored"]["written"] is True
+    kernels = _kernels(doc)
+    assert set(kernels) == {"patch_embed_gemm", "dilated_conv:c96_k5", "dilated_conv:c192_k3"}
+    for kernel in kernels.values():
+        assert kernel["status"] == "ok" and kernel["tuned"] is True
+        assert kernel["verified"] is True
+        assert kernel["chosen"]["config"] != kernel["shipped"]["config"]
+        assert kernel["chosen"]["ms"] < kernel["shipped"]["ms"]
+        assert all(c["status"] == "ok" for c in kernel["candidates"])
+        assert kernel["candidates"][0]["role"] == "shipped"
+    # One atomic replace: no temporary file is left beside it.
+    assert sorted(p.name for p in path.parent.iterdir()) == ["tuned.json"]
+    data = json.loads(path.read_text())
+    assert data["schema"] == 1
+    assert data["kernels"]["patch_embed_gemm"] == {
+        "default": kernels["patch_embed_gemm"]["chosen"]["config"]
+    }
+    classes = data["kernels"]["dilated_conv"]["cpu"]
+    assert set(classes) == {"c8_k5_fp32", "c16_k3_fp32"}
+    assert set(data["meta"]) == {"default", "cpu"}
+
+    fresh = fresh_resolve(path)
+    assert fresh["warnings"] == []
+    for key, kid in (("c8_k5", "dilated_conv:c96_k5"), ("c16_k3", "dilated_conv:c192_k3")):
+        chosen = kernels[kid]["chosen"]["config"]
+        assert {k: fresh[key][k] for k in chosen} == chosen
+        assert fresh[key] != shipped[key]
+    assert fresh["patch_embed"] == kernels["patch_embed_gemm"]["chosen"]["config"]
+    assert fresh["patch_embed"] != shipped["patch_embed"]
+
+    # The kernels doctor measures read the same file.
+    checked = run_cli(
+        "doctor", "--json", "--op", "patch-embed", env={"ROCMFIX_TUNED_FILE": str(path)}
+    )
+    gemm = checked.json()["ops"][0]["cases"][0]["schemes"][0]
+    assert gemm["impl"] == "gemm" and gemm["config"] == fresh["patch_embed"]
+
+    reset = run_cli("tune", "--reset", env={"ROCMFIX_TUNED_FILE": str(path)})
+    assert reset.returncode == 0 and "Removed" in reset.stderr
+    assert not path.exists()
+    assert fresh_resolve(path)["patch_embed"] == shipped["shipped_patch_embed"]
+    again = run_cli("tune", "--reset", env={"ROCMFIX_TUNED_FILE": str(path)})
+    assert again.returncode == 0 and "nothing to reset" in again.stderr
+
+
+def test_the_shipped_config_stays_when_nothing_beats_it(tmp_path: Path) -> None:
+    path = tmp_path / "tuned.json"
+    foreign = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 8, "num_stages": 1}
+    old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1}
+    path.write_text(
+        json.dumps(
+            {"schema": 1, "kernels": {"patch_embed_gemm": {"gfx1100": foreign, "default": old}}}
+        )
+    )
+    assert fresh_resolve(path)["patch_embed"]["BLOCK_M"] == 16
+    env = {"ROCMFIX_TUNED_FILE": str(path), HOOK: json.dumps({"slow": {"candidates": 0.3}})}
+    result = run_cli("tune", "--interpret", "--op", "patch-embed", env=env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "kept shipped" in result.stdout and "tuned ✓" not in result.stdout
+    data = json.loads(path.read_text())
+    # The old entry for this arch lost to the shipped config and is gone; another GPU's stays.
+    assert data["kernels"] == {"patch_embed_gemm": {"gfx1100": foreign}}
+    fresh = fresh_resolve(path)
+    assert fresh["patch_embed"] == fresh["shipped_patch_embed"]
+
+
+def test_tune_without_a_gpu_refuses() -> None:
+    result = run_cli("tune")
+    assert result.returncode == 1
+    assert "no GPU" in result.stderr
+    assert run_cli("tune", "--budget", "0").returncode == 2
+
+
+def test_the_kernels_ignore_corrupt_and_foreign_files_with_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "tuned.json"
+    shipped = fresh_resolve(path)
+    path.write_text('{"schema": 1, "kernels": [1, 2]')
+    corrupt = fresh_resolve(path)
+    assert corrupt["patch_embed"] == shipped["patch_embed"]
+    assert corrupt["c8_k5"] == shipped["c8_k5"]
+    assert any(str(path) in w for w in corrupt["warnings"]), corrupt["warnings"]
+    foreign_entry = {"BLOCK_M": 32}
+    path.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "kernels": {
+                    "patch_embed_gemm": {"gfx1100": foreign_entry},
+                    "dilated_conv": {"gfx1100": {"c8_k5_fp32": foreign_entry}},
+                },
+            }
+        )
+    )
+    foreign = fresh_resolve(path)
+    assert foreign["patch_embed"] == shipped["patch_embed"]
+    assert foreign["c8_k5"] == shipped["c8_k5"]
+    # rocmfix is the one that says why: the kernels read no entry for this arch.
+    codes = [w.code for w in tuned.file_warnings(tuned.read(path), "cpu")]
+    assert codes == ["tuned-file-foreign-arch"]
+
+
+def test_store_merges_replaces_corrupt_files_and_drops_lost_entries(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "tuned.json"
+    a = {"BLOCK_M": 64}
+    first = tuned.store(
+        path,
+        [
+            tuned.Entry("patch_embed_gemm", "sm_90", "", a),
+            tuned.Entry("dilated_conv", "sm_90", "c96_k5_tf32", a),
+        ],
+        {"sm_90": {"triton": "3.6.0"}},
+    )
+    assert first.written and first.replaced_corrupt is None
+    tuned.store(path, [tuned.Entry("dilated_conv", "gfx942", "c96_k5_tf32", a)], {})
+    data = json.loads(path.read_text())
+    assert set(data["kernels"]["dilated_conv"]) == {"sm_90", "gfx942"}
+    assert data["meta"] == {"sm_90": {"triton": "3.6.0"}}
+    tuned.store(path, [tuned.Entry("dilated_conv", "sm_90", "c96_k5_tf32", None)], {})
+    data = json.loads(path.read_text())
+    assert data["kernels"]["dilated_conv"] == {"gfx942": {"c96_k5_tf32": a}}
+    assert data["kernels"]["patch_embed_gemm"] == {"sm_90": a}
+    path.write_text("garbage")
+    replaced = tuned.store(path, [tuned.Entry("patch_embed_gemm", "sm_90", "", a)], {})
+    assert replaced.written and replaced.replaced_corrupt is not None
+    assert json.loads(path.read_text())["kernels"] == {"patch_embed_gemm": {"sm_90": a}}
+    gone = tuned.store(path, [tuned.Entry("patch_embed_gemm", "sm_90", "", None)], {})
+    assert gone.removed and not path.exists()
+    assert sorted(p.name for p in path.parent.iterdir()) == []
