@@ -21,7 +21,14 @@ from . import __version__, fsops
 from ._resources import template_bytes
 from .checks import environment_warnings, has_triton
 from .environment import Distribution, Environment, compile_errors, default_python_hint
-from .errors import AnchorNotFoundError, ManifestError, RefusedError, UsageError, WriteError
+from .errors import (
+    AnchorNotFoundError,
+    LockBusyError,
+    ManifestError,
+    RefusedError,
+    UsageError,
+    WriteError,
+)
 from .patch import Patch, Shape, TargetContext
 from .results import (
     Action,
@@ -81,8 +88,9 @@ class _Inspection:
     forceable: bool = False
 
 
-def _git_pristine(path: Path) -> bool:
-    """An editable checkout has no RECORD; an unmodified tracked file in git is pristine."""
+def _git_pristine(path: Path) -> bool | None:
+    """An editable checkout has no RECORD; a tracked file in git is pristine when it has no
+    uncommitted change (True), modified when it has one (False). None: git cannot tell."""
     try:
         tracked = subprocess.run(
             ["git", "ls-files", "--error-unmatch", path.name],
@@ -92,24 +100,28 @@ def _git_pristine(path: Path) -> bool:
             check=False,
         )
         if tracked.returncode != 0:
-            return False
+            return None
+        # --no-optional-locks: status only reads, so git must not refresh the index.
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", path.name],
+            ["git", "--no-optional-locks", "status", "--porcelain", "--", path.name],
             cwd=path.parent,
             capture_output=True,
             timeout=20,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return dirty.returncode == 0 and not dirty.stdout.strip()
+        return None
+    if dirty.returncode != 0:
+        return None
+    return not dirty.stdout.strip()
 
 
 def _pristine(data: bytes, record_hash: str | None, path: Path, dist: Distribution) -> Pristine:
     if record_hash is not None:
         return Pristine.RECORD if fsops.record_hash(data) == record_hash else Pristine.MODIFIED
-    if dist.editable and _git_pristine(path):
-        return Pristine.GIT
+    clean = _git_pristine(path) if dist.editable else None
+    if clean is not None:
+        return Pristine.GIT if clean else Pristine.GIT_MODIFIED
     return Pristine.UNKNOWN
 
 
@@ -273,7 +285,8 @@ def _inspect(
         pristine = Pristine.MANIFEST
     else:
         pristine = _pristine(data, target.record_hash, path, dist)
-    if entry is not None and pristine not in (Pristine.RECORD, Pristine.MANIFEST):
+    # A clean git checkout after `git pull` is what a reinstall is to a wheel: stale.
+    if entry is not None and pristine not in (Pristine.RECORD, Pristine.MANIFEST, Pristine.GIT):
         return done(
             _status(
                 patch,
@@ -308,9 +321,14 @@ def _inspect(
         reason = found.reason
         if entry is not None:
             reason += "; `rocmfix revert` removes what the old patch left behind"
-    elif pristine is Pristine.MODIFIED:
+    elif pristine in (Pristine.MODIFIED, Pristine.GIT_MODIFIED):
         verdict = Verdict.CHANGED
-        reason = f"modified since it was installed, not by rocmfix ({found.reason})"
+        how = (
+            "modified since it was installed"
+            if pristine is Pristine.MODIFIED
+            else "has uncommitted changes in its git checkout"
+        )
+        reason = f"{how}, not by rocmfix ({found.reason})"
     elif found.shape is Shape.NEEDS_PATCH and patch.needs_rocm and not_rocm(env):
         assert env.torch is not None
         build = f"CUDA {env.torch.cuda}" if env.torch.cuda else "CPU-only"
@@ -666,7 +684,10 @@ def _plan_revert(
             refusals.append(f"{patch.id}: {st.reason} (use --force to restore the original anyway)")
             continue
         current = seen.data
-        if st.verdict is not Verdict.STALE:
+        # A file reinstalled since (stale, or a release fixed upstream) is what its package
+        # ships now: putting the old original back over it would mix two releases.
+        reinstalled = st.pristine in (Pristine.RECORD, Pristine.GIT)
+        if st.verdict is not Verdict.STALE and not reinstalled:
             original = state.read_backup(entry.original_sha256)
             if current != original:
                 changes.append(
@@ -872,15 +893,17 @@ def apply(
     if plan is not None:
         _check_writable(plan.changes, state)
     state.check_writable()
-    try:
-        with state.locked():
+    # Tidying happens under the lock: another run holding it may have backups and no
+    # journal yet, which an unlocked tidy would take for leftovers and delete.
+    with state.locked():
+        try:
             locked, recovered = _recover(env, state, state.load())
             if plan is None or locked != manifest or not _still_current(plan.changes):
                 plan = _plan_apply(env, patches, locked, state, chosen, force)
             if plan.changes or plan.entries != locked.entries:
                 _execute(env, state, locked, plan, "apply")
-    finally:
-        _tidy_state(state)
+        finally:
+            _tidy_state(state)
     return _result(env, "apply", plan.outcomes, plan.changes, False, recovered)
 
 
@@ -902,17 +925,20 @@ def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -
     manifest = state.load()
     if not manifest.entries and manifest.pending is None:
         if state.root.exists():
-            _tidy_state(state)
+            # Leftovers of a run killed before its journal, unless a run holds the lock
+            # right now: then they are its backups.
+            with contextlib.suppress(LockBusyError, OSError), state.locked():
+                _tidy_state(state)
         return _result(env, "revert", (), (), False)
     state.check_writable()
-    try:
-        with state.locked():
+    with state.locked():
+        try:
             manifest, recovered = _recover(env, state, state.load())
             plan = _plan_revert(env, patches, manifest, state, force)
             if plan.changes or plan.entries != manifest.entries:
                 _execute(env, state, manifest, plan, "revert")
-    finally:
-        _tidy_state(state)
+        finally:
+            _tidy_state(state)
     return _result(env, "revert", plan.outcomes, plan.changes, False, recovered)
 
 

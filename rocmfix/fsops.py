@@ -81,6 +81,7 @@ def atomic_write(path: Path, data: bytes, *, like: os.stat_result | None = None)
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp, 0o666 & ~umask)
+            give_to_folder_owner(tmp)
         write_point()
         os.replace(tmp, path)
     except BaseException:
@@ -88,6 +89,31 @@ def atomic_write(path: Path, data: bytes, *, like: os.stat_result | None = None)
             tmp.unlink()
         raise
     _fsync_dir(path.parent)
+
+
+def give_to_folder_owner(path: Path) -> None:
+    """Run as root in someone else's environment (``sudo rocmfix``), hand a file or folder
+    rocmfix creates to the owner of the folder it is in, so that user can revert without
+    root. A no-op for anyone else, who can only create files they own."""
+    if os.geteuid() != 0:
+        return
+    with contextlib.suppress(OSError):
+        folder = os.stat(path.parent)
+        os.chown(path, folder.st_uid, folder.st_gid, follow_symlinks=False)
+
+
+def make_dirs(path: Path) -> None:
+    """``mkdir -p``; each folder made is given to its parent folder's owner."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        give_to_folder_owner(folder)
 
 
 def remove(path: Path) -> None:

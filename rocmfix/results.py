@@ -36,6 +36,7 @@ class Pristine(enum.Enum):
     GIT = "is unmodified in its git checkout"
     UNKNOWN = "cannot be checked (no RECORD hash, not in git)"
     MODIFIED = "differs from the hash in the package's RECORD"
+    GIT_MODIFIED = "has uncommitted changes in its git checkout"
 
 
 @dataclass(frozen=True)

@@ -261,7 +261,7 @@ class StateDir:
         if not manifest.entries and manifest.pending is None:
             fsops.remove(self.manifest_path)
             return
-        self.root.mkdir(parents=True, exist_ok=True)
+        fsops.make_dirs(self.root)
         fsops.atomic_write(self.manifest_path, dump_manifest(manifest, rocmfix_version))
 
     def backup(self, data: bytes) -> str:
@@ -270,7 +270,7 @@ class StateDir:
         path = self.backups / digest
         if path.is_file() and fsops.sha256(path.read_bytes()) == digest:
             return digest
-        self.backups.mkdir(parents=True, exist_ok=True)
+        fsops.make_dirs(self.backups)
         fsops.atomic_write(path, data)
         return digest
 
@@ -303,22 +303,54 @@ class StateDir:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the environment's lock; a second run fails at once instead of interleaving."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._lock()
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-                raise LockBusyError(
-                    f"another rocmfix run (pid {holder}) is changing this environment",
-                    hint="wait for it to finish, then run the command again",
-                ) from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
             yield
         finally:
             os.close(fd)
+
+    def _lock(self) -> int:
+        # A run that finishes with nothing left removes the lock file and the folder while it
+        # holds the lock; a run that opened the file just before holds a lock on a file that
+        # is gone and guards nothing. So make the folder and the file again if they vanish,
+        # and keep a lock only on the file that is at the lock's path.
+        for _ in range(100):
+            fsops.make_dirs(self.root)
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                continue
+            try:
+                if self._take(fd):
+                    fsops.give_to_folder_owner(self.lock_path)
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        raise LockBusyError(
+            f"could not take the lock {self.lock_path}: other rocmfix runs keep replacing it",
+            hint="wait for them to finish, then run the command again",
+        )
+
+    def _take(self, fd: int) -> bool:
+        """Lock ``fd``; False if it is no longer the file at the lock's path."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            raise LockBusyError(
+                f"another rocmfix run (pid {holder}) is changing this environment",
+                hint="wait for it to finish, then run the command again",
+            ) from None
+        try:
+            current = os.stat(self.lock_path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (current.st_ino, current.st_dev) == (held.st_ino, held.st_dev)
 
     def busy(self) -> bool:
         """Whether another process holds the lock right now (read-only: creates nothing)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import faults
 from conftest import ROOT, InstalledEnv, files_under, patch_p1, run_cli
 
 pytestmark = pytest.mark.network
@@ -113,52 +114,17 @@ def test_apply_refuses_a_file_modified_since_install(env: InstalledEnv) -> None:
     assert b"# local" in env.target.read_bytes(), "revert restores what was there before"
 
 
-def _kill_loop(env: InstalledEnv, command: str, expect_patched_after: bool) -> dict[str, int]:
-    """Kill ``command`` at its 1st, 2nd, ... write point until a run finishes; after each
-    kill, status must tell the truth and revert must restore the pristine bytes."""
-    tried = recovered = lost = 0
-    point = 1
-    while True:
-        if command == "revert":
-            assert env.cli("apply").returncode == 0
-        killed = env.cli(command, env={"ROCMFIX_TEST_KILL_AT": str(point)})
-        if killed.returncode == 0:
-            break
-        assert killed.returncode == -9, (point, killed.stderr)
-        tried += 1
-        status = env.cli("status", "--json")
-        assert status.returncode == 0, status.stderr
-        verdict = {p["id"]: p["verdict"] for p in status.json()["patches"]}[PATCH]
-        current = env.target.read_bytes()
-        if current == env.original:
-            assert verdict in ("applicable", "interrupted", "stale"), (point, verdict)
-        else:
-            assert verdict in ("applied", "interrupted"), (point, verdict)
-        reverted = env.cli("revert")
-        assert reverted.returncode == 0, (point, reverted.stderr)
-        if env.target.read_bytes() == env.original and not env.state.exists():
-            recovered += 1
-        else:
-            lost += 1
-        assert not list(env.target.parent.glob(".*.rocmfix-*.tmp")), "temp files left"
-        point += 1
-    assert tried > 3, "the run must have several write points"
-    assert (env.target.read_bytes() != env.original) == expect_patched_after
-    return {"points": tried, "recovered": recovered, "bytes_lost": lost}
-
-
-def test_killed_apply_is_recovered_at_every_write_point(env: InstalledEnv) -> None:
-    summary = _kill_loop(env, "apply", expect_patched_after=True)
-    print(f"fault injection (apply): {summary}")
-    assert summary["recovered"] == summary["points"]
-    assert summary["bytes_lost"] == 0
-
-
-def test_killed_revert_is_recovered_at_every_write_point(env: InstalledEnv) -> None:
-    summary = _kill_loop(env, "revert", expect_patched_after=False)
-    print(f"fault injection (revert): {summary}")
-    assert summary["recovered"] == summary["points"]
-    assert summary["bytes_lost"] == 0
+@pytest.mark.parametrize("command", ["apply", "revert"])
+def test_killed_run_is_recovered_at_every_write_point(env: InstalledEnv, command: str) -> None:
+    """The one-file case of tests/test_faults.py (vllm: three targets, a drop, RECORD)."""
+    summary = faults.kill_loop(
+        env.cli, site=env.site, state=env.state, command=command, label="mineru-vl-utils"
+    )
+    print(summary.line())
+    assert not summary.problems, summary.problems
+    assert summary.points > 3, "the run must have several write points"
+    assert summary.recovered == summary.points
+    assert summary.bytes_lost == 0
 
 
 def test_interrupted_run_is_named_by_status(env: InstalledEnv) -> None:

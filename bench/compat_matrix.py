@@ -1,0 +1,706 @@
+"""Every release of the three target packages through rocmfix: ``docs/compatibility.md``.
+
+For each PyPI release of mineru-vl-utils and doclayout-yolo, and each vllm release from
+0.8.0 to the newest, this builds a fresh environment holding the released files (pip
+installs the small wheels; vllm's three target files, ``__init__.py`` and its real
+METADATA/WHEEL/RECORD come out of the 400 MB wheel by HTTP range requests, see
+``tests/releases.py``), then drives the real CLI against it with ``--python``:
+
+1. ``status --json``: every patch of the package gets a verdict and a reason; a fresh
+   install must never be ``changed``, ``stale``, ``interrupted`` or ``applied``.
+2. For each scheme (vllm and doclayout-yolo: gemm, direct, linear; mineru-vl-utils has one
+   fixed rewrite): ``apply``, every applicable patch ``applied`` with that scheme; every
+   written ``.py`` file compiles in the target interpreter; ``apply`` again is a no-op (every
+   byte of site-packages and of rocmfix's manifest unchanged); ``revert`` gives site-packages
+   back byte for byte and leaves no state behind.
+3. With the first scheme, ``apply --dry-run`` prints a diff that ``patch -p1`` applies to a
+   copy of site-packages, giving exactly what ``apply`` writes.
+4. ``status`` at the end gives the same verdicts and reasons as at the start.
+5. A release with nothing to apply: ``apply`` and ``revert`` write nothing, create no state.
+
+Any exit code 3 (an internal error) is a failure, reported with the last line of its log.
+
+    python bench/compat_matrix.py [--sample] [--jobs N] [--output docs/compatibility.md]
+                                  [--no-faults] [--only PROJECT]
+
+``--sample`` checks a deterministic subset (the first and last vllm release of each code era,
+every doclayout-yolo release, a dozen mineru-vl-utils releases with the 0.1.13/0.1.14
+boundary and the newest); tests/test_compat.py runs it in CI. Without ``--no-faults`` the full
+run also kills apply and revert at every write point (tests/faults.py) on a vllm release and
+records the counts. Exit status: 0 when no release failed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import itertools
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / "tests"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from rocmfix import __version__  # noqa: E402
+from rocmfix.registry import all_patches  # noqa: E402
+
+import faults  # noqa: E402
+import releases  # noqa: E402
+
+PROJECTS = ("mineru-vl-utils", "doclayout-yolo", "vllm")
+VLLM_OLDEST = Version("0.8.0")
+# Where the vllm patch-embed code changes shape or its surroundings change (see
+# /work/shared/notes/targets.md): the sample takes the first and last release of each era.
+VLLM_ERAS = ("0.8.0", "0.9.0", "0.11.1", "0.14.0", "0.19.0", "0.28.0")
+MINERU_BOUNDARY = ("0.1.0", "0.1.1", "0.1.13", "0.1.14")
+MINERU_SAMPLE_SIZE = 12
+OK_VERDICTS = {"applicable", "not-needed", "unsupported"}
+FRESH_BAD = {"changed", "stale", "interrupted", "applied", "not-installed"}
+
+
+# ---------------------------------------------------------------------------- releases
+
+
+# Loaded once, before any worker thread: importing the patch modules is not thread-safe.
+PATCHES = all_patches()
+
+
+def patches_of(project: str) -> list[str]:
+    return [p.id for p in PATCHES if p.distribution == project]
+
+
+def schemes_of(project: str) -> list[str | None]:
+    names: list[str] = []
+    for patch in PATCHES:
+        if patch.distribution == project:
+            names += [s for s in patch.scheme_names if s not in names]
+    return list(names) or [None]
+
+
+def target_files(project: str) -> list[str]:
+    return sorted({p.path for p in PATCHES if p.distribution == project})
+
+
+def all_releases(project: str) -> list[str]:
+    found = releases.releases(project)
+    if project == "vllm":
+        found = [v for v in found if Version(v) >= VLLM_OLDEST]
+    return sorted(found, key=Version)
+
+
+def sample_releases(project: str) -> list[str]:
+    """A deterministic subset that keeps every boundary the patches care about."""
+    every = all_releases(project)
+    if project == "doclayout-yolo":
+        return every
+    if project == "vllm":
+        bounds = [Version(v) for v in VLLM_ERAS] + [Version("9999")]
+        picked: list[str] = []
+        for low, high in itertools.pairwise(bounds):
+            era = [v for v in every if low <= Version(v) < high]
+            for v in (era[:1] + era[-1:]) if era else []:
+                if v not in picked:
+                    picked.append(v)
+        return sorted(picked, key=Version)
+    chosen = {v for v in MINERU_BOUNDARY if v in every} | {every[-1]}
+    step = 0
+    while len(chosen) < min(MINERU_SAMPLE_SIZE, len(every)):
+        # Evenly spread over the rest; `step` shifts the grid until enough are distinct.
+        wanted = MINERU_SAMPLE_SIZE + step
+        for i in range(wanted):
+            chosen.add(every[round(i * (len(every) - 1) / (wanted - 1))])
+            if len(chosen) >= MINERU_SAMPLE_SIZE:
+                break
+        step += 1
+    return sorted(chosen, key=Version)
+
+
+# ---------------------------------------------------------------------------- the CLI
+
+
+@dataclass
+class Call:
+    args: tuple[str, ...]
+    returncode: int
+    stdout: bytes
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def error_line(self) -> str:
+        lines = [ln for ln in self.stderr.splitlines() if "error" in ln]
+        return (lines or self.stderr.strip().splitlines() or ["(no output)"])[0].strip()
+
+
+class Failure(Exception):
+    """One release failed a check; the message says which and why."""
+
+
+_frozen: list[Path] = []
+
+
+def freeze_source(into: Path) -> Path:
+    """A private copy of rocmfix, patches and templates for the whole run: the working tree
+    may change under a long run, and every release must be checked by the same code."""
+    dest = into / "rocmfix-source"
+    for name in ("rocmfix", "patches", "templates"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    _frozen[:] = [dest]
+    return dest
+
+
+def cli_runner(python: Path, scratch: Path) -> Callable[..., Call]:
+    """The real CLI in a subprocess, pointed at ``python``, as a user runs it."""
+    base_env = {
+        **os.environ,
+        "PYTHONPATH": str(_frozen[0] if _frozen else ROOT),
+        "COLUMNS": "200",
+        "XDG_CACHE_HOME": str(scratch / "xdg-cache"),
+    }
+    base_env.pop("ROCMFIX_TEST_KILL_AT", None)
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> Call:
+        done = subprocess.run(
+            [sys.executable, "-m", "rocmfix", *args, "--python", str(python)],
+            capture_output=True,
+            env={**base_env, **(env or {})},
+            cwd="/",
+            timeout=timeout,
+            check=False,
+        )
+        call = Call(args, done.returncode, done.stdout, done.stderr.decode("utf-8", "replace"))
+        if call.returncode == 3:
+            raise Failure(f"`rocmfix {' '.join(args)}` crashed (exit 3): {_log_tail(call)}")
+        return call
+
+    return run
+
+
+def in_process_runner(python: Path, scratch: Path) -> Callable[..., Call]:
+    """The same CLI (typer app, engine, renderer) called in this process: no interpreter
+    start and imports per call, for the CI sample. It swaps sys.stdout and os.environ while
+    it runs, so one process runs one call at a time; kills need the subprocess runner."""
+    from typer.testing import CliRunner
+
+    from rocmfix.cli import app
+
+    runner = CliRunner()
+    base_env = {"COLUMNS": "200", "XDG_CACHE_HOME": str(scratch / "xdg-cache")}
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> Call:
+        if env:
+            raise ValueError("the in-process runner cannot inject faults")
+        result = runner.invoke(app, [*args, "--python", str(python)], env=base_env)
+        call = Call(args, result.exit_code, result.stdout_bytes, result.stderr)
+        if call.returncode == 3:
+            raise Failure(f"`rocmfix {' '.join(args)}` crashed (exit 3): {_log_tail(call)}")
+        return call
+
+    return run
+
+
+def _log_tail(call: Call) -> str:
+    text = " ".join(call.stderr.split())
+    marker = "the traceback is in "
+    if marker in text:
+        path = Path(text.split(marker, 1)[1].split()[0].rstrip(";"))
+        try:
+            last = path.read_text().strip().splitlines()[-1]
+        except (OSError, IndexError):
+            last = "(log unreadable)"
+        return f"{text[:300]} [log: {last}]"
+    return text[:300]
+
+
+def expect(call: Call, code: int = 0) -> Call:
+    if call.returncode != code:
+        raise Failure(
+            f"`rocmfix {' '.join(call.args)}` exited {call.returncode}, expected {code}: "
+            f"{call.error_line()}"
+        )
+    return call
+
+
+# ---------------------------------------------------------------------------- one release
+
+
+@dataclass
+class Env:
+    project: str
+    version: str
+    root: Path
+    python: Path
+    site: Path
+
+    @property
+    def state(self) -> Path:
+        return self.root / "share" / "rocmfix"
+
+
+_download_lock = threading.Lock()
+
+
+def build_env(project: str, version: str, workdir: Path) -> Env:
+    """A fresh virtual environment holding ``project`` ``version`` as pip lays it out."""
+    root = workdir / "env"
+    python = releases.make_venv(root)
+    if project == "vllm":
+        members = [*target_files(project), "vllm/__init__.py"]
+        with _download_lock:
+            site = releases.partial_install(python, project, version, members)
+    else:
+        with _download_lock:
+            wheel = releases.wheel(project, version)
+        releases.pip_install(python, wheel)
+        site = releases.site_packages(python)
+    return Env(project, version, root, python, site)
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file below ``path`` with its bytes, bytecode caches excluded."""
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts
+    }
+
+
+def _differences(before: dict[str, bytes], after: dict[str, bytes]) -> list[str]:
+    return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+
+
+def _compile_in_target(env: Env, files: Sequence[Path]) -> None:
+    if not files:
+        return
+    program = (
+        "import sys\n"
+        "for p in sys.argv[1:]:\n"
+        "    compile(open(p, 'rb').read(), p, 'exec', dont_inherit=True)\n"
+    )
+    done = subprocess.run(
+        [str(env.python), "-c", program, *map(str, files)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        raise Failure(f"patched code does not compile in the target interpreter: {last}")
+
+
+def _statuses(call: Call, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    by_id = {p["id"]: p for p in call.json()["patches"]}
+    return {pid: by_id[pid] for pid in ids}
+
+
+@dataclass
+class Row:
+    project: str
+    version: str
+    verdicts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    round_trip: str = ""
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _patch_p1(diff: bytes, cwd: Path) -> int:
+    return subprocess.run(
+        ["patch", "-p1", "--quiet"], input=diff, cwd=cwd, capture_output=True, check=False
+    ).returncode
+
+
+def _round_trip(env: Env, cli: Callable[..., Call], row: Row, scratch: Path) -> str:
+    ids = patches_of(env.project)
+    only = ("--only", env.project)
+    pristine = snapshot(env.site)
+    first = _statuses(expect(cli("status", "--json", *only)), ids)
+    row.verdicts = {pid: (s["verdict"], s["reason"]) for pid, s in first.items()}
+    for pid, s in first.items():
+        if s["verdict"] in FRESH_BAD:
+            raise Failure(f"{pid}: a fresh install reads as {s['verdict']}: {s['reason']}")
+        if s["verdict"] not in OK_VERDICTS:
+            raise Failure(f"{pid}: unknown verdict {s['verdict']!r}")
+        if s["verdict"] == "applicable" and s["pristine"] != "record":
+            raise Failure(f"{pid}: a wheel install is not pristine by its RECORD: {s['pristine']}")
+    applicable = [pid for pid, s in first.items() if s["verdict"] == "applicable"]
+    unsupported = [pid for pid, s in first.items() if s["verdict"] == "unsupported"]
+
+    if unsupported or not applicable:
+        applied = expect(cli("apply", *only), 1 if unsupported else 0)
+        if snapshot(env.site) != pristine or env.state.exists():
+            raise Failure("an apply with nothing to do (or refused) changed files")
+        expect(cli("revert", *only))
+        if snapshot(env.site) != pristine or env.state.exists():
+            raise Failure("a revert with nothing to revert changed files")
+        if unsupported:
+            return f"refused, nothing written: {applied.error_line()}"
+        return "nothing to apply; apply and revert write nothing"
+
+    done_schemes: list[str] = []
+    for index, scheme in enumerate(schemes_of(env.project)):
+        scheme_args = ("--scheme", scheme) if scheme else ()
+        if index == 0:
+            dry = expect(cli("apply", "--dry-run", *scheme_args, *only))
+            copy = scratch / "dry-run-copy"
+            shutil.copytree(env.site, copy, symlinks=True)
+        expect(cli("apply", *scheme_args, *only))
+        now = snapshot(env.site)
+        changed = _differences(pristine, now)
+        after = _statuses(expect(cli("status", "--json", *only)), ids)
+        for pid in ids:
+            verdict, scheme_now = after[pid]["verdict"], after[pid]["scheme"]
+            if pid in applicable and (verdict != "applied" or scheme_now != scheme):
+                raise Failure(
+                    f"{pid}: after apply {scheme or ''} it reads {verdict} ({scheme_now})"
+                )
+            if pid not in applicable and verdict != first[pid]["verdict"]:
+                raise Failure(f"{pid}: apply changed its verdict to {verdict}")
+        _compile_in_target(env, [env.site / name for name in changed if name.endswith(".py")])
+        if index == 0:
+            if _patch_p1(dry.stdout, copy) != 0:
+                raise Failure("the --dry-run diff does not apply with patch -p1")
+            if snapshot(copy) != now:
+                raise Failure("patch -p1 with the --dry-run diff differs from what apply wrote")
+            shutil.rmtree(copy)
+        manifest = (env.state / "manifest.json").read_bytes()
+        again = expect(cli("apply", *scheme_args, *only))
+        if "unchanged" not in again.stderr:
+            raise Failure("a second apply does not say the patches are unchanged")
+        if snapshot(env.site) != now or (env.state / "manifest.json").read_bytes() != manifest:
+            raise Failure("a second apply with the same scheme changed bytes")
+        expect(cli("revert", *only))
+        left = _differences(pristine, snapshot(env.site))
+        if left:
+            raise Failure(f"revert after {scheme or 'apply'} left {', '.join(left[:3])} changed")
+        if env.state.exists():
+            raise Failure(f"revert left rocmfix state behind: {sorted(env.state.rglob('*'))}")
+        done_schemes.append(scheme or "fixed rewrite")
+    last = _statuses(expect(cli("status", "--json", *only)), ids)
+    for pid in ids:
+        if (last[pid]["verdict"], last[pid]["reason"]) != row.verdicts[pid]:
+            raise Failure(f"{pid}: after the round trips status reads {last[pid]['verdict']}")
+    return f"ok ({', '.join(done_schemes)})"
+
+
+def check_release(project: str, version: str, workdir: Path, in_process: bool = False) -> Row:
+    """Build a fresh environment for one release and take it through every check."""
+    row = Row(project, version)
+    start = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix=f"{project}-{version}-", dir=workdir))
+    runner = in_process_runner if in_process else cli_runner
+    try:
+        env = build_env(project, version, scratch)
+        row.round_trip = _round_trip(env, runner(env.python, scratch), row, scratch)
+    except Failure as exc:
+        row.failures.append(str(exc))
+        row.round_trip = "FAILED"
+    except Exception as exc:  # noqa: BLE001 - every release gets a row, whatever broke
+        row.failures.append(f"harness error: {type(exc).__name__}: {exc}")
+        row.round_trip = "FAILED"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    row.seconds = time.monotonic() - start
+    return row
+
+
+def run_matrix(
+    plan: Sequence[tuple[str, str]],
+    jobs: int = 1,
+    workdir: Path | None = None,
+    progress: Callable[[Row], None] | None = None,
+    in_process: bool = False,
+) -> list[Row]:
+    """Check every (project, version); rows come back in the order of ``plan``.
+
+    Subprocess runs go ``jobs`` at a time on threads; in-process runs swap process-wide
+    state (sys.stdout, os.environ), so they go ``jobs`` at a time in forked processes."""
+    base = Path(tempfile.mkdtemp(prefix="rocmfix-compat-", dir=workdir))
+    rows: dict[tuple[str, str], Row] = {}
+    pool: concurrent.futures.Executor
+    if in_process:
+        pool = concurrent.futures.ProcessPoolExecutor(
+            max_workers=max(1, jobs), mp_context=multiprocessing.get_context("fork")
+        )
+    else:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        with pool:
+            futures = {pool.submit(check_release, p, v, base, in_process): (p, v) for p, v in plan}
+            for future in concurrent.futures.as_completed(futures):
+                row = future.result()
+                rows[futures[future]] = row
+                if progress is not None:
+                    progress(row)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return [rows[key] for key in plan]
+
+
+def make_plan(sample: bool, only: Sequence[str] = ()) -> list[tuple[str, str]]:
+    pick = sample_releases if sample else all_releases
+    return [(p, v) for p in PROJECTS if not only or p in only for v in pick(p)]
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+def fault_summaries(workdir: Path | None = None) -> list[str]:
+    """Kill apply, revert and a scheme switch at every write point on vllm releases with
+    three targets; on the first, also kill every recovering revert at each of its points."""
+    lines = []
+    base = Path(tempfile.mkdtemp(prefix="rocmfix-faults-", dir=workdir))
+    versions = [("0.11.0", True), (all_releases("vllm")[-1], False)]
+    try:
+        for version, nested in versions:
+            for command in ("apply", "revert", "switch"):
+                scratch = base / f"vllm-{version}-{command}"
+                scratch.mkdir()
+                label = f"vllm {version}"
+                try:
+                    env = build_env("vllm", version, scratch)
+                    summary = faults.kill_loop(
+                        cli_runner(env.python, scratch),
+                        site=env.site,
+                        state=env.state,
+                        command=command,
+                        label=label,
+                        nested=nested,
+                    )
+                    lines.append(summary.line())
+                    lines += [f"    problem: {p}" for p in summary.problems[:10]]
+                except Failure as exc:
+                    lines.append(f"fault injection ({label}, {command}): FAILED: {exc}")
+                print(lines[-1], file=sys.stderr)
+                shutil.rmtree(scratch, ignore_errors=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return lines
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+# What the CI suite checks beyond plain wheel installs: (install, what is checked, tests).
+INSTALLS = (
+    (
+        "editable vllm checkout: PEP 660 with a finder hook, PEP 660 with a `.pth` path, "
+        "the old `setup.py develop` egg-link",
+        "status says `editable` and `pristine: git`; apply patches the checkout; revert gives "
+        "it back byte for byte (`git status` as before); an uncommitted edit reads `changed` "
+        "and is refused without `--force`; a `git pull` over a patch reads `stale`; status "
+        "never rewrites `.git/index`",
+        "test_installs.py",
+    ),
+    (
+        "uv: two environments hard-linked from one cache (`UV_LINK_MODE=hardlink`)",
+        "apply breaks only its own link: the other environment's file and the cache file "
+        "keep their bytes and inode",
+        "test_installs.py",
+    ),
+    (
+        "conda-style prefix, simulated (no conda channel is reachable here): no `pyvenv.cfg`, "
+        "`conda-meta/`, `lib/pythonX.Y/site-packages`, files hard-linked from `pkgs/`",
+        "state in `<prefix>/share/rocmfix`; the package cache is never written through; "
+        "revert removes only rocmfix's folder",
+        "test_installs.py",
+    ),
+    (
+        "`pip install --force-reinstall` or an upgrade over a patch",
+        "`stale` (`not-needed` for a release fixed upstream); apply patches again; revert "
+        "keeps the reinstalled file as shipped, leaves no dropped file, RECORD line or state",
+        "test_installs.py",
+    ),
+    (
+        "read-only state folder or `share/`; a root-owned prefix and an ordinary user; "
+        "`sudo rocmfix apply` on a user's prefix",
+        "one error line, exit 1, nothing written; what root creates belongs to the prefix's "
+        "owner, who can revert without root",
+        "test_installs.py",
+    ),
+    (
+        "target files with CRLF line ends, a BOM, a latin-1 coding cookie, tab indentation",
+        "the patched converted file is the converted patched file; revert gives the exact "
+        "converted bytes back",
+        "test_installs.py",
+    ),
+    (
+        "a tampered manifest, links where files should be, a target that no longer parses, "
+        "apply and revert racing",
+        "one error line, exit 1, nothing outside the targets and rocmfix's state touched",
+        "test_hostile.py, test_safety.py",
+    ),
+)
+
+
+def _installs_section() -> list[str]:
+    out = [
+        "## Other kinds of install",
+        "",
+        "The rows further down are plain `pip install`s of wheels. The CI suite also runs the",
+        "CLI with `--python` on the other ways these packages get installed, each with real",
+        "released files:",
+        "",
+        "| install | what is checked | tests/ |",
+        "|---|---|---|",
+    ]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in INSTALLS]
+    return out
+
+
+def render(
+    rows: Sequence[Row], sample: bool, seconds: float, jobs: int, fault_lines: Sequence[str]
+) -> str:
+    today = datetime.date.today().isoformat()
+    per_project = Counter(r.project for r in rows)
+    verdicts = Counter(v for r in rows for v, _ in r.verdicts.values())
+    failed = [r for r in rows if not r.ok]
+    out = [
+        "# Compatibility matrix",
+        "",
+        f"Generated by `python bench/compat_matrix.py{' --sample' if sample else ''}` on "
+        f"{today} with rocmfix {__version__} (Python {platform.python_version()}, "
+        f"{len(rows)} releases in {seconds / 60:.1f} min with --jobs {jobs}). "
+        "Do not edit by hand: run the script again.",
+        "",
+        "Every release gets a fresh environment with no torch (the verdicts of the vllm",
+        "patches from 0.11.1 on also depend on the target's torch: see the README) and goes",
+        "through the real CLI with `--python`: `status`; then, for each scheme, `apply`, a",
+        "compile of every written file by the target interpreter, a second `apply` that must",
+        "change no byte, and a `revert` that must give site-packages back byte for byte and",
+        "leave no state; with the first scheme, `apply --dry-run` must give a diff that",
+        "`patch -p1` applies to the same bytes; `status` at the end must read as at the start.",
+        "A release with nothing to apply must be left untouched by `apply` and `revert`.",
+        "vllm is checked from 0.8.0 (its three target files, `__init__.py` and its real",
+        "METADATA/RECORD, read out of the released wheel).",
+        "",
+        "## Summary",
+        "",
+        "| package | releases | oldest | newest | failures |",
+        "|---|---|---|---|---|",
+    ]
+    for project in PROJECTS:
+        mine = [r for r in rows if r.project == project]
+        if not mine:
+            continue
+        out.append(
+            f"| {project} | {per_project[project]} | {mine[0].version} | {mine[-1].version} | "
+            f"{sum(not r.ok for r in mine)} |"
+        )
+    out += ["", "| verdict (one per patch and release) | count |", "|---|---|"]
+    out += [f"| {verdict} | {count} |" for verdict, count in sorted(verdicts.items())]
+    out += ["", f"Failures: {len(failed)}."]
+    for row in failed:
+        out.append(f"- {row.project} {row.version}: {_cell('; '.join(row.failures))}")
+    out += ["", *_installs_section()]
+    if fault_lines:
+        out += [
+            "",
+            "## Fault injection",
+            "",
+            "`ROCMFIX_TEST_KILL_AT=N` makes the N-th write point of a run SIGKILL the process.",
+            "Each run below kills the command at its 1st, 2nd, ... write point until one",
+            "finishes; after each kill `status` must describe the bytes on disk truthfully,",
+            "every file must hold either its old or its new bytes (never a torn mix), and",
+            "`revert` (itself killed at each of its own write points first, `nested`) must give",
+            "site-packages back byte for byte. `switch` is `apply --scheme linear` over a gemm",
+            "apply. Bytes lost counts the bytes of pristine files that did not come back.",
+            "",
+            "```",
+            *fault_lines,
+            "```",
+        ]
+    for project in PROJECTS:
+        mine = [r for r in rows if r.project == project]
+        if not mine:
+            continue
+        ids = patches_of(project)
+        out += ["", f"## {project}", ""]
+        out.append("| version | " + " | ".join(ids) + " | round trip |")
+        out.append("|---" * (len(ids) + 2) + "|")
+        for row in mine:
+            cells = []
+            for pid in ids:
+                verdict, reason = row.verdicts.get(pid, ("(none)", ""))
+                cells.append(f"**{verdict}**: {_cell(reason)}" if reason else f"**{verdict}**")
+            trip = row.round_trip if row.ok else "FAILED: " + "; ".join(row.failures)
+            out.append(f"| {row.version} | " + " | ".join(cells) + f" | {_cell(trip)} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sample", action="store_true", help="a deterministic subset")
+    parser.add_argument("--jobs", type=int, default=1, help="releases checked at once")
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "compatibility.md")
+    parser.add_argument("--no-faults", action="store_true", help="skip the fault injection")
+    parser.add_argument("--only", action="append", choices=PROJECTS, default=[])
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="call the CLI in-process (in forked workers with --jobs): faster, no kills",
+    )
+    args = parser.parse_args(argv)
+    source = Path(tempfile.mkdtemp(prefix="rocmfix-source-"))
+    freeze_source(source)
+    try:
+        return _main(args)
+    finally:
+        _frozen.clear()
+        shutil.rmtree(source, ignore_errors=True)
+
+
+def _main(args: argparse.Namespace) -> int:
+
+    plan = make_plan(args.sample, args.only)
+    print(f"checking {len(plan)} releases with --jobs {args.jobs}", file=sys.stderr)
+    start = time.monotonic()
+
+    def progress(row: Row) -> None:
+        state = "ok" if row.ok else "FAILED: " + "; ".join(row.failures)
+        print(f"{row.project} {row.version}: {state} ({row.seconds:.0f} s)", file=sys.stderr)
+
+    rows = run_matrix(plan, args.jobs, progress=progress, in_process=args.in_process)
+    elapsed = time.monotonic() - start
+    fault_lines = [] if args.no_faults else fault_summaries()
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(render(rows, args.sample, elapsed, args.jobs, fault_lines))
+    failed = [r for r in rows if not r.ok]
+    faulty = [ln for ln in fault_lines if ln.startswith("fault") and "lost, 0 files" not in ln]
+    faulty += [ln for ln in fault_lines if ln.startswith("fault") and " 0 problems" not in ln]
+    print(
+        f"{len(rows)} releases, {len(failed)} failed, {len(set(faulty))} fault runs with "
+        f"problems; wrote {args.output}",
+        file=sys.stderr,
+    )
+    return 1 if failed or faulty else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The compatibility matrix (bench/compat_matrix.py) on its deterministic sample, in CI.
+
+The full matrix (every release; ``python bench/compat_matrix.py --jobs 2``) writes
+docs/compatibility.md and runs the CLI in a subprocess per call. Here the same checks run on
+the sample with the CLI called in-process (typer's test runner: the same argument parsing,
+engine and renderer, without an interpreter start per call) in two forked workers, to fit
+CI's time budget.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+import releases
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import compat_matrix
+
+pytestmark = pytest.mark.network
+
+
+def test_sample_is_deterministic_and_keeps_the_boundaries() -> None:
+    vllm = compat_matrix.sample_releases("vllm")
+    assert vllm == compat_matrix.sample_releases("vllm")
+    every_vllm = compat_matrix.all_releases("vllm")
+    assert len(vllm) >= 10
+    assert {"0.8.0", "0.11.0", "0.11.1", every_vllm[-1]} <= set(vllm)
+    assert min(vllm, key=Version) == "0.8.0"
+    # Every code era is represented by its first and last release.
+    for low in compat_matrix.VLLM_ERAS:
+        assert any(Version(v) >= Version(low) for v in vllm)
+
+    mineru = compat_matrix.sample_releases("mineru-vl-utils")
+    assert len(mineru) == compat_matrix.MINERU_SAMPLE_SIZE
+    newest = max(releases.releases("mineru-vl-utils"), key=Version)
+    assert {"0.1.0", "0.1.13", "0.1.14", newest} <= set(mineru)
+    assert mineru == compat_matrix.sample_releases("mineru-vl-utils")
+    assert compat_matrix.sample_releases("doclayout-yolo") == releases.releases("doclayout-yolo")
+
+
+def test_sample_has_no_failures(tmp_path: Path) -> None:
+    plan = compat_matrix.make_plan(sample=True)
+    rows = compat_matrix.run_matrix(plan, jobs=2, workdir=tmp_path, in_process=True)
+    failed = {f"{r.project} {r.version}": r.failures for r in rows if not r.ok}
+    assert not failed, failed
+    assert [(r.project, r.version) for r in rows] == plan
+
+    by_release = {(r.project, r.version): r for r in rows}
+    for row in rows:
+        assert set(row.verdicts) == set(compat_matrix.patches_of(row.project)), row
+    assert by_release["mineru-vl-utils", "0.1.13"].verdicts["mineru-tokenizer"][0] == "applicable"
+    assert by_release["mineru-vl-utils", "0.1.14"].verdicts["mineru-tokenizer"][0] == "not-needed"
+    assert by_release["mineru-vl-utils", "0.1.0"].verdicts["mineru-tokenizer"][0] == "not-needed"
+    assert by_release["vllm", "0.8.0"].verdicts["vllm-qwen3-vl"][0] == "not-needed"
+    assert by_release["vllm", "0.11.0"].round_trip == "ok (gemm, direct, linear)"
+    for row in rows:
+        if row.project == "doclayout-yolo":
+            assert row.round_trip == "ok (gemm, direct, linear)", row
+
+    report = compat_matrix.render(rows, sample=True, seconds=1.0, jobs=1, fault_lines=[])
+    assert "Failures: 0." in report
+    for project, version in plan:
+        assert f"\n| {version} | " in report.split(f"## {project}", 1)[1]
