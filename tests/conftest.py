@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -58,6 +59,58 @@ def run_cli(
         stdout=done.stdout.decode("utf-8", "replace"),
         stderr=done.stderr.decode("utf-8", "replace"),
         stdout_bytes=done.stdout,
+    )
+
+
+def run_cli_readonly(paths: list[Path], *args: str) -> Result:
+    """Run the CLI with ``paths`` read-only: a read-only bind mount in a private mount
+    namespace as root (root writes through permission bits), chmod otherwise."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    if os.geteuid() == 0:
+        assert shutil.which("unshare"), "running as root needs unshare(1) for read-only mounts"
+        script = (
+            'for p in $PATHS; do mount --bind "$p" "$p" && mount -o remount,bind,ro "$p" "$p" '
+            '|| exit 90; done; exec "$@"'
+        )
+        done = subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                sys.executable,
+                "-m",
+                "rocmfix",
+                *args,
+            ],
+            capture_output=True,
+            env={**full_env, "PATHS": " ".join(map(str, paths))},
+            cwd="/",
+            check=False,
+        )
+        assert done.returncode != 90, done.stderr
+    else:
+        modes = {p: p.stat().st_mode for p in paths}
+        for p in paths:
+            p.chmod(0o555)
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "rocmfix", *args],
+                capture_output=True,
+                env=full_env,
+                cwd="/",
+                check=False,
+            )
+        finally:
+            for p, mode in modes.items():
+                p.chmod(mode)
+    return Result(
+        done.returncode,
+        done.stdout.decode("utf-8", "replace"),
+        done.stderr.decode("utf-8", "replace"),
+        done.stdout,
     )
 
 

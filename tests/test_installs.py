@@ -34,6 +34,7 @@ from conftest import (
     InstalledEnv,
     Result,
     files_under,
+    run_cli_readonly,
 )
 
 pytestmark = pytest.mark.network
@@ -527,69 +528,17 @@ def test_upgrade_over_a_patch(mineru_env: Callable[[str], InstalledEnv]) -> None
 # ---------------------------------------------------------------------------- permissions
 
 
-def _readonly(paths: list[Path], args: list[str]) -> Result:
-    """Run the CLI with ``paths`` read-only: a read-only bind mount in a private mount
-    namespace as root (root writes through permission bits), chmod otherwise."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    if os.geteuid() == 0:
-        assert shutil.which("unshare"), "running as root needs unshare(1) for read-only mounts"
-        script = (
-            'for p in $PATHS; do mount --bind "$p" "$p" && mount -o remount,bind,ro "$p" "$p" '
-            '|| exit 90; done; exec "$@"'
-        )
-        done = subprocess.run(
-            [
-                "unshare",
-                "--mount",
-                "sh",
-                "-c",
-                script,
-                "sh",
-                sys.executable,
-                "-m",
-                "rocmfix",
-                *args,
-            ],
-            capture_output=True,
-            env={**full_env, "PATHS": " ".join(map(str, paths))},
-            cwd="/",
-            check=False,
-        )
-        assert done.returncode != 90, done.stderr
-    else:
-        modes = {p: p.stat().st_mode for p in paths}
-        for p in paths:
-            p.chmod(0o555)
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "rocmfix", *args],
-                capture_output=True,
-                env=full_env,
-                cwd="/",
-                check=False,
-            )
-        finally:
-            for p, mode in modes.items():
-                p.chmod(mode)
-    return Result(
-        done.returncode,
-        done.stdout.decode("utf-8", "replace"),
-        done.stderr.decode("utf-8", "replace"),
-        done.stdout,
-    )
-
-
 def test_readonly_state_folder(mineru_env: Callable[[str], InstalledEnv]) -> None:
     env = mineru_env("0.1.13")
     assert env.cli("apply").returncode == 0
     before = files_under(env.root)
     python = ["--python", str(env.python)]
 
-    status = _readonly([env.state], ["status", "--json", *python])
+    status = run_cli_readonly([env.state], "status", "--json", *python)
     assert _by_id(status)["mineru-tokenizer"]["verdict"] == "applied"
-    unchanged = _readonly([env.state], ["apply", *python])
+    unchanged = run_cli_readonly([env.state], "apply", *python)
     assert unchanged.returncode == 0, "nothing to do needs no write access"
-    refused = _readonly([env.state], ["revert", *python])
+    refused = run_cli_readonly([env.state], "revert", *python)
     assert refused.returncode == 1
     line = _one_error_line(refused.stderr)
     assert "cannot keep rocmfix's state in" in line
@@ -601,7 +550,7 @@ def test_readonly_share_folder_on_first_apply(mineru_env: Callable[[str], Instal
     env = mineru_env("0.1.13")
     (env.root / "share").mkdir()
     before = files_under(env.root)
-    refused = _readonly([env.root / "share"], ["apply", "--python", str(env.python)])
+    refused = run_cli_readonly([env.root / "share"], "apply", "--python", str(env.python))
     assert refused.returncode == 1
     assert "cannot keep rocmfix's state in" in _one_error_line(refused.stderr)
     assert files_under(env.root) == before

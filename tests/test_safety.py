@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import faults
-from conftest import ROOT, InstalledEnv, files_under, patch_p1, run_cli
+from conftest import ROOT, InstalledEnv, files_under, patch_p1, run_cli, run_cli_readonly
 
 pytestmark = pytest.mark.network
 PATCH = "mineru-tokenizer"
@@ -35,48 +35,10 @@ def _one_error_line(stderr: str) -> str:
 
 def test_readonly_site_packages(env: InstalledEnv) -> None:
     before = files_under(env.root)
-    if os.geteuid() == 0:
-        # root writes through permission bits, so make the directory truly read-only: a
-        # read-only bind mount in a private mount namespace.
-        if shutil.which("unshare") is None:
-            pytest.fail("running as root needs unshare(1) for a read-only mount")
-        site = str(env.site)
-        script = (
-            f'mount --bind {site} {site} && mount -o remount,bind,ro {site} {site} && exec "$@"'
-        )
-        done = subprocess.run(
-            [
-                "unshare",
-                "--mount",
-                "sh",
-                "-c",
-                script,
-                "sh",
-                sys.executable,
-                "-m",
-                "rocmfix",
-                "apply",
-                "--python",
-                str(env.python),
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
-            check=False,
-        )
-        returncode, stderr = done.returncode, done.stderr
-        expected = "read-only file system"
-    else:
-        target_dir = env.target.parent
-        target_dir.chmod(0o555)
-        try:
-            result = env.cli("apply")
-        finally:
-            target_dir.chmod(0o755)
-        returncode, stderr = result.returncode, result.stderr
-        expected = "not writable"
-    assert returncode == 1, stderr
-    line = _one_error_line(stderr)
+    result = run_cli_readonly([env.target.parent], "apply", "--python", str(env.python))
+    assert result.returncode == 1, result.stderr
+    line = _one_error_line(result.stderr)
+    expected = "read-only file system" if os.geteuid() == 0 else "not writable"
     assert expected in line
     assert "nothing was changed" in line
     assert files_under(env.root) == before, "nothing may be half-written"
