@@ -397,7 +397,10 @@ def status(env: Environment, patches: Sequence[Patch]) -> StatusReport:
     inspected = tuple(_inspect(env, p, manifest, interrupted, busy).status for p in patches)
     hint = None
     if all(s.verdict is Verdict.NOT_INSTALLED for s in inspected):
-        hint = default_python_hint()
+        hint = default_python_hint() or (
+            "none of the target packages is installed in this interpreter; point rocmfix at "
+            "the environment that runs MinerU with --python PATH"
+        )
     return StatusReport(
         environment=env,
         patches=inspected,
