@@ -40,10 +40,9 @@ def test_release_round_trip_every_scheme(
         text = source.decode()
         assert "from .g2l_crm_triton import dilated_conv2d as _rocmfix_dilated_conv2d" in text
         assert "act(bn(_rocmfix_dilated_conv2d(x, weight, dilation, padding)))" in text
-        assert (
-            "return act(bn(F.conv2d(x, weight, stride=1, padding=padding, dilation=dilation)))"
-            in text
-        )
+        # The CPU path keeps the release's own conv line, byte for byte.
+        stock = [line for line in env.original.decode().splitlines() if "F.conv2d(" in line]
+        assert len(stock) == 1 and stock[0] in text.splitlines()
         assert (env.site / DROP).read_bytes() == (
             ROOT / "templates" / TEMPLATES[scheme]
         ).read_bytes()
