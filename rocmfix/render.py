@@ -24,6 +24,7 @@ from rich.table import Table
 
 from . import __version__, doctor
 from . import tune as tune_mod
+from .checks import EnvWarning
 from .diffing import unified_diffs
 from .environment import Environment
 from .errors import RocmfixError
@@ -95,13 +96,17 @@ def status_table(report: StatusReport) -> None:
     for item in report.patches:
         for note in item.notes:
             console.print(f"  {item.patch.id}: {escape(note)}")
-    if report.warnings:
-        console.print("[bold yellow]Warnings[/]")
-        for warning in report.warnings:
-            console.print(f"  [yellow]{warning.code}[/]: {escape(warning.message)}")
-            console.print(f"    {escape(warning.advice)}", style="dim")
+    _warnings(console, report.warnings)
     if report.hint:
         _err().print(f"hint: {escape(report.hint)}")
+
+
+def _warnings(console: Console, warnings: Sequence[EnvWarning]) -> None:
+    if warnings:
+        console.print("[bold yellow]Warnings[/]")
+        for warning in warnings:
+            console.print(f"  [yellow]{warning.code}[/]: {escape(warning.message)}")
+            console.print(f"    {escape(warning.advice)}", style="dim")
 
 
 def next_step(report: StatusReport) -> None:
@@ -439,23 +444,20 @@ def doctor_table(report: doctor.DoctorReport) -> None:
             console.print(f"  all {len(op.cases)} shapes: {escape(totals)}")
         console.print(f"  {escape(op.why)}")
         console.print(f"  {escape(op.advice)}")
-    if report.warnings:
-        console.print("[bold yellow]Warnings[/]")
-        for warning in report.warnings:
-            console.print(f"  [yellow]{warning.code}[/]: {escape(warning.message)}")
-            console.print(f"    {escape(warning.advice)}", style="dim")
-    _doctor_failures(report)
+    _warnings(console, report.warnings)
+    _failures(report.failures, report.worker_log)
 
 
-def _doctor_failures(report: doctor.DoctorReport) -> None:
-    if report.ok:
+def _failures(failures: Sequence[str], worker_log: str) -> None:
+    """What went wrong in a doctor or tune run, with the end of the worker's own output."""
+    if not failures:
         return
     console = _err()
-    for line in report.failures:
+    for line in failures:
         console.print(f"[red]failed[/] {escape(line)}", highlight=False)
-    if report.worker_log.strip():
+    if worker_log.strip():
         console.print("worker output (last lines):", style="dim")
-        console.print(escape(report.worker_log.strip()[-1500:]), style="dim", highlight=False)
+        console.print(escape(worker_log.strip()[-1500:]), style="dim", highlight=False)
 
 
 def _measurement_json(m: doctor.Measurement, result: doctor.CaseResult) -> dict[str, Any]:
@@ -535,7 +537,7 @@ def doctor_document(report: doctor.DoctorReport) -> dict[str, Any]:
 
 def doctor_json(report: doctor.DoctorReport) -> None:
     sys.stdout.write(json.dumps(doctor_document(report), indent=2) + "\n")
-    _doctor_failures(report)
+    _failures(report.failures, report.worker_log)
 
 
 _FLAGS = ("tma", "persistent", "flatten", "epilogue_subtile", "taps_inner", "nhwc", "w_kmajor")
@@ -615,18 +617,7 @@ def tune_table(report: tune_mod.TuneReport) -> None:
         good = all(k.verified is not False for k in report.kernels)
         verdict = "[green]yes[/]" if good else "[red]no[/]"
         console.print(f"A fresh process's kernels resolve these configs: {verdict}")
-    _tune_failures(report)
-
-
-def _tune_failures(report: tune_mod.TuneReport) -> None:
-    if report.ok:
-        return
-    console = _err()
-    for line in report.failures:
-        console.print(f"[red]failed[/] {escape(line)}", highlight=False)
-    if report.worker_log.strip():
-        console.print("worker output (last lines):", style="dim")
-        console.print(escape(report.worker_log.strip()[-1500:]), style="dim", highlight=False)
+    _failures(report.failures, report.worker_log)
 
 
 def _candidate_json(c: tune_mod.Candidate | None) -> dict[str, Any] | None:
@@ -689,7 +680,7 @@ def tune_document(report: tune_mod.TuneReport) -> dict[str, Any]:
 
 def tune_json(report: tune_mod.TuneReport) -> None:
     sys.stdout.write(json.dumps(tune_document(report), indent=2) + "\n")
-    _tune_failures(report)
+    _failures(report.failures, report.worker_log)
 
 
 def tune_reset(path: str, removed: bool) -> None:
