@@ -15,6 +15,7 @@ Prints a short table last; with ``$OUT`` set (or ``--out``) writes ``patch_embed
 ``patch_embed.json`` and (with ``--sweep``) ``sweep.md`` there.
 
     python bench/patch_embed.py [--sweep] [--quick]
+    python bench/patch_embed.py --sweep-only --sweep-config JSON [--sweep-config JSON ...]
 """
 
 from __future__ import annotations
@@ -317,7 +318,9 @@ def rotating_graph_ms(fn: Callable[[int], Any], sets: int, calls: int = 8) -> fl
     return ms
 
 
-def run_sweep(gemm: ModuleType, dev: torch.device) -> list[dict]:
+def run_sweep(
+    gemm: ModuleType, dev: torch.device, configs: list[dict[str, Any]] | None = None
+) -> list[dict]:
     results: list[dict] = []
     data: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
     base: dict[str, float] = {}
@@ -340,7 +343,7 @@ def run_sweep(gemm: ModuleType, dev: torch.device) -> list[dict]:
         )
     )
     t_start = time.time()
-    for cfg in SWEEP_CONFIGS:
+    for cfg in configs or SWEEP_CONFIGS:
         if time.time() - t_start > SWEEP_BUDGET_S:
             print(f"  sweep budget of {SWEEP_BUDGET_S}s spent: skipping {cfg_name(cfg)}")
             continue
@@ -691,7 +694,19 @@ def main() -> int:
         metavar="JSON",
         help="also time the gemm with this config (JSON object; repeatable)",
     )
+    ap.add_argument(
+        "--sweep-config",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="sweep these configs instead of the built-in grid (JSON object; repeatable)",
+    )
+    ap.add_argument(
+        "--sweep-only", action="store_true", help="stop after the sweep (no bench or proofs)"
+    )
     args = ap.parse_args()
+    if args.sweep_config or args.sweep_only:
+        args.sweep = True
     if not torch.cuda.is_available():
         print("no GPU: nothing to benchmark")
         return 2
@@ -751,7 +766,7 @@ def main() -> int:
         extra.append((f"[{cfg_name(cfg)}]", cfg))
     if args.sweep:
         print("== sweep", flush=True)
-        sweep = run_sweep(gemm, dev)
+        sweep = run_sweep(gemm, dev, [json.loads(text) for text in args.sweep_config])
         result["sweep"] = sweep
         good = [r for r in sweep if r["geo_gratio"] > 0]
         for r in good[:2]:
@@ -764,7 +779,12 @@ def main() -> int:
             extra.append((f"[{ptr_rows[0]['name']}]", ptr_rows[0]["config"]))
         result["sweep_best"] = good[0]["config"] if good else None
         save()
-
+        if args.sweep_only:
+            print("== sweep (best first)")
+            print(sweep_table(sweep))
+            if out_dir is not None:
+                (out_dir / "sweep.md").write_text(sweep_table(sweep) + "\n")
+            return 0
     print("== bench", flush=True)
     rows = run_bench(mods, dev, extra, args.quick)
     result["bench"] = rows
