@@ -197,9 +197,7 @@ def cfg_name(cfg: dict[str, Any]) -> str:
             extra.append("sub")
     if cfg.get("GROUP_M", 8) != 8:
         extra.append(f"g{cfg['GROUP_M']}")
-    parts = cfg.get("M_PARTS", 1) if cfg.get("tma") else 1
-    rows = f"{cfg['BLOCK_M'] * parts}" + (f"({parts}x{cfg['BLOCK_M']})" if parts > 1 else "")
-    tile = f"{rows}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}"
+    tile = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}"
     return f"{kind} {tile} w{cfg['num_warps']} s{cfg['num_stages']} " + " ".join(extra)
 
 
@@ -443,7 +441,6 @@ def host_overhead(mods: dict[str, ModuleType], dev: torch.device) -> dict[str, f
             BLOCK_M=bm,
             BLOCK_N=bn,
             BLOCK_K=bk,
-            M_PARTS=1,
             GROUP_M=cfg["GROUP_M"],
             HAS_BIAS=False,
             UPCAST=False,

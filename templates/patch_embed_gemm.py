@@ -71,7 +71,6 @@ PATCH_EMBED_CONFIGS: dict[str, dict[str, Any]] = {
         "BLOCK_N": 128,
         "BLOCK_K": 32,
         "GROUP_M": 8,
-        "M_PARTS": 1,
         "num_warps": 4,
         "num_stages": 3,
         "tma": False,
@@ -95,9 +94,10 @@ PATCH_EMBED_CONFIGS: dict[str, dict[str, Any]] = {
         "matrix_instr_nonkdim": 16,
     },
     # H100/H200, measured on an H200 (docs/performance-patch-embed.md): TMA descriptors with
-    # hardware zero-fill of the K tail, persistent grid, flattened tile loop. The kernel is
-    # bound by L2->SM bandwidth, so the largest tile that fits (128x256) wins; 4 stages with a
-    # split epilogue measured within 2% but leaves only 3 KB of shared memory spare.
+    # hardware zero-fill of the K tail, persistent grid, flattened tile loop. 128x256 is the
+    # largest tile whose accumulator one m64n256 wgmma per warpgroup fills; taller tiles built
+    # from several accumulators halve the wgmma width and measured slower, despite fewer L2
+    # bytes. 4 stages with a split epilogue measured within 2% but leave 3 KB of shared memory.
     "sm_90": {
         "BLOCK_M": 128,
         "BLOCK_N": 256,
@@ -127,7 +127,6 @@ FP32_CONFIG: dict[str, Any] = {
 _POW2_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
 _INT_KEYS = (
     "GROUP_M",
-    "M_PARTS",
     "num_warps",
     "num_stages",
     "occupancy",
@@ -191,8 +190,6 @@ def validate_config(raw: Any, source: str) -> dict[str, Any]:
             ok = type(value) is int and value in (1, 2, 4, 8, 16)
         elif key in ("GROUP_M", "occupancy"):
             ok = type(value) is int and 1 <= value <= 64
-        elif key == "M_PARTS":
-            ok = type(value) is int and 1 <= value <= 3
         elif key in _INT_KEYS:
             ok = type(value) is int and 0 <= value <= 64
         elif key in _BOOL_KEYS:
@@ -422,31 +419,6 @@ if _HAS_TRITON:
         c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
-    @triton.jit
-    def _store_part(
-        c_desc,
-        acc,
-        bias_ptr,
-        off_m,
-        off_n,
-        N,
-        BLOCK_N: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        EPILOGUE_SUBTILE: tl.constexpr,
-    ):
-        if HAS_BIAS:
-            rn = off_n + tl.arange(0, BLOCK_N)
-            bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
-            acc = acc + bias.to(tl.float32)[None, :]
-        if EPILOGUE_SUBTILE:
-            # Two half-width stores halve the registers the 16-bit copy of the tile needs.
-            acc3 = tl.permute(tl.reshape(acc, (acc.shape[0], 2, BLOCK_N // 2)), (0, 2, 1))
-            acc0, acc1 = tl.split(acc3)
-            c_desc.store([off_m, off_n], acc0.to(c_desc.dtype))
-            c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(c_desc.dtype))
-        else:
-            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
-
     @triton.jit(do_not_specialize=["M", "NUM_PROGS"])
     def _gemm_tma_kernel(
         a_desc,
@@ -460,7 +432,6 @@ if _HAS_TRITON:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
-        M_PARTS: tl.constexpr,
         GROUP_M: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         UPCAST: tl.constexpr,
@@ -470,70 +441,36 @@ if _HAS_TRITON:
         # The TMA unit zero-fills out-of-range rows and the K tail, so no load needs a mask,
         # and clips the store to M. With NUM_PROGS < tiles this is a persistent kernel, and
         # FLATTEN lets the pipeliner prefetch the next tile's K steps during this epilogue.
-        # A tile is M_PARTS stacked BLOCK_M-row parts sharing each W slice: triton blocks are
-        # powers of two, and three 64-row accumulators (192 registers a thread at 8 warps) are
-        # the tallest tile that fits, raising FLOPs per byte of L2 traffic by 29% over 128 rows.
         pid = tl.program_id(0)
-        num_pid_m = (M + BLOCK_M * M_PARTS - 1) // (BLOCK_M * M_PARTS)
+        num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
         num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
         num_tiles = num_pid_m * num_pid_n
         k_tiles = (K + BLOCK_K - 1) // BLOCK_K
         for tile in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
             pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-            off_m = pid_m * (BLOCK_M * M_PARTS)
+            off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if M_PARTS > 1:
-                acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if M_PARTS > 2:
-                acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for ki in range(k_tiles):
                 off_k = ki * BLOCK_K
+                a = a_desc.load([off_m, off_k])
                 b = w_desc.load([off_n, off_k])
                 if UPCAST:
+                    a = a.to(tl.float32)
                     b = b.to(tl.float32)
-                bt = tl.trans(b)
-                a0 = a_desc.load([off_m, off_k])
-                if UPCAST:
-                    a0 = a0.to(tl.float32)
-                acc0 = tl.dot(a0, bt, acc0, input_precision="ieee")
-                if M_PARTS > 1:
-                    a1 = a_desc.load([off_m + BLOCK_M, off_k])
-                    if UPCAST:
-                        a1 = a1.to(tl.float32)
-                    acc1 = tl.dot(a1, bt, acc1, input_precision="ieee")
-                if M_PARTS > 2:
-                    a2 = a_desc.load([off_m + 2 * BLOCK_M, off_k])
-                    if UPCAST:
-                        a2 = a2.to(tl.float32)
-                    acc2 = tl.dot(a2, bt, acc2, input_precision="ieee")
-            _store_part(
-                c_desc, acc0, bias_ptr, off_m, off_n, N, BLOCK_N, HAS_BIAS, EPILOGUE_SUBTILE
-            )
-            if M_PARTS > 1:
-                _store_part(
-                    c_desc,
-                    acc1,
-                    bias_ptr,
-                    off_m + BLOCK_M,
-                    off_n,
-                    N,
-                    BLOCK_N,
-                    HAS_BIAS,
-                    EPILOGUE_SUBTILE,
-                )
-            if M_PARTS > 2:
-                _store_part(
-                    c_desc,
-                    acc2,
-                    bias_ptr,
-                    off_m + 2 * BLOCK_M,
-                    off_n,
-                    N,
-                    BLOCK_N,
-                    HAS_BIAS,
-                    EPILOGUE_SUBTILE,
-                )
+                acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+            if HAS_BIAS:
+                rn = off_n + tl.arange(0, BLOCK_N)
+                bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
+                acc = acc + bias.to(tl.float32)[None, :]
+            if EPILOGUE_SUBTILE:
+                # Two half-width stores halve the registers the bf16 copy of the tile needs.
+                acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+                acc0, acc1 = tl.split(acc3)
+                c_desc.store([off_m, off_n], acc0.to(c_desc.dtype))
+                c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(c_desc.dtype))
+            else:
+                c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
     _INTERPRETING = type(_gemm_ptr_kernel).__name__ == "InterpretedFunction"
 else:
@@ -577,7 +514,6 @@ class _Plan:
         "half",
         "occupancy",
         "opts",
-        "parts",
         "persistent",
         "tma",
     )
@@ -601,8 +537,6 @@ class _Plan:
         self.occupancy = int(cfg.get("occupancy", 1))
         self.half = bool(cfg.get("epilogue_subtile")) and self.bn >= 32
         self.flatten = bool(cfg.get("flatten"))
-        # Only the descriptor kernel stacks row parts; the pointer kernel uses BLOCK_M rows.
-        self.parts = int(cfg.get("M_PARTS", 1)) if tma else 1
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -636,9 +570,8 @@ def _launch(
     bm, bn, bk = plan.bm, plan.bn, plan.bk
     upcast = _INTERPRETING and a.dtype in (torch.bfloat16, torch.float16)
     bias_arg = bias if bias is not None else out
+    tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
     if plan.tma and _tma_ok(a) and _tma_ok(w) and _tma_ok(out):
-        tile_m = bm * plan.parts
-        tiles = ((M + tile_m - 1) // tile_m) * ((N + bn - 1) // bn)
         a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
         w_desc = _weight_descriptor(w, bn, bk)
         c_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2 if plan.half else bn])
@@ -657,7 +590,6 @@ def _launch(
             BLOCK_M=bm,
             BLOCK_N=bn,
             BLOCK_K=bk,
-            M_PARTS=plan.parts,
             GROUP_M=plan.group,
             HAS_BIAS=bias is not None,
             UPCAST=upcast,
@@ -666,7 +598,6 @@ def _launch(
             **plan.opts,
         )
         return
-    tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
     a_align = _row_align(a, a.stride(0))
     w_align = _row_align(w, w.stride(0))
     k_align = max(1, 16 // a.element_size())
