@@ -318,6 +318,11 @@ def rotating_graph_ms(fn: Callable[[int], Any], sets: int, calls: int = 8) -> fl
     return ms
 
 
+def graph_ms(fn: Callable[[], Any], calls: int = 8) -> float:
+    """Per-call kernel time of ``fn`` (one input set) under CUDA-graph replay."""
+    return rotating_graph_ms(lambda _: fn(), sets=1, calls=calls)
+
+
 def run_sweep(
     gemm: ModuleType, dev: torch.device, configs: list[dict[str, Any]] | None = None
 ) -> list[dict]:

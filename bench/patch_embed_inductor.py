@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -26,37 +25,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from patch_embed import graph_ms, load_template
 
-ROOT = Path(__file__).resolve().parent.parent
 K, N = 1176, 1280
-
-
-def load_gemm() -> Any:
-    path = ROOT / "templates" / "patch_embed_gemm.py"
-    spec = importlib.util.spec_from_file_location("rocmfix_template_gemm", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def graph_ms(fn: Callable[[], Any]) -> float:
-    import triton.testing
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(8):
-            fn()
-    ms = float(triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median"))
-    del graph
-    return ms / 8
 
 
 def compile_triton_only(w: torch.Tensor, x: torch.Tensor) -> tuple[Callable[..., Any], str]:
@@ -110,7 +81,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    gemm = load_gemm()
+    gemm = load_template("gemm")
     w = torch.randn(N, K, device=dev, dtype=torch.bfloat16) / K**0.5
     env = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import io
 import os
 import shutil
@@ -21,7 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 K, N = 1176, 1280
 METRICS = (
     "gpu__time_duration.sum",
@@ -39,13 +37,9 @@ def workload(m: int) -> None:
     """Two warm-up rounds, then the profiled round: F.linear, then the gemm kernel."""
     import torch
     import torch.nn.functional as F
+    from patch_embed import load_template
 
-    path = ROOT / "templates" / "patch_embed_gemm.py"
-    spec = importlib.util.spec_from_file_location("rocmfix_template_gemm", path)
-    assert spec is not None and spec.loader is not None
-    gemm = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = gemm
-    spec.loader.exec_module(gemm)
+    gemm = load_template("gemm")
     x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, N, device="cuda", dtype=torch.bfloat16)

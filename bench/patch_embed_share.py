@@ -17,7 +17,6 @@ Times are medians of CUDA-graph replays (kernel time, no host overhead) and of
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -29,44 +28,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from patch_embed import bench_ms, graph_ms, load_template
 
-ROOT = Path(__file__).resolve().parent.parent
 C, T, P, N = 3, 2, 14, 1280
 K = C * T * P * P
 DEPTH, HEADS, MLP = 32, 16, 5120
-
-
-def load_gemm() -> Any:
-    path = ROOT / "templates" / "patch_embed_gemm.py"
-    spec = importlib.util.spec_from_file_location("rocmfix_template_gemm", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def graph_ms(fn: Callable[[], Any]) -> float:
-    import triton.testing
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    ms = float(triton.testing.do_bench(graph.replay, warmup=5, rep=40, return_mode="median"))
-    del graph
-    return ms
-
-
-def eager_ms(fn: Callable[[], Any]) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median"))
 
 
 def main() -> int:
@@ -81,7 +47,7 @@ def main() -> int:
 
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    gemm = load_gemm()
+    gemm = load_template("gemm")
     dtype = torch.bfloat16
     layer = nn.TransformerEncoderLayer(
         N, HEADS, MLP, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
@@ -112,7 +78,7 @@ def main() -> int:
             }
             row: dict[str, Any] = {"M": m}
             for name, fn in cases.items():
-                row[f"{name} eager ms"] = eager_ms(fn)
+                row[f"{name} eager ms"] = bench_ms(fn, warmup=5, rep=40)
                 try:
                     row[f"{name} graph ms"] = graph_ms(fn)
                 except Exception as exc:  # noqa: BLE001 - keep the eager number
