@@ -25,9 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from patch_embed import graph_ms, load_template
-
-K, N = 1176, 1280
+from patch_embed import K, N, graph_ms, load_template
 
 
 def compile_triton_only(w: torch.Tensor, x: torch.Tensor) -> tuple[Callable[..., Any], str]:

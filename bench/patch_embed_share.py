@@ -28,10 +28,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from patch_embed import bench_ms, graph_ms, load_template
+from patch_embed import C, K, N, P, T, bench_ms, graph_ms, load_template
 
-C, T, P, N = 3, 2, 14, 1280
-K = C * T * P * P
 DEPTH, HEADS, MLP = 32, 16, 5120
 
 
