@@ -78,6 +78,7 @@ PATCH_EMBED_CONFIGS: dict[str, dict[str, Any]] = {
         "occupancy": 1,
         "epilogue_subtile": False,
         "flatten": False,
+        "pack_weight": True,
     },
     # RX 7900 XTX: the seed author's hand-tuned tile. Unmeasured here; AITER uses num_stages=1 on
     # RDNA (no async global->LDS copy), so `rocmfix tune` should A/B the stage count.
@@ -94,10 +95,11 @@ PATCH_EMBED_CONFIGS: dict[str, dict[str, Any]] = {
         "matrix_instr_nonkdim": 16,
     },
     # H100/H200, measured on an H200 (docs/performance-patch-embed.md): TMA descriptors with
-    # hardware zero-fill of the K tail, persistent grid, flattened tile loop. 128x256 is the
-    # largest tile whose accumulator one m64n256 wgmma per warpgroup fills; taller tiles built
-    # from several accumulators halve the wgmma width and measured slower, despite fewer L2
-    # bytes. 4 stages with a split epilogue measured within 2% but leave 3 KB of shared memory.
+    # hardware zero-fill of the K tail, persistent grid, flattened tile loop, and the weight's
+    # rows padded to 128 bytes (pack_weight, in "default"). 128x256 is the largest tile whose
+    # accumulator one m64n256 wgmma per warpgroup fills; taller tiles built from several
+    # accumulators halve the wgmma width and measured slower, despite fewer L2 bytes. 4 stages
+    # with a split epilogue measured within noise of this but leave 3 KB of shared memory.
     "sm_90": {
         "BLOCK_M": 128,
         "BLOCK_N": 256,
@@ -134,7 +136,7 @@ _INT_KEYS = (
     "matrix_instr_nonkdim",
     "kpack",
 )
-_BOOL_KEYS = ("tma", "persistent", "epilogue_subtile", "flatten")
+_BOOL_KEYS = ("tma", "persistent", "epilogue_subtile", "flatten", "pack_weight")
 _HIP_LAUNCH_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 CONFIG_KEYS = frozenset(_POW2_KEYS + _INT_KEYS + _BOOL_KEYS)
 
@@ -150,6 +152,11 @@ _plan_cache: dict[tuple[Any, ...], Any] = {}
 # so its address cannot be reused by another tensor while the entry lives.
 _w_desc_cache: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 _W_DESC_CACHE_SIZE = 8
+# Weights copied into rows padded to whole 128-byte lines, by (address, shape, strides, dtype,
+# device, version counter): see _packed_weight. Each entry holds its source tensor too.
+_packed_cache: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+_PACKED_CACHE_SIZE = 8
+PACK_ROW_BYTES = 128
 _warned: set[str] = set()
 
 
@@ -162,7 +169,7 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def clear_config_cache() -> None:
-    """Forget the parsed tuned file, env config and arch queries (for tests and ``tune``)."""
+    """Forget the parsed tuned file, env config, arch queries and packed weights."""
     with _lock:
         _tuned_cache.clear()
         _env_cache.clear()
@@ -172,6 +179,7 @@ def clear_config_cache() -> None:
         _resolved_cache.clear()
         _plan_cache.clear()
         _w_desc_cache.clear()
+        _packed_cache.clear()
         _warned.clear()
 
 
@@ -318,7 +326,13 @@ def _cc_major(device: torch.device) -> int:
     return major
 
 
+# "SMs" of a persistent grid in Triton's CPU interpreter.
+INTERPRETER_SM_COUNT = 4
+
+
 def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SM_COUNT
     index = device.index if device.index is not None else torch.cuda.current_device()
     count = _sm_count_cache.get(index)
     if count is None:
@@ -514,6 +528,7 @@ class _Plan:
         "half",
         "occupancy",
         "opts",
+        "pack",
         "persistent",
         "tma",
     )
@@ -533,10 +548,13 @@ class _Plan:
         else:
             tma = tma and _INTERPRETING
         self.tma = tma
-        self.persistent = bool(cfg.get("persistent")) and device.type == "cuda"
+        # The interpreter runs persistent grids too (over INTERPRETER_SM_COUNT "SMs"), so the
+        # CPU tests cover the persistent loop.
+        self.persistent = bool(cfg.get("persistent")) and (device.type == "cuda" or _INTERPRETING)
         self.occupancy = int(cfg.get("occupancy", 1))
         self.half = bool(cfg.get("epilogue_subtile")) and self.bn >= 32
         self.flatten = bool(cfg.get("flatten"))
+        self.pack = bool(cfg.get("pack_weight"))
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -544,6 +562,47 @@ def _tma_ok(t: torch.Tensor) -> bool:
     return (
         t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
     )
+
+
+def _packed_weight(w: torch.Tensor) -> torch.Tensor:
+    """``w`` with each row starting on a 128-byte line, copied once and cached.
+
+    K = 1176 makes 2352-byte rows, so every other row starts 16 bytes into a 32-byte L2 sector
+    and each 128-byte load of it touches five sectors instead of four. The weight is re-read
+    from L2 for every row block of x, and padding its rows measured 13-19% faster on an H200
+    for both kernels (docs/performance-patch-embed.md, item 11). x cannot be padded without
+    a copy per call. The pad columns are zeros and never read: shapes stay [N, K].
+
+    The key holds the tensor's version, so an in-place update through the tensor (``copy_``
+    under ``no_grad``, ``load_state_dict``) makes a fresh copy; writes through ``.data`` bypass
+    the counter, so call :func:`clear_config_cache` after one. Inference tensors keep no
+    version counter and are used as they are.
+    """
+    align = max(1, PACK_ROW_BYTES // w.element_size())
+    if w.stride(1) == 1 and w.stride(0) % align == 0 and w.data_ptr() % PACK_ROW_BYTES == 0:
+        return w
+    try:
+        version = int(w._version)
+    except RuntimeError:
+        return w
+    key = (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, w.device, version)
+    hit = _packed_cache.get(key)
+    if hit is not None:
+        return hit[1]
+    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+        # A copy recorded into a graph runs only at replay; an eager call before that would
+        # read an unwritten buffer. Use the weight as it is until the next eager call.
+        return w
+    rows, cols = w.shape
+    store = torch.zeros((rows, -(-cols // align) * align), dtype=w.dtype, device=w.device)
+    packed = store[:, :cols]
+    with torch.no_grad():
+        packed.copy_(w)
+    with _lock:
+        _packed_cache[key] = (w, packed)
+        while len(_packed_cache) > _PACKED_CACHE_SIZE:
+            _packed_cache.popitem(last=False)
+    return packed
 
 
 def _weight_descriptor(w: torch.Tensor, bn: int, bk: int) -> Any:
@@ -663,6 +722,8 @@ def _run(
     _check(a, w, bias)
     if w.dtype != a.dtype:
         w = w.to(a.dtype)
+    elif plan.pack and w.dim() == 2 and w.numel() > 0:
+        w = _packed_weight(w)
     if bias is not None and bias.dtype != a.dtype:
         bias = bias.to(a.dtype)
     shape = (a.shape[0], w.shape[0])

@@ -222,8 +222,8 @@ def test_kernels_run_in_interpreter(mods: dict[str, ModuleType]) -> None:
 
 
 def test_weight_modified_in_place_is_seen(mods: dict[str, ModuleType]) -> None:
-    # The kernels read the weight in place (no packed copy), so an in-place update such as a
-    # late weight load must show up in the very next call.
+    # gemm caches a row-padded copy of the weight: an in-place update such as a late weight
+    # load must still show up in the very next call.
     for scheme in SCHEMES:
         x, w, b = _inputs(5, 3, 2, 4, 24, torch.float32, True)
         first = mods[scheme].triton_conv3d_patchify(x, w, b)
@@ -233,6 +233,53 @@ def test_weight_modified_in_place_is_seen(mods: dict[str, ModuleType]) -> None:
             w[0].add_(1.0)
         second = mods[scheme].triton_conv3d_patchify(x, w, b)
         assert _rel_err(second, _reference(x, w, b)) < 1e-5, scheme
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemm_packs_weight_rows_to_128_bytes(gemm: ModuleType, dtype: torch.dtype) -> None:
+    # K = 1176 rows are 2352 bytes; the kernel must run on a cached copy whose rows start on
+    # 128-byte lines (the measured gain), and give the same result as with the raw weight.
+    x, w, b = _inputs(70, *MINERU, dtype, True)
+    ref = _reference(x, w, b)
+    a, w2 = x.reshape(70, -1), w.reshape(1280, -1)
+    out = _poisoned(70, 1280, dtype)
+    gemm.patchify_gemm(a, w2, b, out=out)
+    assert _rel_err(out, ref) < TOL[dtype]
+    (src, packed), *_ = gemm._packed_cache.values()
+    assert src.data_ptr() == w2.data_ptr()
+    assert packed.shape == w2.shape and torch.equal(packed, w2)
+    assert (packed.stride(0) * packed.element_size()) % 128 == 0
+    assert packed.stride(0) > w2.stride(0)
+    # The same weight again is a cache hit, not a second copy.
+    gemm.patchify_gemm(a, w2, b, out=out)
+    assert len(gemm._packed_cache) == 1
+    # pack_weight=False runs on the raw weight and caches nothing.
+    gemm.clear_config_cache()
+    out = _poisoned(70, 1280, dtype)
+    gemm.patchify_gemm(a, w2, b, config={"pack_weight": False}, out=out)
+    assert _rel_err(out, ref) < TOL[dtype] and not gemm._packed_cache
+
+
+def test_gemm_weight_write_through_data_needs_clear(gemm: ModuleType) -> None:
+    # .data writes bypass the version counter (vllm's default weight loader writes that way):
+    # clear_config_cache() is the documented way to drop the stale copy.
+    x, w, _ = _inputs(9, *MINERU, torch.float32, False)
+    a, w2 = x.reshape(9, -1), w.reshape(1280, -1)
+    gemm.patchify_gemm(a, w2)
+    w2.data.mul_(-1.0)
+    gemm.clear_config_cache()
+    assert _rel_err(gemm.patchify_gemm(a, w2), _reference(x, w, None)) < 1e-5
+
+
+def test_gemm_inference_tensor_weight_is_not_cached(gemm: ModuleType) -> None:
+    with torch.inference_mode():
+        x, w, _ = _inputs(9, *MINERU, torch.float32, False)
+        a, w2 = x.reshape(9, -1), w.reshape(1280, -1)
+        first = gemm.patchify_gemm(a, w2)
+        w2.mul_(2.0)
+        second = gemm.patchify_gemm(a, w2)
+    assert not gemm._packed_cache
+    assert _rel_err(second, 2.0 * first.double()) < 1e-5
 
 
 # ------------------------------------------------------------------------------ config
