@@ -197,6 +197,8 @@ def cfg_name(cfg: dict[str, Any]) -> str:
             extra.append("sub")
     if cfg.get("GROUP_M", 8) != 8:
         extra.append(f"g{cfg['GROUP_M']}")
+    if not cfg.get("pack_weight", True):
+        extra.append("unpacked")
     tile = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}"
     return f"{kind} {tile} w{cfg['num_warps']} s{cfg['num_stages']} " + " ".join(extra)
 
