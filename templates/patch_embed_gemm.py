@@ -79,8 +79,6 @@ PATCH_EMBED_CONFIGS: dict[str, dict[str, Any]] = {
         "epilogue_subtile": False,
         "flatten": False,
         "pack_weight": True,
-        "stream_k": False,
-        "sk_min_iters": 4,
     },
     # RX 7900 XTX: the seed author's hand-tuned tile. Unmeasured here; AITER uses num_stages=1 on
     # RDNA (no async global->LDS copy), so `rocmfix tune` should A/B the stage count.
@@ -137,9 +135,8 @@ _INT_KEYS = (
     "waves_per_eu",
     "matrix_instr_nonkdim",
     "kpack",
-    "sk_min_iters",
 )
-_BOOL_KEYS = ("tma", "persistent", "epilogue_subtile", "flatten", "pack_weight", "stream_k")
+_BOOL_KEYS = ("tma", "persistent", "epilogue_subtile", "flatten", "pack_weight")
 _HIP_LAUNCH_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 CONFIG_KEYS = frozenset(_POW2_KEYS + _INT_KEYS + _BOOL_KEYS)
 
@@ -329,7 +326,7 @@ def _cc_major(device: torch.device) -> int:
     return major
 
 
-# "SMs" of a persistent grid in Triton's CPU interpreter (tests vary it to move stream-K splits).
+# "SMs" of a persistent grid in Triton's CPU interpreter.
 INTERPRETER_SM_COUNT = 4
 
 
@@ -436,52 +433,16 @@ if _HAS_TRITON:
         c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
-    @triton.jit
-    def _tma_epilogue(
-        acc,
-        c_desc,
-        bias_ptr,
-        off_m,
-        off_n,
-        N,
-        BLOCK_N: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        EPILOGUE_SUBTILE: tl.constexpr,
-    ):
-        if HAS_BIAS:
-            rn = off_n + tl.arange(0, BLOCK_N)
-            bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
-            acc = acc + bias.to(tl.float32)[None, :]
-        if EPILOGUE_SUBTILE:
-            # Two half-width stores halve the registers the bf16 copy of the tile needs.
-            acc3 = tl.permute(tl.reshape(acc, (acc.shape[0], 2, BLOCK_N // 2)), (0, 2, 1))
-            acc0, acc1 = tl.split(acc3)
-            c_desc.store([off_m, off_n], acc0.to(c_desc.dtype))
-            c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(c_desc.dtype))
-        else:
-            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
-
-    @triton.jit
-    def _part_ptrs(part_ptr, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        # Built where used: held across the main loop, the offsets would take 128 registers.
-        rm = tl.arange(0, BLOCK_M)
-        rn = tl.arange(0, BLOCK_N)
-        return part_ptr + slot * (BLOCK_M * BLOCK_N) + rm[:, None] * BLOCK_N + rn[None, :]
-
-    @triton.jit(do_not_specialize=["M", "NUM_PROGS", "SK_TILES", "SK_IPP"])
+    @triton.jit(do_not_specialize=["M", "NUM_PROGS"])
     def _gemm_tma_kernel(
         a_desc,
         w_desc,
         c_desc,
         bias_ptr,
-        part_ptr,
-        flag_ptr,
         M,
         N,
         K,
         NUM_PROGS,
-        SK_TILES,
-        SK_IPP,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -490,7 +451,6 @@ if _HAS_TRITON:
         UPCAST: tl.constexpr,
         EPILOGUE_SUBTILE: tl.constexpr,
         FLATTEN: tl.constexpr,
-        STREAM_K: tl.constexpr,
     ):
         # The TMA unit zero-fills out-of-range rows and the K tail, so no load needs a mask,
         # and clips the store to M. With NUM_PROGS < tiles this is a persistent kernel, and
@@ -500,108 +460,31 @@ if _HAS_TRITON:
         num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
         num_tiles = num_pid_m * num_pid_n
         k_tiles = (K + BLOCK_K - 1) // BLOCK_K
-        if not STREAM_K:
-            for tile in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
-                pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-                off_m = pid_m * BLOCK_M
-                off_n = pid_n * BLOCK_N
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for ki in range(k_tiles):
-                    off_k = ki * BLOCK_K
-                    a = a_desc.load([off_m, off_k])
-                    b = w_desc.load([off_n, off_k])
-                    if UPCAST:
-                        a = a.to(tl.float32)
-                        b = b.to(tl.float32)
-                    acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-                _tma_epilogue(
-                    acc, c_desc, bias_ptr, off_m, off_n, N, BLOCK_N, HAS_BIAS, EPILOGUE_SUBTILE
-                )
-        else:
-            # Stream-K over the last partial wave: its SK_TILES tiles are split by K
-            # iteration, program p owning iterations [p * SK_IPP, (p + 1) * SK_IPP) of them
-            # (SK_IPP <= k_tiles, so at most two pieces: A in one tile, then B starting the
-            # next). Every SM then gets the same work instead of some idling through an extra
-            # tile time. A piece that stops short of its tile's end leaves an fp32 partial in
-            # part[p] and raises flag[p]; the program holding the tile's last iteration adds
-            # the lower programs' partials, always in the same order, and stores the tile.
-            # B runs first, so it is published before anyone waits; then one flat loop runs
-            # the whole tiles and A without draining the pipeline in between. The only wait
-            # is at the very end, on lower program ids, which are scheduled first. The partial
-            # stores stay out of the flat loop: inside it their layout change would need
-            # shared memory beside the pipeline's, and their barrier stops the pipelining.
-            dp_tiles = num_tiles - SK_TILES
-            n_dp = (dp_tiles - pid + NUM_PROGS - 1) // NUM_PROGS
-            dp_iters = n_dp * k_tiles
-            sk_total = SK_TILES * k_tiles
-            lo_it = min(pid * SK_IPP, sk_total)
-            hi_it = min(lo_it + SK_IPP, sk_total)
-            a_tile = lo_it // k_tiles
-            a_first = a_tile * k_tiles
-            a_end = min(hi_it, a_first + k_tiles)
-            n_b = hi_it - a_end
-            n_a = a_end - lo_it
+        for tile in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
+            pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if n_b > 0:
-                pid_m, pid_n = _tile_coords(dp_tiles + a_tile + 1, num_pid_m, num_pid_n, GROUP_M)
-                off_m = pid_m * BLOCK_M
-                off_n = pid_n * BLOCK_N
-                for ki in range(0, n_b):
-                    a = a_desc.load([off_m, ki * BLOCK_K])
-                    b = w_desc.load([off_n, ki * BLOCK_K])
-                    if UPCAST:
-                        a = a.to(tl.float32)
-                        b = b.to(tl.float32)
-                    acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-                tl.store(_part_ptrs(part_ptr, pid, BLOCK_M, BLOCK_N), acc)
-                # One thread raises the flag: the barrier first makes every warp's stores
-                # part of what its release publishes.
-                tl.debug_barrier()
-                tl.atomic_xchg(flag_ptr + pid, 1, sem="release")
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for j in range(0, dp_iters + n_a):
-                in_dp = j < dp_iters
-                tile = tl.where(in_dp, pid + (j // k_tiles) * NUM_PROGS, dp_tiles + a_tile)
-                ki = tl.where(in_dp, j % k_tiles, lo_it - a_first + j - dp_iters)
-                pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-                off_m = pid_m * BLOCK_M
-                off_n = pid_n * BLOCK_N
-                a = a_desc.load([off_m, ki * BLOCK_K])
-                b = w_desc.load([off_n, ki * BLOCK_K])
+            for ki in range(k_tiles):
+                off_k = ki * BLOCK_K
+                a = a_desc.load([off_m, off_k])
+                b = w_desc.load([off_n, off_k])
                 if UPCAST:
                     a = a.to(tl.float32)
                     b = b.to(tl.float32)
-                # Zeroed where a piece starts, before the dot: the compiler then turns this
-                # into the wgmma's own "no accumulator" flag instead of serialising the wgmmas.
-                if (ki == 0) | (j == dp_iters):
-                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-                if in_dp & (ki == k_tiles - 1):
-                    _tma_epilogue(
-                        acc, c_desc, bias_ptr, off_m, off_n, N, BLOCK_N, HAS_BIAS, EPILOGUE_SUBTILE
-                    )
-            if n_a > 0:
-                pid_m, pid_n = _tile_coords(dp_tiles + a_tile, num_pid_m, num_pid_n, GROUP_M)
-                off_m = pid_m * BLOCK_M
-                off_n = pid_n * BLOCK_N
-                if a_end == a_first + k_tiles:
-                    q = (lo_it - 1) // SK_IPP
-                    q_first = a_first // SK_IPP
-                    while (lo_it > a_first) & (q >= q_first):
-                        while tl.atomic_cas(flag_ptr + q, 1, 0, sem="acquire") != 1:
-                            pass
-                        # .cg: past this SM's L1, which another SM's writes do not reach.
-                        acc += tl.load(
-                            _part_ptrs(part_ptr, q, BLOCK_M, BLOCK_N), cache_modifier=".cg"
-                        )
-                        q -= 1
-                    _tma_epilogue(
-                        acc, c_desc, bias_ptr, off_m, off_n, N, BLOCK_N, HAS_BIAS, EPILOGUE_SUBTILE
-                    )
-                else:
-                    tl.store(_part_ptrs(part_ptr, pid, BLOCK_M, BLOCK_N), acc)
-                    tl.debug_barrier()
-                    tl.atomic_xchg(flag_ptr + pid, 1, sem="release")
+            if HAS_BIAS:
+                rn = off_n + tl.arange(0, BLOCK_N)
+                bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
+                acc = acc + bias.to(tl.float32)[None, :]
+            if EPILOGUE_SUBTILE:
+                # Two half-width stores halve the registers the bf16 copy of the tile needs.
+                acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+                acc0, acc1 = tl.split(acc3)
+                c_desc.store([off_m, off_n], acc0.to(c_desc.dtype))
+                c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(c_desc.dtype))
+            else:
+                c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
     _INTERPRETING = type(_gemm_ptr_kernel).__name__ == "InterpretedFunction"
 else:
@@ -647,8 +530,6 @@ class _Plan:
         "opts",
         "pack",
         "persistent",
-        "sk_min",
-        "stream_k",
         "tma",
     )
 
@@ -668,14 +549,12 @@ class _Plan:
             tma = tma and _INTERPRETING
         self.tma = tma
         # The interpreter runs persistent grids too (over INTERPRETER_SM_COUNT "SMs"), so the
-        # CPU tests reach the stream-K path.
+        # CPU tests cover the persistent loop.
         self.persistent = bool(cfg.get("persistent")) and (device.type == "cuda" or _INTERPRETING)
         self.occupancy = int(cfg.get("occupancy", 1))
         self.half = bool(cfg.get("epilogue_subtile")) and self.bn >= 32
         self.flatten = bool(cfg.get("flatten"))
         self.pack = bool(cfg.get("pack_weight"))
-        self.stream_k = bool(cfg.get("stream_k")) and self.persistent
-        self.sk_min = max(1, int(cfg.get("sk_min_iters", 4)))
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -756,33 +635,17 @@ def _launch(
         w_desc = _weight_descriptor(w, bn, bk)
         c_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2 if plan.half else bn])
         progs = tiles
-        sk_tiles = sk_ipp = 0
-        part = flags = out
         if plan.persistent:
-            slots = plan.occupancy * _sm_count(a.device)
-            progs = min(tiles, slots)
-            if plan.stream_k and tiles % slots:
-                # Stream-K over the last partial wave; see the kernel. The buffers depend on
-                # the shapes only, so CUDA-graph capture records them like any allocation.
-                k_tiles = (K + bk - 1) // bk
-                sk_tiles = tiles % slots
-                sk_ipp = max(-(-(sk_tiles * k_tiles) // slots), plan.sk_min)
-                progs = slots
-                part = torch.empty((progs, bm, bn), dtype=torch.float32, device=a.device)
-                flags = torch.zeros(progs, dtype=torch.int32, device=a.device)
+            progs = min(tiles, plan.occupancy * _sm_count(a.device))
         _gemm_tma_kernel[(progs,)](
             a_desc,
             w_desc,
             c_desc,
             bias_arg,
-            part,
-            flags,
             M,
             N,
             K,
             progs,
-            sk_tiles,
-            sk_ipp,
             BLOCK_M=bm,
             BLOCK_N=bn,
             BLOCK_K=bk,
@@ -791,7 +654,6 @@ def _launch(
             UPCAST=upcast,
             EPILOGUE_SUBTILE=plan.half,
             FLATTEN=plan.flatten,
-            STREAM_K=sk_tiles > 0,
             **plan.opts,
         )
         return
