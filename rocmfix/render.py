@@ -550,6 +550,8 @@ def _config_text(config: Mapping[str, Any] | None) -> str:
     tile = "x".join(str(config[k]) for k in keys if k in config)
     words = [tile, f"w{config.get('num_warps', '?')}", f"s{config.get('num_stages', '?')}"]
     words += sorted(k for k, v in config.items() if k in _FLAGS and v in (True, 1))
+    if config.get("pack_weight") is False:
+        words.append("unpacked")
     words += [
         f"{k}={v}"
         for k, v in sorted(config.items())

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rocmfix import tuned
 
 from conftest import ROOT, run_cli
@@ -205,3 +207,22 @@ def test_store_merges_replaces_corrupt_files_and_drops_lost_entries(tmp_path: Pa
     gone = tuned.store(path, [tuned.Entry("patch_embed_gemm", "sm_90", "", None)], {})
     assert gone.removed and not path.exists()
     assert sorted(p.name for p in path.parent.iterdir()) == []
+
+
+def test_rocm_grid_times_the_shipped_tile_without_the_packed_weight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The row-padded weight copy was measured on NVIDIA only: on ROCm, tune must time the
+    # shipped tile without it, and its table must tell the two candidates apart.
+    import torch
+
+    from rocmfix import render, worker
+
+    monkeypatch.setattr(worker, "torch", torch)  # the worker imports torch in its own process
+    ctx = worker.Context({}, channel=None, gpu=True)  # type: ignore[arg-type]
+    grid = worker.patch_embed_grid(ctx, {"backend": "hip", "arch": "gfx1100"})
+    assert {"pack_weight": False} in grid
+    shipped = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4}
+    packed = render._config_text({**shipped, "pack_weight": True})
+    unpacked = render._config_text({**shipped, "pack_weight": False})
+    assert "unpacked" in unpacked and "unpacked" not in packed
