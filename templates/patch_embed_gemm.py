@@ -20,6 +20,7 @@ tuned at inference time.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ import threading
 import types
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -96,20 +97,21 @@ PATCH_EMBED_CONFIGS: dict[str, dict[str, Any]] = {
     },
     # H100/H200, measured on an H200 (docs/performance-patch-embed.md): TMA descriptors with
     # hardware zero-fill of the K tail, persistent grid, flattened tile loop, and the weight's
-    # rows padded to 128 bytes (pack_weight, in "default"). 128x256 is the largest tile whose
-    # accumulator one m64n256 wgmma per warpgroup fills; taller tiles built from several
-    # accumulators halve the wgmma width and measured slower, despite fewer L2 bytes. 4 stages
-    # with a split epilogue measured within noise of this but leave 3 KB of shared memory.
+    # rows padded to 128 bytes (pack_weight, in "default"), 4 stages with a split epilogue.
+    # 128x256 is the largest tile whose accumulator one m64n256 wgmma per warpgroup fills;
+    # taller tiles built from several accumulators halve the wgmma width and measured slower,
+    # despite fewer L2 bytes. The 4 stages leave 3 KB of shared memory: a Triton that needs
+    # more drops to 3 stages (the previous shipped config) at the first launch.
     "sm_90": {
         "BLOCK_M": 128,
         "BLOCK_N": 256,
         "BLOCK_K": 64,
         "GROUP_M": 8,
         "num_warps": 8,
-        "num_stages": 3,
+        "num_stages": 4,
         "tma": True,
         "persistent": True,
-        "epilogue_subtile": False,
+        "epilogue_subtile": True,
         "flatten": True,
     },
 }
@@ -736,16 +738,37 @@ def _run(
             _launch(a, w, bias, out, plan)
         except _OUT_OF_RESOURCES as exc:
             # A tile config too big for this GPU or triton build (a tuned file from elsewhere,
-            # a compiler that needs more shared memory): fall back to the portable default.
+            # a compiler that needs more shared memory than the one measured): one stage less
+            # first, as long as that still pipelines, then the portable default. The plan
+            # that fits replaces the cached one, so later calls do not fail again.
             _warn_once(
-                f"oor:{plan.bm}x{plan.bn}x{plan.bk}",
-                f"rocmfix: patch-embed config does not fit ({exc}); using the default",
+                f"oor:{plan.bm}x{plan.bn}x{plan.bk}s{plan.opts['num_stages']}",
+                f"rocmfix: patch-embed config does not fit ({exc}); using a smaller one",
             )
-            safe = dict(PATCH_EMBED_CONFIGS["default"])
-            if a.dtype == torch.float32:
-                safe.update(FP32_CONFIG)
-            _launch(a, w, bias, out, _Plan(safe, a.device))
+            for smaller in _smaller_plans(plan, a):
+                try:
+                    _launch(a, w, bias, out, smaller)
+                except _OUT_OF_RESOURCES:
+                    continue
+                with _lock:
+                    key = (a.device, a.dtype)
+                    if _plan_cache.get(key) is plan:
+                        _plan_cache[key] = smaller
+                break
+            else:
+                raise
     return out
+
+
+def _smaller_plans(plan: _Plan, a: torch.Tensor) -> Iterator[_Plan]:
+    for stages in range(plan.opts["num_stages"] - 1, 1, -1):
+        smaller = copy.copy(plan)
+        smaller.opts = {**plan.opts, "num_stages": stages}
+        yield smaller
+    safe = dict(PATCH_EMBED_CONFIGS["default"])
+    if a.dtype == torch.float32:
+        safe.update(FP32_CONFIG)
+    yield _Plan(safe, a.device)
 
 
 def patchify_gemm(

@@ -523,6 +523,36 @@ def test_config_too_big_for_the_gpu_falls_back(
     assert _rel_err(out, _reference(x, w, b)) < 1e-5
 
 
+def test_too_many_stages_step_down_once(gemm: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sm_90 config leaves 3 KB of shared memory. A triton that needs more must land on one
+    # stage less (same tile, still pipelined), not on the portable default, and remember it.
+    if not gemm._OUT_OF_RESOURCES:
+        pytest.skip("this triton has no OutOfResources")
+    real = gemm._launch
+    stages: list[int] = []
+
+    def four_stages_do_not_fit(a: Any, w: Any, bias: Any, out: Any, plan: Any) -> None:
+        stages.append(plan.opts["num_stages"])
+        if plan.opts["num_stages"] >= 4:
+            raise gemm._OUT_OF_RESOURCES[0](235000, 232448, "shared memory")
+        real(a, w, bias, out, plan)
+
+    monkeypatch.setattr(gemm, "_launch", four_stages_do_not_fit)
+    monkeypatch.setenv(
+        "ROCMFIX_PATCH_EMBED_CONFIG",
+        json.dumps({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_stages": 4}),
+    )
+    gemm.clear_config_cache()
+    x, w, b = _inputs(70, 3, 2, 4, 24, torch.float32, True)
+    with pytest.warns(RuntimeWarning, match="does not fit"):
+        out = gemm.triton_conv3d_patchify(x, w, b)
+    assert _rel_err(out, _reference(x, w, b)) < 1e-5
+    assert stages == [4, 3]
+    out = gemm.triton_conv3d_patchify(x, w, b)
+    assert stages == [4, 3, 3], "the smaller plan was not kept"
+    assert _rel_err(out, _reference(x, w, b)) < 1e-5
+
+
 def test_missing_triton_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     for scheme in ("gemm", "direct"):
         monkeypatch.setitem(sys.modules, "triton", None)
