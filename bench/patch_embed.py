@@ -412,6 +412,8 @@ def host_overhead(mods: dict[str, ModuleType], dev: torch.device) -> dict[str, f
     cfg = gemm.resolve_config(dev)
     ptr_cfg = {**cfg, "tma": False}
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    half = bool(cfg.get("epilogue_subtile"))
+    bn_out = bn // 2 if half else bn
     op = getattr(torch.ops.rocmfix, gemm.OP_NAME)
     cases: dict[str, Callable[[], Any]] = {
         "F.linear": partial(F.linear, a, w),
@@ -430,12 +432,12 @@ def host_overhead(mods: dict[str, ModuleType], dev: torch.device) -> dict[str, f
         cases["3x TensorDescriptor.from_tensor"] = lambda: (
             desc_cls.from_tensor(a, [bm, bk]),
             desc_cls.from_tensor(w, [bn, bk]),
-            desc_cls.from_tensor(out, [bm, bn]),
+            desc_cls.from_tensor(out, [bm, bn_out]),
         )
         descs = (
             desc_cls.from_tensor(a, [bm, bk]),
             desc_cls.from_tensor(w, [bn, bk]),
-            desc_cls.from_tensor(out, [bm, bn]),
+            desc_cls.from_tensor(out, [bm, bn_out]),
         )
         tiles = triton_cdiv(m, bm) * triton_cdiv(N, bn)
         cases["raw TMA kernel launch"] = lambda: gemm._gemm_tma_kernel[(tiles,)](
@@ -451,7 +453,7 @@ def host_overhead(mods: dict[str, ModuleType], dev: torch.device) -> dict[str, f
             GROUP_M=cfg["GROUP_M"],
             HAS_BIAS=False,
             UPCAST=False,
-            EPILOGUE_SUBTILE=False,
+            EPILOGUE_SUBTILE=half,
             FLATTEN=bool(cfg.get("flatten")),
             num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"],
