@@ -571,14 +571,16 @@ def _packed_weight(w: torch.Tensor) -> torch.Tensor:
 
     K = 1176 makes 2352-byte rows, so every other row starts 16 bytes into a 32-byte L2 sector
     and each 128-byte load of it touches five sectors instead of four. The weight is re-read
-    from L2 for every row block of x, and padding its rows measured 13-19% faster on an H200
+    from L2 for every row block of x, and padding its rows measured 11-19% faster on an H200
     for both kernels (docs/performance-patch-embed.md, item 11). x cannot be padded without
     a copy per call. The pad columns are zeros and never read: shapes stay [N, K].
 
     The key holds the tensor's version, so an in-place update through the tensor (``copy_``
-    under ``no_grad``, ``load_state_dict``) makes a fresh copy; writes through ``.data`` bypass
-    the counter, so call :func:`clear_config_cache` after one. Inference tensors keep no
-    version counter and are used as they are.
+    under ``no_grad``, ``load_state_dict``) makes a fresh copy. Writes through ``.data`` bypass
+    the counter: vllm's weight loaders write that way, which is harmless at load time (before
+    the first forward), but code that reloads weights into a live model must call
+    :func:`clear_config_cache` afterwards. Inference tensors keep no version counter and are
+    used as they are.
     """
     align = max(1, PACK_ROW_BYTES // w.element_size())
     if w.stride(1) == 1 and w.stride(0) % align == 0 and w.data_ptr() % PACK_ROW_BYTES == 0:
