@@ -571,7 +571,7 @@ def _packed_weight(w: torch.Tensor) -> torch.Tensor:
 
     K = 1176 makes 2352-byte rows, so every other row starts 16 bytes into a 32-byte L2 sector
     and each 128-byte load of it touches five sectors instead of four. The weight is re-read
-    from L2 for every row block of x, and padding its rows measured 11-19% faster on an H200
+    from L2 for every row block of x, and padding its rows measured 11-23% faster on an H200
     for both kernels (docs/performance-patch-embed.md, item 11). x cannot be padded without
     a copy per call. The pad columns are zeros and never read: shapes stay [N, K].
 
