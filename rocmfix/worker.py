@@ -524,7 +524,7 @@ def patch_embed_grid(ctx: Context, info: dict[str, Any]) -> list[dict[str, Any]]
                 _gemm(128, 128, 64, 8, 2, waves_per_eu=2, **ptr),
                 _gemm(128, 128, 32, 8, 1, waves_per_eu=2, **ptr),
             ]
-        # The row-padded weight copy was measured on NVIDIA only (11-16% for the pointer
+        # The row-padded weight copy was measured on NVIDIA only (7-25% for the pointer
         # kernel): check that it pays on this GPU too, on the shipped tile.
         grid.append({"pack_weight": False})
         # 16x16 vs 32x32 MFMA exists on CDNA (gfx9xx) only; RDNA's WMMA has one shape.
