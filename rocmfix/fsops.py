@@ -1,8 +1,12 @@
-"""The only place rocmfix changes files on disk.
+"""The only place rocmfix changes files on disk, and the one way it reads files it did not
+just write.
 
-Every change is a whole-file atomic replace: a temporary file in the same directory,
-fsync, ``os.replace``, then fsync of the directory. A replace gives the target a new inode,
-so a file hard-linked from a uv or conda package cache is never written through.
+Every change is a whole-file atomic replace: a temporary file in the same directory, fsync,
+a last look at the file being replaced (it must still hold the bytes the run planned from),
+``os.replace``, then fsync of the directory. A replace gives the target a new inode, so a file
+hard-linked from a uv or conda package cache is never written through. New files and folders
+get modes from the folder they are made in, whatever the umask: readable by whoever can read
+that folder, writable by the owner.
 """
 
 from __future__ import annotations
@@ -11,28 +15,66 @@ import base64
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import signal
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 TEMP_TAG = ".rocmfix-"
 TEMP_SUFFIX = ".tmp"
+# The largest file rocmfix reads whole: a target module, a RECORD, a backup.
+READ_LIMIT = 64 << 20
 
-# Fault injection for the crash tests: the N-th write point of a run kills the process
-# with SIGKILL, the way a power cut or an OOM kill would. Unset in normal use.
-_KILL_AT_ENV = "ROCMFIX_TEST_KILL_AT"
+
+class NotRegularError(Exception):
+    """A path rocmfix would read is a link, a folder, a FIFO or a device, or is too large."""
+
+
+class ChangedError(OSError):
+    """A file changed between planning and its replacement: another program wrote it."""
+
+
+# ---------------------------------------------------------------------------- test hooks
+
+# Production code that only tests use: a JSON object that makes the N-th write point of a
+# run kill the process with SIGKILL (``kill_at``: a power cut, the OOM killer), fail with
+# EIO from then on (``fail_from``: a dying disk, so the rollback fails too), or append a line
+# to the file about to be replaced (``edit_at``: another program editing it mid-run). The
+# name says what it is; the CLI warns on stderr whenever it is set.
+TEST_HOOKS_ENV = "ROCMFIX_UNSAFE_TEST_HOOKS"
 _write_points = 0
 
 
-def write_point() -> None:
-    """Mark the moment before a change to disk; the crash tests stop the run here."""
+def test_hooks() -> dict[str, int]:
+    try:
+        raw = json.loads(os.environ.get(TEST_HOOKS_ENV) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def write_point(path: Path) -> None:
+    """Mark the moment before a change to ``path``; the fault tests act here."""
     global _write_points
     _write_points += 1
-    target = os.environ.get(_KILL_AT_ENV)
-    if target is not None and target.isdigit() and int(target) == _write_points:
+    hooks = test_hooks()
+    if not hooks:
+        return
+    if hooks.get("kill_at") == _write_points:
         os.kill(os.getpid(), signal.SIGKILL)
+    if hooks.get("edit_at") == _write_points and path.is_file():
+        with path.open("ab") as handle:
+            handle.write(b"# edited while rocmfix ran\n")
+    if 0 < hooks.get("fail_from", 0) <= _write_points:
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+
+
+# ---------------------------------------------------------------------------- reading
 
 
 def sha256(data: bytes) -> str:
@@ -43,6 +85,58 @@ def record_hash(data: bytes) -> str:
     """The digest as a wheel's RECORD writes it: urlsafe base64 without padding."""
     digest = hashlib.sha256(data).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def read_regular(path: Path, limit: int = READ_LIMIT) -> bytes | None:
+    """The bytes of the regular file at ``path``; None if nothing is there.
+
+    Never follows a link, never blocks on a FIFO, never reads a device or more than ``limit``
+    bytes: everything rocmfix did not just write is untrusted input.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularError(f"{path} is a symbolic link") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularError(f"{path} is not a regular file")
+        chunks = []
+        size = 0
+        while chunk := os.read(fd, 1 << 20):
+            size += len(chunk)
+            if size > limit:
+                raise NotRegularError(f"{path} is larger than {limit >> 20} MiB")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def digest_of(path: Path) -> str | None:
+    """The sha256 of the regular file at ``path``, None if absent (links are refused)."""
+    data = read_regular(path)
+    return None if data is None else sha256(data)
+
+
+def inside(path: Path, root: Path) -> bool:
+    """Whether ``path``'s folder, with every link in it resolved, is under ``root``'s: a
+    path that leaves through a linked folder is not."""
+    try:
+        return path.parent.resolve(strict=False).is_relative_to(root.resolve(strict=False))
+    except (OSError, RuntimeError):
+        return False
+
+
+# ---------------------------------------------------------------------------- writing
+
+# ``expect`` of atomic_write and remove: the sha256 the file must hold right before it is
+# replaced, None for "must not exist"; UNCHECKED skips the look.
+UNCHECKED: Any = object()
 
 
 def temp_glob(path: Path) -> str:
@@ -58,9 +152,32 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, like: os.stat_result | None = None) -> None:
-    """Replace ``path`` with ``data``; mode and owner come from ``like`` (the old file)."""
-    write_point()
+def _check(path: Path, expect: Any) -> None:
+    if expect is UNCHECKED:
+        return
+    try:
+        now = digest_of(path)
+    except NotRegularError as exc:
+        raise ChangedError(errno.EEXIST, str(exc), str(path)) from None
+    if now != expect:
+        raise ChangedError(errno.EEXIST, "changed by another program while rocmfix ran", str(path))
+
+
+def file_mode(folder: Path) -> int:
+    """A new file's mode in ``folder``: the owner writes; whoever can read the folder reads."""
+    try:
+        folder_mode = stat.S_IMODE(folder.stat().st_mode)
+    except OSError:
+        return 0o644
+    return 0o600 | (folder_mode & 0o044)
+
+
+def atomic_write(
+    path: Path, data: bytes, *, like: os.stat_result | None = None, expect: Any = UNCHECKED
+) -> None:
+    """Replace ``path`` with ``data``; mode and owner come from ``like`` (the old file), else
+    from the folder. ``expect``: what the file must hold at the moment of the replace."""
+    write_point(path)
     fd, tmp_name = tempfile.mkstemp(
         dir=path.parent, prefix=f".{path.name}{TEMP_TAG}", suffix=TEMP_SUFFIX
     )
@@ -78,11 +195,10 @@ def atomic_write(path: Path, data: bytes, *, like: os.stat_result | None = None)
                 with contextlib.suppress(PermissionError):
                     os.chown(tmp, like.st_uid, like.st_gid)
         else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
+            os.chmod(tmp, file_mode(path.parent))
             give_to_folder_owner(tmp)
-        write_point()
+        write_point(path)
+        _check(path, expect)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -102,22 +218,32 @@ def give_to_folder_owner(path: Path) -> None:
         os.chown(path, folder.st_uid, folder.st_gid, follow_symlinks=False)
 
 
-def make_dirs(path: Path) -> None:
-    """``mkdir -p``; each folder made is given to its parent folder's owner."""
+def make_dirs(path: Path) -> list[Path]:
+    """``mkdir -p``; each folder made is given its parent's owner and, whatever the umask,
+    its parent's read and search bits. Returns the folders it made, outermost first."""
     missing = []
-    while not path.exists():
+    while not path.exists() and not path.is_symlink():
         missing.append(path)
         path = path.parent
+    made = []
     for folder in reversed(missing):
         try:
             folder.mkdir()
         except FileExistsError:
             continue
+        try:
+            parent_mode = stat.S_IMODE(folder.parent.stat().st_mode)
+            os.chmod(folder, 0o700 | (parent_mode & 0o055))
+        except OSError:
+            pass
         give_to_folder_owner(folder)
+        made.append(folder)
+    return made
 
 
-def remove(path: Path) -> None:
-    write_point()
+def remove(path: Path, *, expect: Any = UNCHECKED) -> None:
+    write_point(path)
+    _check(path, expect)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     _fsync_dir(path.parent)
@@ -126,21 +252,26 @@ def remove(path: Path) -> None:
 def invalidate_pycache(path: Path) -> None:
     """Drop the bytecode of ``path`` so hash-checked or unchecked .pyc files cannot go stale."""
     cache = path.parent / "__pycache__"
-    if not cache.is_dir():
+    if not cache.is_dir() or cache.is_symlink():
         return
     for pyc in cache.glob(f"{path.stem}.*.pyc"):
         with contextlib.suppress(FileNotFoundError):
             pyc.unlink()
 
 
-def remove_temp_files(path: Path) -> list[Path]:
-    """Remove temporary files an interrupted write of ``path`` left behind."""
-    removed = []
-    if path.parent.is_dir():
-        for leftover in path.parent.glob(temp_glob(path)):
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
-                removed.append(leftover)
+def remove_temp_files(directory: Path) -> list[Path]:
+    """Remove what interrupted runs left in ``directory``: the temporary files of a write
+    (``.NAME.rocmfix-*.tmp``) or of a write-access probe (``.rocmfix-*.tmp``). Regular files
+    only; nothing is followed through a link."""
+    removed: list[Path] = []
+    if not directory.is_dir() or directory.is_symlink():
+        return removed
+    for pattern in (f".*{TEMP_TAG}*{TEMP_SUFFIX}", f"{TEMP_TAG}*{TEMP_SUFFIX}"):
+        for leftover in directory.glob(pattern):
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(leftover.lstat().st_mode) and leftover not in removed:
+                    leftover.unlink()
+                    removed.append(leftover)
     return removed
 
 
@@ -165,5 +296,7 @@ def unwritable_reason(directory: Path) -> str | None:
             return f"is not writable by this user (owned by {owner})"
         return exc.strerror or str(exc)
     os.close(fd)
-    os.unlink(name)
+    # Another run tidying this folder may have removed it already.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name)
     return None

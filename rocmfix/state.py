@@ -1,35 +1,45 @@
 """rocmfix's own record of an environment: the manifest, the backups and the lock.
 
 The state lives in the environment (``<prefix>/share/rocmfix``), so it goes where the
-environment goes and every user of the environment sees the same truth. Nothing read from
-it is trusted: paths are checked against what the patch declares, digests against the
-bytes they name.
+environment goes and every user of the environment sees the same truth. This module alone
+knows its layout. Nothing read from it is trusted: its folders and files must be what they
+claim (no links, no FIFOs, no devices, no files larger than a manifest can be), paths are
+checked against what the patches declare, digests against the bytes they name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import fsops
-from .errors import LockBusyError, ManifestError, RefusedError
+from .errors import LockBusyError, ManifestError, RefusedError, WriteError
 
 MANIFEST_SCHEMA = 1
 _SHA = re.compile(r"[0-9a-f]{64}")
+# A manifest names a few dozen files; anything far larger is not one rocmfix wrote.
+_MANIFEST_LIMIT = 4 << 20
+_HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
 
 
 @dataclass(frozen=True)
 class Drop:
+    """A dropped file: its path and digest, and the digest of the file it replaced under
+    ``--force`` (kept as a backup and restored by revert), if there was one."""
+
     path: str
     sha256: str
+    replaced: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,7 @@ def _entry(patch: str, raw: Any) -> Entry:
             Drop(
                 path=safe_relative(drop.get("path"), f"{patch} drop"),
                 sha256=_sha(drop.get("sha256"), f"{patch} drop digest"),
+                replaced=_sha_or_none(drop.get("replaced"), f"{patch} replaced digest"),
             )
         )
     return Entry(
@@ -172,6 +183,10 @@ def _pending(raw: Any) -> Pending | None:
 def parse_manifest(text: str, where: Path) -> Manifest:
     try:
         raw = json.loads(text)
+    except RecursionError:
+        raise ManifestError(
+            f"rocmfix's manifest {where} is nested too deeply", hint=_HINT
+        ) from None
     except ValueError as exc:
         raise ManifestError(
             f"rocmfix's manifest {where} is not valid JSON ({exc})",
@@ -208,7 +223,14 @@ def dump_manifest(manifest: Manifest, rocmfix_version: str) -> bytes:
             "original_sha256": e.original_sha256,
             "patched_sha256": e.patched_sha256,
             "backup": f"backups/{e.original_sha256}",
-            "drops": [{"path": d.path, "sha256": d.sha256} for d in e.drops],
+            "drops": [
+                {
+                    "path": d.path,
+                    "sha256": d.sha256,
+                    **({"replaced": d.replaced} if d.replaced else {}),
+                }
+                for d in e.drops
+            ],
             "record_updated": e.record_updated,
             "applied_at": e.applied_at,
         }
@@ -240,70 +262,151 @@ def dump_manifest(manifest: Manifest, rocmfix_version: str) -> bytes:
 
 
 class StateDir:
-    """``<prefix>/share/rocmfix``: manifest.json, backups/<sha256>, lock."""
+    """``<prefix>/share/rocmfix``: manifest.json, backups/<sha256>, lock, and ``made-share``
+    when rocmfix made ``<prefix>/share`` itself (so only then does it remove it)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, prefix: Path | None = None) -> None:
         self.root = root
+        self.prefix = prefix if prefix is not None else root.parent.parent
         self.manifest_path = root / "manifest.json"
         self.backups = root / "backups"
         self.lock_path = root / "lock"
+        self._made_share = root / "made-share"
+
+    # ------------------------------------------------------------------------ layout
+
+    def check_layout(self) -> None:
+        """Refuse state that leads out of the environment or is not what it claims to be."""
+        for folder in (self.root.parent, self.root, self.backups):
+            if folder.is_symlink():
+                raise ManifestError(
+                    f"{folder} is a symbolic link: rocmfix keeps its state in real folders "
+                    "and follows no link out of the environment",
+                    hint=_HINT,
+                )
+            if folder.exists() and not folder.is_dir():
+                raise ManifestError(f"{folder} is not a folder", hint=_HINT)
+        if not fsops.inside(self.root / "x", self.prefix):
+            raise ManifestError(f"{self.root} is outside the environment {self.prefix}")
+
+    def _read(self, path: Path, limit: int = fsops.READ_LIMIT) -> bytes | None:
+        try:
+            return fsops.read_regular(path, limit)
+        except fsops.NotRegularError as exc:
+            raise ManifestError(
+                f"rocmfix's state is not what it should be: {exc}", hint=_HINT
+            ) from None
+        except OSError as exc:
+            raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+    def _write(self, path: Path, data: bytes) -> None:
+        self.check_layout()
+        made = fsops.make_dirs(path.parent)
+        if self.root.parent in made:
+            fsops.atomic_write(self._made_share, b"")
+        fsops.atomic_write(path, data)
+
+    # ------------------------------------------------------------------------ manifest
 
     def load(self) -> Manifest:
-        try:
-            text = self.manifest_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        self.check_layout()
+        data = self._read(self.manifest_path, _MANIFEST_LIMIT)
+        if data is None:
             return Manifest()
+        try:
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise ManifestError(f"rocmfix's manifest {self.manifest_path} is not text") from None
         return parse_manifest(text, self.manifest_path)
 
     def save(self, manifest: Manifest, rocmfix_version: str) -> None:
         if not manifest.entries and manifest.pending is None:
+            self.check_layout()
             fsops.remove(self.manifest_path)
             return
-        fsops.make_dirs(self.root)
-        fsops.atomic_write(self.manifest_path, dump_manifest(manifest, rocmfix_version))
+        self._write(self.manifest_path, dump_manifest(manifest, rocmfix_version))
+
+    # ------------------------------------------------------------------------ backups
 
     def backup(self, data: bytes) -> str:
         """Keep a real copy of ``data`` (never a link into the package) under its digest."""
         digest = fsops.sha256(data)
         path = self.backups / digest
-        if path.is_file() and fsops.sha256(path.read_bytes()) == digest:
+        existing = self._read(path)
+        if existing is not None and fsops.sha256(existing) == digest:
             return digest
-        fsops.make_dirs(self.backups)
-        fsops.atomic_write(path, data)
+        self._write(path, data)
         return digest
 
     def read_backup(self, digest: str) -> bytes:
         path = self.backups / _sha(digest, "backup digest")
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        data = self._read(path)
+        if data is None:
             raise ManifestError(
                 f"the backup {path} is missing",
                 hint="reinstall the package to get its original files back "
                 "(pip install --force-reinstall --no-deps ...)",
-            ) from None
+            )
         if fsops.sha256(data) != digest:
             raise ManifestError(f"the backup {path} is corrupt (its digest does not match)")
         return data
 
     def prune_backups(self, keep: set[str]) -> None:
+        self.check_layout()
         if not self.backups.is_dir():
             return
         for path in self.backups.iterdir():
             # The folder is rocmfix's alone: anything but a kept backup is an old backup or
-            # the temporary file of a write that was interrupted.
-            if path.name not in keep and path.is_file():
-                with contextlib.suppress(FileNotFoundError):
+            # the temporary file of a write that was interrupted. Never a link's target.
+            with contextlib.suppress(OSError):
+                if path.name not in keep and stat.S_ISREG(path.lstat().st_mode):
                     path.unlink()
         with contextlib.suppress(OSError):
             self.backups.rmdir()
 
+    # ------------------------------------------------------------------------ tidying
+
+    def tidy(self) -> None:
+        """Leave no state behind once nothing is applied and nothing is pending: temporary
+        files of interrupted writes, old backups, the lock, the folders rocmfix made. Best
+        effort: what a failing disk keeps here, the next run removes."""
+        with contextlib.suppress(OSError):
+            self._tidy()
+
+    def _tidy(self) -> None:
+        try:
+            manifest = self.load()
+        except ManifestError:
+            return
+        # Where rocmfix writes its state, and where it probes for write access first.
+        for folder in (self.root, self.backups, self.root.parent, self.prefix):
+            fsops.remove_temp_files(folder)
+        if manifest.entries or manifest.pending is not None:
+            return
+        self.prune_backups(set())
+        made_share = self._made_share.is_file() and not self._made_share.is_symlink()
+        for path in (self.lock_path, self._made_share):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                if not path.is_dir() or path.is_symlink():
+                    path.unlink()
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
+            if made_share:
+                # An empty share/ the environment had before rocmfix came stays.
+                self.root.parent.rmdir()
+
+    # ------------------------------------------------------------------------ the lock
+
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the environment's lock; a second run fails at once instead of interleaving."""
-        fd = self._lock()
+        try:
+            fd = self._lock()
+        except OSError as exc:
+            raise WriteError(
+                f"nothing was changed: rocmfix could not take its lock in {self.root} "
+                f"({exc.strerror or exc})"
+            ) from None
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
@@ -311,20 +414,45 @@ class StateDir:
         finally:
             os.close(fd)
 
+    def _open_lock(self, flags: int) -> int:
+        """The lock file, never through a link, never a FIFO or a folder."""
+        try:
+            fd = os.open(
+                self.lock_path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644
+            )
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ManifestError(
+                    f"{self.lock_path} is a symbolic link; rocmfix will not open it", hint=_HINT
+                ) from None
+            if exc.errno == errno.EISDIR:
+                raise ManifestError(
+                    f"{self.lock_path} is a folder, not a lock", hint=_HINT
+                ) from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ManifestError(f"{self.lock_path} is not a regular file", hint=_HINT)
+        return fd
+
     def _lock(self) -> int:
         # A run that finishes with nothing left removes the lock file and the folder while it
         # holds the lock; a run that opened the file just before holds a lock on a file that
         # is gone and guards nothing. So make the folder and the file again if they vanish,
         # and keep a lock only on the file that is at the lock's path.
         for _ in range(100):
-            fsops.make_dirs(self.root)
+            self.check_layout()
+            made = fsops.make_dirs(self.root)
+            if self.root.parent in made:
+                fsops.atomic_write(self._made_share, b"")
             try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = self._open_lock(os.O_RDWR | os.O_CREAT)
             except FileNotFoundError:
                 continue
             try:
                 if self._take(fd):
                     fsops.give_to_folder_owner(self.lock_path)
+                    os.fchmod(fd, fsops.file_mode(self.root))
                     return fd
             except BaseException:
                 os.close(fd)
@@ -335,18 +463,31 @@ class StateDir:
             hint="wait for them to finish, then run the command again",
         )
 
+    def holder(self) -> str:
+        """The pid the lock file names (whoever holds it writes it there)."""
+        try:
+            fd = self._open_lock(os.O_RDONLY)
+        except (OSError, ManifestError):
+            return "unknown"
+        try:
+            return os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+
+    def busy_error(self) -> LockBusyError:
+        return LockBusyError(
+            f"another rocmfix run (pid {self.holder()}) is changing this environment",
+            hint="wait for it to finish, then run the command again",
+        )
+
     def _take(self, fd: int) -> bool:
         """Lock ``fd``; False if it is no longer the file at the lock's path."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            raise LockBusyError(
-                f"another rocmfix run (pid {holder}) is changing this environment",
-                hint="wait for it to finish, then run the command again",
-            ) from None
+            raise self.busy_error() from None
         try:
-            current = os.stat(self.lock_path)
+            current = os.stat(self.lock_path, follow_symlinks=False)
         except FileNotFoundError:
             return False
         held = os.fstat(fd)
@@ -355,8 +496,8 @@ class StateDir:
     def busy(self) -> bool:
         """Whether another process holds the lock right now (read-only: creates nothing)."""
         try:
-            fd = os.open(self.lock_path, os.O_RDONLY)
-        except OSError:
+            fd = self._open_lock(os.O_RDONLY)
+        except (OSError, ManifestError):
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

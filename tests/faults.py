@@ -1,8 +1,8 @@
 """Kill rocmfix at every write point and prove nothing is lost (shared by tests and bench).
 
-``ROCMFIX_TEST_KILL_AT=N`` makes the N-th ``fsops.write_point()`` of a run SIGKILL the
-process, the way a power cut or the OOM killer would. :func:`kill_loop` kills a command at
-its 1st, 2nd, ... write point until a run finishes, and after every kill checks that
+``ROCMFIX_UNSAFE_TEST_HOOKS={"kill_at": N}`` makes the N-th ``fsops.write_point()`` of a run
+SIGKILL the process, the way a power cut or the OOM killer would. :func:`kill_loop` kills a
+command at its 1st, 2nd, ... write point until a run finishes, and after every kill checks that
 
 * no file is torn: each file under site-packages holds its pristine bytes or the bytes of a
   finished run (never a third thing), and no temporary file is left once a run completes;
@@ -19,12 +19,13 @@ and ``json()``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KILL = "ROCMFIX_TEST_KILL_AT"
+HOOKS = "ROCMFIX_UNSAFE_TEST_HOOKS"
 SIGKILLED = -9
 # apply: from pristine to gemm; revert: from gemm to pristine; switch: gemm to linear.
 COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None, str | None]] = {
@@ -64,14 +65,21 @@ class Summary:
         nested = f", {self.nested_points} nested kills of revert" if self.nested_points else ""
         return (
             f"fault injection ({self.label}, {self.command}): {self.points} write points "
-            f"killed{nested}, {self.recovered}/{self.points} states recovered, "
+            f"{'failed from' if 'io-error' in self.label else 'killed'}{nested}, "
+            f"{self.recovered}/{self.points} states recovered, "
             f"{self.bytes_lost} bytes lost, {self.files_left} files left over, "
             f"{len(self.problems)} problems"
         )
 
 
-def _run(cli: Callable[..., Any], *args: str, kill: int | None = None) -> Any:
-    return cli(*args, env={KILL: str(kill)} if kill is not None else {})
+# How each fault shows: a SIGKILL at the write point, or EIO on every write from it on.
+FAULTS = {"kill": ("kill_at", SIGKILLED), "io-error": ("fail_from", 1)}
+
+
+def _run(cli: Callable[..., Any], *args: str, kill: int | None = None, fault: str = "kill") -> Any:
+    if kill is None:
+        return cli(*args, env={})
+    return cli(*args, env={HOOKS: json.dumps({FAULTS[fault][0]: kill})})
 
 
 def _check_state(
@@ -133,9 +141,13 @@ def kill_loop(
     label: str,
     nested: bool | Container[int] = False,
     max_points: int = 200,
+    fault: str = "kill",
 ) -> Summary:
-    """Kill ``command`` ("apply", "revert" or "switch") at each write point in turn."""
-    summary = Summary(label, command)
+    """Break ``command`` ("apply", "revert" or "switch") at each write point in turn: kill it
+    there (``fault="kill"``), or fail every write from there on with EIO (``"io-error"``, a
+    dying disk: the rollback fails too). After each, the state must read truthfully and a
+    plain revert must give every pristine byte back."""
+    summary = Summary(label if fault == "kill" else f"{label}, io-error", command)
     args, setup, _ = COMMANDS[command]
     pristine = snapshot(site)
     if state.exists():
@@ -157,13 +169,13 @@ def kill_loop(
         if setup is not None and _run(cli, *setup).returncode != 0:
             summary.problems.append(f"point {point}: setup {setup} failed")
             break
-        killed = _run(cli, *args, kill=point)
+        killed = _run(cli, *args, kill=point, fault=fault)
         if killed.returncode == 0:
             after = _check_state(cli, site, pristine, finished, f"after the last {command}")
             summary.problems += after
             break
-        where = f"{command} killed at point {point}"
-        if killed.returncode != SIGKILLED:
+        where = f"{command} {'killed' if fault == 'kill' else 'failing'} at point {point}"
+        if killed.returncode != FAULTS[fault][1]:
             summary.problems.append(f"{where}: exited {killed.returncode}: {killed.stderr[-300:]}")
             break
         summary.points += 1

@@ -17,7 +17,7 @@ import pytest
 
 import faults
 import releases
-from conftest import VLLM_TARGETS, Result, run_cli
+from conftest import VLLM_CONV, VLLM_TARGETS, Result, run_cli
 
 pytestmark = pytest.mark.network
 
@@ -29,7 +29,8 @@ NESTED = {15}
 
 def _env(root: Path, logs: Path) -> tuple[Callable[..., Result], Path, Path]:
     python = releases.make_venv(root)
-    site = releases.partial_install(python, "vllm", VERSION, [*VLLM_TARGETS, "vllm/__init__.py"])
+    members = [*VLLM_TARGETS, VLLM_CONV, "vllm/__init__.py"]
+    site = releases.partial_install(python, "vllm", VERSION, members)
 
     def cli(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> Result:
         full = {"XDG_CACHE_HOME": str(logs), **(env or {})}
@@ -42,19 +43,22 @@ def _env(root: Path, logs: Path) -> tuple[Callable[..., Result], Path, Path]:
 def summaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, faults.Summary]:
     base = tmp_path_factory.mktemp("faults")
 
-    def loop(command: str) -> faults.Summary:
-        cli, site, state = _env(base / command, base / f"logs-{command}")
+    def loop(run: str) -> faults.Summary:
+        command, fault = run.split(":")
+        cli, site, state = _env(base / f"{command}-{fault}", base / f"logs-{command}-{fault}")
         return faults.kill_loop(
             cli,
             site=site,
             state=state,
             command=command,
             label=f"vllm {VERSION}",
-            nested=NESTED,
+            nested=NESTED if fault == "kill" else False,
+            fault=fault,
         )
 
+    runs = ("apply:kill", "revert:kill", "apply:io-error", "revert:io-error")
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        done = dict(zip(("apply", "revert"), pool.map(loop, ("apply", "revert")), strict=True))
+        done = dict(zip(runs, pool.map(loop, runs), strict=True))
     for summary in done.values():
         print(summary.line())
     return done
@@ -64,12 +68,27 @@ def summaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, faults.Summ
 def test_killed_vllm_run_is_recovered_at_every_write_point(
     summaries: dict[str, faults.Summary], command: str
 ) -> None:
-    summary = summaries[command]
+    summary = summaries[f"{command}:kill"]
     assert not summary.problems, summary.problems
     # 3 targets and RECORD backed up, the journal, 5 files written, the final manifest:
     # every one a write point (two for each atomic replace).
     assert summary.points >= 20, summary.line()
     assert summary.recovered == summary.points
     assert summary.nested_points > 0, "the recovering revert was killed too"
+    assert summary.bytes_lost == 0
+    assert summary.files_left == 0
+
+
+@pytest.mark.parametrize("command", ["apply", "revert"])
+def test_io_errors_from_every_write_point_on_lose_nothing(
+    summaries: dict[str, faults.Summary], command: str
+) -> None:
+    """A disk that fails from one write on, the rollback's writes included: each run ends in
+    one error line, status tells the truth, and a revert once the disk is healthy brings back
+    every byte."""
+    summary = summaries[f"{command}:io-error"]
+    assert not summary.problems, summary.problems
+    assert summary.points >= 20, summary.line()
+    assert summary.recovered == summary.points
     assert summary.bytes_lost == 0
     assert summary.files_left == 0
