@@ -1,14 +1,15 @@
-"""Every release of the three target packages through rocmfix: ``docs/compatibility.md``.
+"""Every release of the target packages through rocmfix: ``docs/compatibility.md``.
 
-For each PyPI release of mineru-vl-utils and doclayout-yolo, and each vllm release from
-0.8.0 to the newest, this builds a fresh environment holding the released files (pip
-installs the small wheels; vllm's three target files, ``__init__.py`` and its real
-METADATA/WHEEL/RECORD come out of the 400 MB wheel by HTTP range requests, see
+For each PyPI release of mineru-vl-utils and doclayout-yolo, each vllm release from 0.8.0
+and each transformers release from 4.45.0 to the newest, this builds a fresh environment
+holding the released files (pip installs the small wheels; vllm's and transformers' target
+files, the files their verdicts read, the package ``__init__.py`` files and the real
+METADATA/WHEEL/RECORD come out of the wheel by HTTP range requests, see
 ``tests/releases.py``), then drives the real CLI against it with ``--python``:
 
 1. ``status --json``: every patch of the package gets a verdict and a reason; a fresh
    install must never be ``changed``, ``stale``, ``interrupted`` or ``applied``.
-2. For each scheme (vllm and doclayout-yolo: gemm, direct, linear; mineru-vl-utils has one
+2. For each scheme of the package's patches (the op registry's; mineru-vl-utils has one
    fixed rewrite): ``apply``, every applicable patch ``applied`` with that scheme; every
    written ``.py`` file compiles in the target interpreter; ``apply`` again is a no-op (every
    byte of site-packages and of rocmfix's manifest unchanged); ``revert`` gives site-packages
@@ -19,6 +20,9 @@ METADATA/WHEEL/RECORD come out of the 400 MB wheel by HTTP range requests, see
 5. A release with nothing to apply: ``apply`` and ``revert`` write nothing, create no state.
 
 Any exit code 3 (an internal error) is a failure, reported with the last line of its log.
+
+Each MinerU release from 2.0.0 gets a row of which targets its code runs (read with
+``rocmfix.mineru``, the reading ``status`` does, from the released wheel).
 
     python bench/compat_matrix.py [--sample] [--jobs N] [--output docs/compatibility.md]
                                   [--no-faults] [--only PROJECT]
@@ -46,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,11 +70,16 @@ from rocmfix.registry import all_patches  # noqa: E402
 import faults  # noqa: E402
 import releases  # noqa: E402
 
-PROJECTS = ("mineru-vl-utils", "doclayout-yolo", "vllm")
-VLLM_OLDEST = Version("0.8.0")
+PROJECTS = ("mineru-vl-utils", "doclayout-yolo", "vllm", "transformers")
+OLDEST = {"vllm": Version("0.8.0"), "transformers": Version("4.45.0"), "mineru": Version("2.0.0")}
+# Packages too big to install whole: their patched files are read out of the wheel.
+PARTIAL = ("vllm", "transformers")
 # Where the vllm patch-embed code changes shape or its surroundings change (see
 # /work/shared/notes/targets.md): the sample takes the first and last release of each era.
 VLLM_ERAS = ("0.8.0", "0.9.0", "0.11.1", "0.14.0", "0.19.0", "0.28.0")
+# transformers: Qwen2-VL arrives, Qwen2.5-VL, the Qwen3-VL/GLM-4V files, the 5.x line.
+TRANSFORMERS_ERAS = ("4.45.0", "4.49.0", "4.57.0", "5.0.0")
+MINERU_SAMPLE = ("2.0.0", "2.5.4", "2.7.6", "3.0.0")
 MINERU_BOUNDARY = ("0.1.0", "0.1.1", "0.1.13", "0.1.14")
 MINERU_SAMPLE_SIZE = 12
 OK_VERDICTS = {"applicable", "not-needed", "unsupported"}
@@ -96,14 +106,33 @@ def schemes_of(project: str) -> list[str | None]:
 
 
 def target_files(project: str) -> list[str]:
-    return sorted({p.path for p in PATCHES if p.distribution == project})
+    """The files a project's patches rewrite or read, and the packages that hold them."""
+    files = {f for p in PATCHES if p.distribution == project for f in (p.path, *p.related)}
+    packages = {
+        "/".join(f.split("/")[:depth]) + "/__init__.py"
+        for f in files
+        for depth in range(1, f.count("/") + 1)
+    }
+    return sorted(files | packages)
 
 
 def all_releases(project: str) -> list[str]:
     found = releases.releases(project)
-    if project == "vllm":
-        found = [v for v in found if Version(v) >= VLLM_OLDEST]
+    if project in OLDEST:
+        found = [v for v in found if Version(v) >= OLDEST[project]]
     return sorted(found, key=Version)
+
+
+def _eras(every: list[str], eras: Sequence[str]) -> list[str]:
+    """The first and last release of each era."""
+    bounds = [Version(v) for v in eras] + [Version("9999")]
+    picked: list[str] = []
+    for low, high in itertools.pairwise(bounds):
+        era = [v for v in every if low <= Version(v) < high]
+        for v in (era[:1] + era[-1:]) if era else []:
+            if v not in picked:
+                picked.append(v)
+    return sorted(picked, key=Version)
 
 
 def sample_releases(project: str) -> list[str]:
@@ -112,14 +141,11 @@ def sample_releases(project: str) -> list[str]:
     if project == "doclayout-yolo":
         return every
     if project == "vllm":
-        bounds = [Version(v) for v in VLLM_ERAS] + [Version("9999")]
-        picked: list[str] = []
-        for low, high in itertools.pairwise(bounds):
-            era = [v for v in every if low <= Version(v) < high]
-            for v in (era[:1] + era[-1:]) if era else []:
-                if v not in picked:
-                    picked.append(v)
-        return sorted(picked, key=Version)
+        return _eras(every, VLLM_ERAS)
+    if project == "transformers":
+        return _eras(every, TRANSFORMERS_ERAS)
+    if project == "mineru":
+        return sorted({v for v in MINERU_SAMPLE if v in every} | {every[-1]}, key=Version)
     chosen = {v for v in MINERU_BOUNDARY if v in every} | {every[-1]}
     step = 0
     while len(chosen) < min(MINERU_SAMPLE_SIZE, len(every)):
@@ -176,7 +202,7 @@ def cli_runner(python: Path, scratch: Path) -> Callable[..., Call]:
         "COLUMNS": "200",
         "XDG_CACHE_HOME": str(scratch / "xdg-cache"),
     }
-    base_env.pop("ROCMFIX_TEST_KILL_AT", None)
+    base_env.pop("ROCMFIX_UNSAFE_TEST_HOOKS", None)
 
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> Call:
         done = subprocess.run(
@@ -263,10 +289,9 @@ def build_env(project: str, version: str, workdir: Path) -> Env:
     """A fresh virtual environment holding ``project`` ``version`` as pip lays it out."""
     root = workdir / "env"
     python = releases.make_venv(root)
-    if project == "vllm":
-        members = [*target_files(project), "vllm/__init__.py"]
+    if project in PARTIAL:
         with _download_lock:
-            site = releases.partial_install(python, project, version, members)
+            site = releases.partial_install(python, project, version, target_files(project))
     else:
         with _download_lock:
             wheel = releases.wheel(project, version)
@@ -464,37 +489,103 @@ def make_plan(sample: bool, only: Sequence[str] = ()) -> list[tuple[str, str]]:
     return [(p, v) for p in PROJECTS if not only or p in only for v in pick(p)]
 
 
+# ---------------------------------------------------------------------------- MinerU
+
+
+@dataclass
+class MinerURow:
+    """What one MinerU release's code was found to run: per patch, the evidence or None."""
+
+    version: str
+    uses: dict[str, str | None] = field(default_factory=dict)
+    failure: str | None = None
+
+
+def mineru_patches() -> list[Any]:
+    """The patches whose targets some MinerU may run (a table column each)."""
+    return [p for p in PATCHES if p.mineru is not None and not p.mineru.never]
+
+
+def check_mineru(version: str) -> MinerURow:
+    """Read one released MinerU wheel the way ``status`` reads an installed MinerU."""
+    from rocmfix import mineru
+
+    row = MinerURow(version)
+    try:
+        with _download_lock:
+            wheel = releases.wheel("mineru", version)
+        with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as archive:
+            for name in archive.namelist():
+                if name.startswith("mineru/") and name.endswith(".py"):
+                    archive.extract(name, tmp)
+            found = mineru.scan([Path(tmp)], PATCHES)
+        row.uses = {p.id: found.shows(p.mineru) for p in mineru_patches()}
+    except Exception as exc:  # noqa: BLE001 - every release gets a row, whatever broke
+        row.failure = f"{type(exc).__name__}: {exc}"
+    return row
+
+
+def mineru_rows(sample: bool, jobs: int = 1) -> list[MinerURow]:
+    versions = (sample_releases if sample else all_releases)("mineru")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(check_mineru, versions))
+
+
+def _mineru_section(rows: Sequence[MinerURow]) -> list[str]:
+    columns = mineru_patches()
+    out = [
+        "## mineru",
+        "",
+        "Which targets each MinerU release runs, read from its code as `status` reads an",
+        "installed MinerU: a target it never runs reads `not-needed` in an environment that",
+        "holds this MinerU (unless named with `--only`).",
+        "",
+        "| version | " + " | ".join(p.id for p in columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
+    ]
+    for row in rows:
+        if row.failure:
+            out.append(f"| {row.version} | FAILED: {_cell(row.failure)} |")
+            continue
+        cells = [f"runs it ({row.uses[p.id]})" if row.uses[p.id] else "-" for p in columns]
+        out.append(f"| {row.version} | " + " | ".join(cells) + " |")
+    return out
+
+
 # ---------------------------------------------------------------------------- faults
 
 
 def fault_summaries(workdir: Path | None = None) -> list[str]:
     """Kill apply, revert and a scheme switch at every write point on vllm releases with
-    three targets; on the first, also kill every recovering revert at each of its points."""
+    three targets; on the first, also kill every recovering revert at each of its points, and
+    fail every write with EIO from each write point on."""
     lines = []
     base = Path(tempfile.mkdtemp(prefix="rocmfix-faults-", dir=workdir))
     versions = [("0.11.0", True), (all_releases("vllm")[-1], False)]
     try:
-        for version, nested in versions:
-            for command in ("apply", "revert", "switch"):
-                scratch = base / f"vllm-{version}-{command}"
-                scratch.mkdir()
-                label = f"vllm {version}"
-                try:
-                    env = build_env("vllm", version, scratch)
-                    summary = faults.kill_loop(
-                        cli_runner(env.python, scratch),
-                        site=env.site,
-                        state=env.state,
-                        command=command,
-                        label=label,
-                        nested=nested,
-                    )
-                    lines.append(summary.line())
-                    lines += [f"    problem: {p}" for p in summary.problems[:10]]
-                except Failure as exc:
-                    lines.append(f"fault injection ({label}, {command}): FAILED: {exc}")
-                print(lines[-1], file=sys.stderr)
-                shutil.rmtree(scratch, ignore_errors=True)
+        runs = [(v, n, c, "kill") for v, n in versions for c in ("apply", "revert", "switch")]
+        runs += [(versions[0][0], False, c, "io-error") for c in ("apply", "revert", "switch")]
+        for version, nested, command, fault in runs:
+            scratch = base / f"vllm-{version}-{command}-{fault}"
+            scratch.mkdir()
+            label = f"vllm {version}"
+            try:
+                env = build_env("vllm", version, scratch)
+                summary = faults.kill_loop(
+                    cli_runner(env.python, scratch),
+                    site=env.site,
+                    state=env.state,
+                    command=command,
+                    label=label,
+                    nested=nested,
+                    fault=fault,
+                )
+                lines.append(summary.line())
+                lines += [f"    problem: {p}" for p in summary.problems[:10]]
+            except Failure as exc:
+                lines.append(f"fault injection ({label}, {command}): FAILED: {exc}")
+            print(lines[-1], file=sys.stderr)
+            shutil.rmtree(scratch, ignore_errors=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return lines
@@ -575,7 +666,12 @@ def _installs_section() -> list[str]:
 
 
 def render(
-    rows: Sequence[Row], sample: bool, seconds: float, jobs: int, fault_lines: Sequence[str]
+    rows: Sequence[Row],
+    sample: bool,
+    seconds: float,
+    jobs: int,
+    fault_lines: Sequence[str],
+    minerus: Sequence[MinerURow] = (),
 ) -> str:
     today = datetime.date.today().isoformat()
     per_project = Counter(r.project for r in rows)
@@ -597,7 +693,8 @@ def render(
         "leave no state; with the first scheme, `apply --dry-run` must give a diff that",
         "`patch -p1` applies to the same bytes; `status` at the end must read as at the start.",
         "A release with nothing to apply must be left untouched by `apply` and `revert`.",
-        "vllm is checked from 0.8.0 (its three target files, `__init__.py` and its real",
+        "vllm is checked from 0.8.0 and transformers from 4.45.0 (their target files, the",
+        "files the verdicts read, the package `__init__.py` files and the real",
         "METADATA/RECORD, read out of the released wheel).",
         "",
         "## Summary",
@@ -613,6 +710,11 @@ def render(
             f"| {project} | {per_project[project]} | {mine[0].version} | {mine[-1].version} | "
             f"{sum(not r.ok for r in mine)} |"
         )
+    if minerus:
+        out.append(
+            f"| mineru (which targets it runs) | {len(minerus)} | {minerus[0].version} | "
+            f"{minerus[-1].version} | {sum(r.failure is not None for r in minerus)} |"
+        )
     out += ["", "| verdict (one per patch and release) | count |", "|---|---|"]
     out += [f"| {verdict} | {count} |" for verdict, count in sorted(verdicts.items())]
     out += ["", f"Failures: {len(failed)}."]
@@ -624,7 +726,8 @@ def render(
             "",
             "## Fault injection",
             "",
-            "`ROCMFIX_TEST_KILL_AT=N` makes the N-th write point of a run SIGKILL the process.",
+            '`ROCMFIX_UNSAFE_TEST_HOOKS={"kill_at": N}` makes the N-th write point of a run',
+            "SIGKILL the process.",
             "Each run below kills the command at its 1st, 2nd, ... write point until one",
             "finishes; after each kill `status` must describe the bytes on disk truthfully,",
             "every file must hold either its old or its new bytes (never a torn mix), and",
@@ -636,6 +739,8 @@ def render(
             *fault_lines,
             "```",
         ]
+    if minerus:
+        out += ["", *_mineru_section(minerus)]
     for project in PROJECTS:
         mine = [r for r in rows if r.project == project]
         if not mine:
@@ -687,11 +792,13 @@ def _main(args: argparse.Namespace) -> int:
         print(f"{row.project} {row.version}: {state} ({row.seconds:.0f} s)", file=sys.stderr)
 
     rows = run_matrix(plan, args.jobs, progress=progress, in_process=args.in_process)
+    minerus = mineru_rows(args.sample, args.jobs) if not args.only else []
     elapsed = time.monotonic() - start
     fault_lines = [] if args.no_faults else fault_summaries()
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(render(rows, args.sample, elapsed, args.jobs, fault_lines))
-    failed = [r for r in rows if not r.ok]
+    report = render(rows, args.sample, elapsed, args.jobs, fault_lines, minerus)
+    args.output.write_text(report)
+    failed = [r for r in rows if not r.ok] + [r for r in minerus if r.failure]
     faulty = [ln for ln in fault_lines if ln.startswith("fault") and "lost, 0 files" not in ln]
     faulty += [ln for ln in fault_lines if ln.startswith("fault") and " 0 problems" not in ln]
     print(

@@ -1,17 +1,11 @@
-"""Every patch rocmfix ships, one module per target file, in the order status lists them."""
+"""Every patch rocmfix ships, one module per target file (or per family of files with one
+shape), in the order status lists them."""
 
-from . import (
-    doclayout_dilated_conv,
-    mineru_tokenizer,
-    vllm_qwen2_5_vl,
-    vllm_qwen2_vl,
-    vllm_qwen3_vl,
-)
+from . import doclayout_dilated_conv, mineru_tokenizer, transformers_vision, vllm_vision
 
 PATCHES = (
-    vllm_qwen2_vl.PATCH,
-    vllm_qwen2_5_vl.PATCH,
-    vllm_qwen3_vl.PATCH,
+    *vllm_vision.PATCHES,
+    *transformers_vision.PATCHES,
     doclayout_dilated_conv.PATCH,
     mineru_tokenizer.PATCH,
 )

@@ -13,14 +13,17 @@ from __future__ import annotations
 import libcst as cst
 
 from rocmfix.errors import AnchorNotFoundError
-from rocmfix.patch import Classification, Patch, Scheme, Shape, TargetContext, Template
+from rocmfix.ops import DILATED_CONV
+from rocmfix.patch import Classification, MinerUUse, Patch, Shape, TargetContext
 from rocmfix.rewrite import (
     calls,
     find_class,
     find_method,
     insert_after_last_import,
+    kwarg,
     marker_line,
     module_has_marker,
+    relative_import,
     replace_class,
     replace_method,
     statement,
@@ -28,9 +31,9 @@ from rocmfix.rewrite import (
 
 CLASS = "DilatedBlock"
 METHOD = "dilated_conv"
-KERNELS = "g2l_crm_triton"
 LOCAL = "_rocmfix_dilated_conv2d"
-DROP = f"doclayout_yolo/nn/modules/{KERNELS}.py"
+PATH = "doclayout_yolo/nn/modules/g2l_crm.py"
+KERNELS = "doclayout_yolo/nn/modules/g2l_crm_triton.py"
 
 
 def _conv_call(node: cst.CSTNode) -> cst.Call | None:
@@ -45,7 +48,9 @@ def _conv_call(node: cst.CSTNode) -> cst.Call | None:
 
 
 def _kwarg(call: cst.Call, name: str) -> cst.BaseExpression:
-    return next(a.value for a in call.args if a.keyword and a.keyword.value == name)
+    value = kwarg(call, name)
+    assert value is not None, name  # _conv_call checked both keywords
+    return value
 
 
 def classify(module: cst.Module, ctx: TargetContext) -> Classification:
@@ -69,11 +74,13 @@ def classify(module: cst.Module, ctx: TargetContext) -> Classification:
     )
 
 
-def transform(module: cst.Module, scheme: str | None) -> cst.Module:
+def transform(module: cst.Module) -> cst.Module:
     cls = find_class(module, CLASS)
     method = find_method(cls, METHOD) if cls is not None else None
     if cls is None or method is None:
         raise AnchorNotFoundError(f"no {CLASS}.{METHOD}")
+    if calls(method, LOCAL):
+        raise AnchorNotFoundError(f"{METHOD} already calls {LOCAL}")
     body = method.body
     assert isinstance(body, cst.IndentedBlock)
     lines = list(body.body)
@@ -118,40 +125,34 @@ def transform(module: cst.Module, scheme: str | None) -> cst.Module:
     lines[index : index + 1] = [guard, original.with_changes(leading_lines=[])]
     new_method = method.with_changes(body=body.with_changes(body=lines))
     module = replace_class(module, cls, replace_method(cls, method, new_method))
+    kernels = relative_import(PATH, KERNELS)
     imported = statement(
         module,
-        f"try:\n    from .{KERNELS} import dilated_conv2d as {LOCAL}\n"
-        f"except ImportError:\n    {LOCAL} = None\n",
+        f"try:\n    from {kernels} import dilated_conv2d as {LOCAL}\n"
+        # OSError too: a kernel file another user cannot read must not break the import.
+        f"except (ImportError, OSError):\n    {LOCAL} = None\n",
     )
     imported = imported.with_changes(
         leading_lines=[
             cst.EmptyLine(),
-            marker_line(f"{KERNELS} was dropped here by rocmfix; revert removes it"),
+            marker_line(f"{kernels.lstrip('.')} was dropped here by rocmfix; revert removes it"),
         ]
     )
     return insert_after_last_import(module, imported)
 
-
-_TRITON = (Template("dilated_conv_triton.py", DROP),)
 
 PATCH = Patch(
     id="doclayout-dilated-conv",
     summary="Run DilatedBlock's dilated convs without MIOpen's naive fallback",
     distribution="doclayout-yolo",
     package="doclayout_yolo",
-    path="doclayout_yolo/nn/modules/g2l_crm.py",
+    path=PATH,
     classify=classify,
     transform=transform,
     missing_reason="doclayout-yolo {version} has no g2l_crm.py",
-    schemes=(
-        Scheme("gemm", "Triton implicit-GEMM dilated conv", _TRITON, True),
-        Scheme("direct", "the same Triton implicit-GEMM kernel", _TRITON, True),
-        Scheme(
-            "linear",
-            "phase split: d*d dense convs batched into one vendor call, no Triton",
-            (Template("dilated_conv_phase.py", DROP),),
-        ),
-    ),
+    op=DILATED_CONV,
+    kernel_module=KERNELS,
     known=("0.0.2b1, 0.0.3, 0.0.4: one byte-identical g2l_crm.py (needed on ROCm)",),
-    needs_rocm=True,
+    # MinerU 2.x's pipeline backend; MinerU 3.0 replaced it with PP-DocLayoutV2.
+    mineru=MinerUUse("its pipeline backend's layout model", imports=("doclayout_yolo",)),
 )

@@ -14,7 +14,7 @@ import libcst as cst
 from packaging.version import InvalidVersion, Version
 
 from rocmfix.errors import AnchorNotFoundError
-from rocmfix.patch import Classification, Patch, Shape, TargetContext
+from rocmfix.patch import Classification, MinerUUse, Patch, Shape, TargetContext
 from rocmfix.rewrite import call_name, dotted, has_marker, marker_line
 
 _METHOD = "get_lora_tokenizer"
@@ -192,7 +192,7 @@ class _Guard(cst.CSTTransformer):
         )
 
 
-def transform(module: cst.Module, scheme: str | None) -> cst.Module:
+def transform(module: cst.Module) -> cst.Module:
     guard = _Guard(module)
     new = module.visit(guard)
     if not guard.rewritten:
@@ -213,5 +213,10 @@ PATCH = Patch(
         "0.1.0: no async engine client (not needed)",
         "0.1.1-0.1.13: unguarded call (needed with vllm >= 0.11)",
         "0.1.14 and later: hasattr guard upstream (not needed)",
+    ),
+    mineru=MinerUUse(
+        "its vllm-async-engine backend",
+        imports=("mineru_vl_utils.vlm_client.vllm_async_engine_client",),
+        strings=("vllm-async-engine",),
     ),
 )

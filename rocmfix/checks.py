@@ -33,7 +33,7 @@ def has_triton(env: Environment) -> bool:
     return any(name in env.installed for name in TRITON_DISTRIBUTIONS)
 
 
-def _torch_build(env: Environment) -> str:
+def torch_build(env: Environment) -> str:
     assert env.torch is not None
     if env.torch.hip:
         return f"ROCm {env.torch.hip}"
@@ -93,7 +93,7 @@ def environment_warnings(env: Environment) -> tuple[EnvWarning, ...]:
         out.append(
             EnvWarning(
                 "torch-not-rocm",
-                f"torch {torch.version} is a {_torch_build(env)} build: the kernel patches "
+                f"torch {torch.version} is a {torch_build(env)} build: the kernel patches "
                 "are meant for ROCm, whose MIOpen lacks these convolutions",
                 "there is nothing to fix on this stack; `rocmfix apply --force` patches "
                 "anyway (that is how rocmfix tests its kernels on NVIDIA)",

@@ -9,12 +9,14 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import probe
+from . import guest, mineru
 from .errors import ProbeError, UsageError
+from .guest import probe
+from .mineru import MinerU
 from .patch import Patch, TorchInfo
 from .state import StateDir
 
@@ -22,6 +24,8 @@ from .state import StateDir
 EXTRAS = ("torch", "triton", "pytorch-triton-rocm", "flash-attn", "vllm", "mineru")
 # Paths whose presence the checks need: flash-attn's Triton backend for AMD.
 EXISTS = {"flash-attn": ["flash_attn/flash_attn_triton_amd"]}
+# Extras whose code rocmfix reads (never imports): MinerU, to know which targets it runs.
+PACKAGES = {"mineru": "mineru"}
 
 _PROBE_TIMEOUT_S = 60
 
@@ -49,12 +53,14 @@ class Distribution:
 
 @dataclass(frozen=True)
 class Installed:
-    """A distribution read for context: its version, where it lives, what it requires."""
+    """A distribution read for context: its version, where it lives, what it requires, and
+    where its import package is (for the extras in :data:`PACKAGES`)."""
 
     version: str
     location: Path
     requires: tuple[str, ...]
     exists: Mapping[str, bool]
+    package_roots: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,10 +79,12 @@ class Environment:
     versions: Mapping[str, str]
     torch: TorchInfo | None
     in_process: bool
+    # The MinerU installed here and what its code runs (None: no MinerU).
+    mineru: MinerU | None = None
 
     @property
     def state(self) -> StateDir:
-        return StateDir(self.python.prefix / "share" / "rocmfix")
+        return StateDir(self.python.prefix / "share" / "rocmfix", self.python.prefix)
 
 
 def _request(patches: Iterable[Patch]) -> dict[str, Any]:
@@ -86,9 +94,15 @@ def _request(patches: Iterable[Patch]) -> dict[str, Any]:
             patch.distribution,
             {"distribution": patch.distribution, "package": patch.package, "files": []},
         )
-        if patch.path not in target["files"]:
-            target["files"].append(patch.path)
-    return {"targets": list(targets.values()), "extras": list(EXTRAS), "exists": EXISTS}
+        for rel in (patch.path, *patch.related):
+            if rel not in target["files"]:
+                target["files"].append(rel)
+    return {
+        "targets": list(targets.values()),
+        "extras": list(EXTRAS),
+        "exists": EXISTS,
+        "packages": PACKAGES,
+    }
 
 
 def _resolve_python(python: str) -> str:
@@ -102,14 +116,41 @@ def _resolve_python(python: str) -> str:
     return os.path.abspath(found)
 
 
-def _run_probe(python: str, request: dict[str, Any]) -> dict[str, Any]:
-    encoded = base64.b64encode(json.dumps(request).encode("utf-8")).decode("ascii")
-    source = Path(probe.__file__).read_text(encoding="utf-8")
+def _meaningful(stderr: str, *noise: str) -> str:
+    """The line of a failed run worth one line of an error: a Python traceback's last line,
+    else the first; the long arguments rocmfix passed cut out."""
+    for text in noise:
+        stderr = stderr.replace(text, "…")
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if not lines:
+        return "(no output)"
+    line = lines[-1] if any(line.startswith("Traceback") for line in lines) else lines[0]
+    return line if len(line) <= 200 else line[:199] + "…"
+
+
+def _python_version(python: str) -> str | None:
+    """``X.Y`` if ``python`` runs Python code, else None."""
     try:
         done = subprocess.run(
-            [python, "-c", source, encoded],
+            [python, "-c", "import sys; sys.stdout.write('%d.%d' % sys.version_info[:2])"],
             capture_output=True,
-            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            cwd="/",
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = done.stdout.decode("ascii", "replace").strip()
+    return out if done.returncode == 0 and out.replace(".", "").isdigit() else None
+
+
+def _run_probe(python: str, request: dict[str, Any]) -> dict[str, Any]:
+    encoded = base64.b64encode(json.dumps(request).encode("utf-8")).decode("ascii")
+    argv = guest.command(python, "probe", encoded)
+    try:
+        done = subprocess.run(
+            argv,
+            capture_output=True,
             timeout=_PROBE_TIMEOUT_S,
             cwd=os.path.dirname(python) or "/",
             check=False,
@@ -118,14 +159,27 @@ def _run_probe(python: str, request: dict[str, Any]) -> dict[str, Any]:
         raise ProbeError(f"cannot run {python}: {exc.strerror or exc}") from None
     except subprocess.TimeoutExpired:
         raise ProbeError(f"{python} did not answer within {_PROBE_TIMEOUT_S} s") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+    stderr = done.stderr.decode("utf-8", "replace")
+    version = _python_version(python) if done.returncode != 0 else None
+    if version is not None and tuple(map(int, version.split("."))) < (3, 8):
         raise ProbeError(
-            f"{python} could not be probed (exit {done.returncode}): {last}",
+            f"{python} is Python {version}: rocmfix reads environments of Python 3.8 or newer"
+        )
+    if done.returncode != 0 and version is None:
+        said = _meaningful(stderr, *argv[2:])
+        raise ProbeError(
+            f"{python} does not look like a Python interpreter: it did not run "
+            f"`{os.path.basename(python)} -c CODE` (exit {done.returncode})" + f": {said}",
+            hint="give --python the interpreter of the environment that runs MinerU (…/bin/python)",
+        )
+    if done.returncode != 0:
+        raise ProbeError(
+            f"{python} could not be probed (exit {done.returncode}): "
+            + _meaningful(stderr, *argv[2:]),
             hint="is it a Python 3.8+ interpreter?",
         )
     try:
-        data = json.loads(done.stdout)
+        data = json.loads(done.stdout.decode("utf-8"))
     except ValueError:
         raise ProbeError(f"{python} answered the probe with something that is not JSON") from None
     if not isinstance(data, dict) or data.get("probe") != probe.PROBE_SCHEMA:
@@ -163,6 +217,7 @@ def _parse(data: dict[str, Any], in_process: bool) -> Environment:
                 location=Path(raw["location"]),
                 requires=tuple(raw["requires"]),
                 exists=dict(raw["exists"]),
+                package_roots=tuple(Path(r) for r in raw.get("package_roots") or ()),
             )
             for name, raw in data["extras"].items()
         }
@@ -192,11 +247,18 @@ def _parse(data: dict[str, Any], in_process: bool) -> Environment:
 
 
 def discover(patches: Iterable[Patch], python: str | None = None) -> Environment:
-    """Probe ``python`` (default: this interpreter, in-process) for the patches' targets."""
+    """Probe ``python`` (default: this interpreter, in-process) for the patches' targets,
+    and read the code of the MinerU installed there, if any."""
+    patches = tuple(patches)
     request = _request(patches)
     if python is None:
-        return _parse(json.loads(json.dumps(probe.probe(request))), in_process=True)
-    return _parse(_run_probe(_resolve_python(python), request), in_process=False)
+        env = _parse(json.loads(json.dumps(probe.probe(request))), in_process=True)
+    else:
+        env = _parse(_run_probe(_resolve_python(python), request), in_process=False)
+    found = env.installed.get(mineru.DISTRIBUTION)
+    if found is None:
+        return env
+    return replace(env, mineru=mineru.read(found.version, found.package_roots, patches))
 
 
 _COMPILE_CHECK = """

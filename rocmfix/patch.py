@@ -1,17 +1,22 @@
 """What a patch is: data about its target, plus one libcst classification and one transform.
 
-Each module under ``patches/`` builds one :class:`Patch` for one target file. The engine
-reads the data (distribution, path, schemes, templates) and calls the two functions; it
-never looks inside a target file any other way.
+Each module under ``patches/`` builds the :class:`Patch` of one target file (or a table of
+them, for a family of files with one shape). The engine reads the data (distribution, path,
+the op and so the schemes and templates) and calls the two functions; it never looks inside
+a target file any other way.
 """
 
 from __future__ import annotations
 
 import enum
+import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import libcst as cst
+
+from .ops import Op, Scheme
+from .rewrite import focused
 
 
 class Shape(enum.Enum):
@@ -39,31 +44,44 @@ class TorchInfo:
 
 @dataclass(frozen=True)
 class TargetContext:
-    """What a classification may know beyond the code: versions are hints, never verdicts."""
+    """What a classification may know beyond its file: versions are hints, never verdicts;
+    ``related`` holds the bytes of the other files of the same package that the patch reads
+    (None where the package has no such file)."""
 
     version: str
     versions: Mapping[str, str]
     torch: TorchInfo | None
+    related: Mapping[str, bytes | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class Template:
-    """A file from ``templates/`` that a scheme drops beside its target."""
+class MinerUUse:
+    """How MinerU's own code shows that it runs a target: any import of one of ``imports``
+    (a module or its submodules), of one of ``names`` from any module, or any string constant
+    in ``strings``. With none of them, no MinerU runs the target, and ``what`` says why; else
+    ``what`` names the part of MinerU that runs it."""
+
+    what: str
+    imports: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    strings: tuple[str, ...] = ()
+
+    @property
+    def never(self) -> bool:
+        return not (self.imports or self.names or self.strings)
+
+
+@dataclass(frozen=True)
+class Drop:
+    """A template file that a scheme drops beside its target: ``dest`` is relative to the
+    folder that holds the package, like :attr:`Patch.path`."""
 
     source: str
     dest: str
 
 
-@dataclass(frozen=True)
-class Scheme:
-    name: str
-    summary: str
-    templates: tuple[Template, ...] = ()
-    needs_triton: bool = False
-
-
 Classifier = Callable[[cst.Module, TargetContext], Classification]
-Transformer = Callable[[cst.Module, "str | None"], cst.Module]
+Transformer = Callable[[cst.Module], cst.Module]
 
 
 @dataclass(frozen=True)
@@ -72,7 +90,10 @@ class Patch:
 
     ``path`` is relative to the directory that holds the top-level package (site-packages
     for a wheel install, the source checkout for an editable one), with ``/`` separators.
-    A patch without schemes has one fixed rewrite; ``--scheme`` does not apply to it.
+    A kernel patch routes an :class:`~rocmfix.ops.Op` and offers its schemes: the scheme's
+    entry template is dropped as ``kernel_module``, its support templates beside it under
+    their own names. A patch without an op has one fixed rewrite; ``--scheme`` does not
+    apply to it.
     """
 
     id: str
@@ -83,23 +104,52 @@ class Patch:
     classify: Classifier
     transform: Transformer
     missing_reason: str
-    schemes: tuple[Scheme, ...] = ()
+    op: Op | None = None
+    kernel_module: str | None = None
     known: tuple[str, ...] = field(default=())
-    # A kernel patch fixes a ROCm library gap; on a CUDA or CPU torch it is not needed.
-    needs_rocm: bool = False
+    # Files of the same package the classification reads (vllm's conv.py, say).
+    related: tuple[str, ...] = field(default=())
+    # How to tell whether the MinerU in the environment runs this target; None: no opinion.
+    mineru: MinerUUse | None = None
+    # The one class the classification looks at, if it looks at one: status then parses only
+    # that class (see rewrite.focused), not the whole file.
+    focus: str | None = None
 
-    def scheme(self, name: str | None) -> Scheme | None:
-        if not self.schemes:
-            return None
-        for scheme in self.schemes:
-            if scheme.name == name:
-                return scheme
-        raise KeyError(name)
+    def parse(self, data: bytes) -> cst.Module:
+        """The module ``classify`` reads: the whole file, or only its focus class."""
+        return focused(data, self.focus) if self.focus else cst.parse_module(data)
+
+    @property
+    def schemes(self) -> tuple[Scheme, ...]:
+        return self.op.schemes if self.op is not None else ()
 
     @property
     def scheme_names(self) -> tuple[str, ...]:
         return tuple(scheme.name for scheme in self.schemes)
 
-    def templates(self, scheme: str | None) -> tuple[Template, ...]:
+    @property
+    def default_scheme(self) -> str | None:
+        return self.op.default_scheme.name if self.op is not None else None
+
+    @property
+    def needs_rocm(self) -> bool:
+        """A kernel patch fixes a ROCm library gap; on a CUDA or CPU torch it is not needed."""
+        return self.op is not None
+
+    def scheme(self, name: str | None) -> Scheme | None:
+        if self.op is None:
+            return None
+        return self.op.scheme(name or self.op.default_scheme.name)
+
+    def drops(self, scheme: str | None) -> tuple[Drop, ...]:
         chosen = self.scheme(scheme)
-        return chosen.templates if chosen is not None else ()
+        if chosen is None or self.kernel_module is None:
+            return ()
+        folder = posixpath.dirname(self.kernel_module)
+        support = (Drop(t, posixpath.join(folder, t)) for t in chosen.support)
+        return (Drop(chosen.entry, self.kernel_module), *support)
+
+    @property
+    def drop_paths(self) -> frozenset[str]:
+        """Every file any scheme of this patch may drop: all a manifest may name for it."""
+        return frozenset(d.dest for s in self.scheme_names for d in self.drops(s))

@@ -1,10 +1,14 @@
-"""The list of patches rocmfix knows, in the order it shows and applies them."""
+"""The patches rocmfix knows, in the order it shows and applies them, and how a command line
+selects among them."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Sequence
 
 from ._resources import patches_package
+from .errors import UsageError
+from .ops import OPS
 from .patch import Patch
 
 
@@ -15,3 +19,44 @@ def all_patches() -> tuple[Patch, ...]:
     ids = [p.id for p in patches]
     assert len(ids) == len(set(ids)), "patch ids must be unique"
     return patches
+
+
+def scheme_names() -> tuple[str, ...]:
+    """Every scheme some op offers, in the registry's order."""
+    return tuple(dict.fromkeys(s.name for op in OPS for s in op.schemes))
+
+
+def select(patches: Sequence[Patch], only: Iterable[str] = ()) -> tuple[Patch, ...]:
+    """Patches named by id or by distribution; all of them when ``only`` is empty."""
+    wanted = list(dict.fromkeys(only))
+    if not wanted:
+        return tuple(patches)
+    known = {p.id for p in patches} | {p.distribution for p in patches}
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise UsageError(
+            f"unknown patch {', '.join(unknown)}",
+            hint=f"choose from {', '.join(p.id for p in patches)} or a distribution name",
+        )
+    return tuple(p for p in patches if p.id in wanted or p.distribution in wanted)
+
+
+def check_scheme(patches: Sequence[Patch], scheme: str | None) -> None:
+    """A scheme applies to the selected patches that offer it (the others keep their
+    default); refuse one that none of them offers, and say which offers what."""
+    if scheme is None or any(scheme in p.scheme_names for p in patches):
+        return
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for patch in patches:
+        groups.setdefault(patch.scheme_names, []).append(patch.id)
+    offers = "; ".join(
+        f"{', '.join(ids)} {'offer' if len(ids) > 1 else 'offers'} {', '.join(names)}"
+        if names
+        else f"{', '.join(ids)} {'have' if len(ids) > 1 else 'has'} one fixed rewrite, no schemes"
+        for names, ids in groups.items()
+    )
+    if scheme not in scheme_names():
+        raise UsageError(
+            f"unknown scheme {scheme!r}", hint=f"choose from {', '.join(scheme_names())}"
+        )
+    raise UsageError(f"no selected patch offers scheme {scheme!r}", hint=offers)

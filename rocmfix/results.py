@@ -60,12 +60,21 @@ class StatusReport:
     busy: bool
     hint: str | None = None
     warnings: tuple[EnvWarning, ...] = ()
+    # rocmfix's own state names something it would never write: a tampered journal.
+    state_problem: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Nothing left to do and nothing wrong: what ``status --check`` accepts."""
+        return self.state_problem is None and all(p.verdict.settled for p in self.patches)
 
 
 @dataclass(frozen=True)
 class FileChange:
-    """One file a run writes, creates or deletes. ``display`` is the path relative to the
-    directory that holds the package, as ``patch -p1`` run there expects it."""
+    """One file a run writes, creates or deletes. ``kind`` is ``target`` (a patched file),
+    ``drop`` (a dropped template) or ``record`` (a RECORD listing the drops). ``display`` is
+    the path relative to the directory that holds the package, as ``patch -p1`` run there
+    expects it."""
 
     kind: str
     distribution: str
@@ -74,6 +83,9 @@ class FileChange:
     display: str
     before: bytes | None
     after: bytes | None
+    # A new file takes this file's mode and owner (the target beside a dropped file), so
+    # whoever can read the package can read it, whatever the umask.
+    mode_from: Path | None = None
 
 
 class Action(enum.Enum):

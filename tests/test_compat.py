@@ -9,6 +9,7 @@ CI's time budget.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -26,14 +27,21 @@ pytestmark = pytest.mark.network
 
 def test_sample_is_deterministic_and_keeps_the_boundaries() -> None:
     vllm = compat_matrix.sample_releases("vllm")
-    assert vllm == compat_matrix.sample_releases("vllm")
     every_vllm = compat_matrix.all_releases("vllm")
     assert len(vllm) >= 10
     assert {"0.8.0", "0.11.0", "0.11.1", every_vllm[-1]} <= set(vllm)
     assert min(vllm, key=Version) == "0.8.0"
-    # Every code era is represented by its first and last release.
-    for low in compat_matrix.VLLM_ERAS:
-        assert any(Version(v) >= Version(low) for v in vllm)
+    for project, eras in (
+        ("vllm", compat_matrix.VLLM_ERAS),
+        ("transformers", compat_matrix.TRANSFORMERS_ERAS),
+    ):
+        every = compat_matrix.all_releases(project)
+        sample = compat_matrix.sample_releases(project)
+        bounds = [*map(Version, eras), Version("9999")]
+        # Every code era is represented by its own first and last release.
+        for low, high in itertools.pairwise(bounds):
+            era = [v for v in every if low <= Version(v) < high]
+            assert era and {era[0], era[-1]} <= set(sample), (project, low)
 
     mineru = compat_matrix.sample_releases("mineru-vl-utils")
     assert len(mineru) == compat_matrix.MINERU_SAMPLE_SIZE
@@ -60,9 +68,22 @@ def test_sample_has_no_failures(tmp_path: Path) -> None:
     assert by_release["vllm", "0.11.0"].round_trip == "ok (gemm, direct, linear)"
     for row in rows:
         if row.project == "doclayout-yolo":
-            assert row.round_trip == "ok (gemm, direct, linear)", row
+            assert row.round_trip == "ok (gemm, linear)", row
 
-    report = compat_matrix.render(rows, sample=True, seconds=1.0, jobs=1, fault_lines=[])
+    minerus = {r.version: r for r in compat_matrix.mineru_rows(sample=True, jobs=2)}
+    assert all(r.failure is None for r in minerus.values()), minerus
+    # MinerU 3.0 dropped DocLayout-YOLO; every MinerU from 2.5 runs the vllm async client.
+    assert minerus["2.5.4"].uses["doclayout-dilated-conv"] == "imports doclayout_yolo"
+    assert minerus["3.0.0"].uses["doclayout-dilated-conv"] is None
+    assert all(minerus[v].uses["mineru-tokenizer"] for v in ("2.5.4", "3.0.0"))
+    report = compat_matrix.render(
+        rows, sample=True, seconds=1.0, jobs=1, fault_lines=[], minerus=list(minerus.values())
+    )
     assert "Failures: 0." in report
+    table = [line.split(" | ") for line in report.split("## mineru", 1)[1].splitlines()
+             if line.startswith("| ")]  # fmt: skip
+    doclayout = table[0].index("doclayout-dilated-conv")
+    assert next(r for r in table if r[0] == "| 3.0.0")[doclayout] == "-"
+    assert next(r for r in table if r[0] == "| 2.5.4")[doclayout].startswith("runs it")
     for project, version in plan:
         assert f"\n| {version} | " in report.split(f"## {project}", 1)[1]

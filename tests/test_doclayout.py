@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from rocmfix.ops import DILATED_CONV
+
 import releases
 from conftest import DOCLAYOUT_TARGET as TARGET
 from conftest import ROOT, InstalledEnv, files_under, patch_p1
@@ -15,11 +17,7 @@ pytestmark = pytest.mark.network
 
 PATCH = "doclayout-dilated-conv"
 DROP = "doclayout_yolo/nn/modules/g2l_crm_triton.py"
-TEMPLATES = {
-    "gemm": "dilated_conv_triton.py",
-    "direct": "dilated_conv_triton.py",
-    "linear": "dilated_conv_phase.py",
-}
+TEMPLATES = {s.name: s.entry for s in DILATED_CONV.schemes}
 
 
 @pytest.mark.parametrize("version", releases.releases("doclayout-yolo"))
@@ -32,7 +30,7 @@ def test_release_round_trip_every_scheme(
     assert status["verdict"] == "applicable", status
     assert status["pristine"] == "record"
 
-    for scheme in ("gemm", "direct", "linear"):
+    for scheme in TEMPLATES:
         applied = env.cli("apply", "--scheme", scheme, "--only", PATCH)
         assert applied.returncode == 0, applied.stderr
         source = env.target.read_bytes()

@@ -733,7 +733,9 @@ def test_line_ends_bom_coding_cookie_and_tabs_survive(all_targets_env: Installed
             _rewrite_record(env.site, rel, converted)
         before = files_under(env.site)
         statuses = _by_id(env.cli("status", "--json"))
-        for patch, status in statuses.items():
+        installed = {p: s for p, s in statuses.items() if s["verdict"] != "not-installed"}
+        assert len(installed) == len(targets)
+        for patch, status in installed.items():
             assert (status["verdict"], status["pristine"]) == ("applicable", "record"), (
                 name,
                 patch,

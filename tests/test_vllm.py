@@ -13,8 +13,18 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from rocmfix.ops import PATCH_EMBED
+
 import releases
-from conftest import ROOT, VLLM_MODELS, VLLM_TARGETS, InstalledEnv, files_under, patch_p1
+from conftest import (
+    ROOT,
+    VLLM_CONV,
+    VLLM_MODELS,
+    VLLM_TARGETS,
+    InstalledEnv,
+    files_under,
+    patch_p1,
+)
 
 pytestmark = pytest.mark.network
 
@@ -22,11 +32,8 @@ NEWEST = max(releases.releases("vllm"), key=Version)
 VERSIONS = ["0.8.5", "0.9.2", "0.10.2", "0.11.0", "0.11.2", "0.13.0", "0.19.0", NEWEST]
 PATCHES = ("vllm-qwen2-vl", "vllm-qwen2.5-vl", "vllm-qwen3-vl")
 DROP = f"{VLLM_MODELS}/qwen2_vl_vision_kernels.py"
-TEMPLATES = {
-    "gemm": "patch_embed_gemm.py",
-    "direct": "patch_embed_direct.py",
-    "linear": "patch_embed_linear.py",
-}
+CONFIG_DROP = f"{VLLM_MODELS}/rocmfix_kernel_config.py"
+TEMPLATES = {s.name: s.entry for s in PATCH_EMBED.schemes}
 
 
 def _verdicts(env: InstalledEnv) -> dict[str, str]:
@@ -58,6 +65,13 @@ def test_release_round_trip_every_scheme(
         drop = env.site / DROP
         assert drop.read_bytes() == (ROOT / "templates" / TEMPLATES[scheme]).read_bytes()
         assert any(line.startswith(f"{DROP},sha256=") for line in _record_lines(env))
+        # The Triton schemes bring the shared config module; the vendor one needs none.
+        config = (ROOT / "templates" / "rocmfix_kernel_config.py").read_bytes()
+        if scheme == "linear":
+            assert not (env.site / CONFIG_DROP).exists()
+        else:
+            assert (env.site / CONFIG_DROP).read_bytes() == config
+            assert any(line.startswith(f"{CONFIG_DROP},") for line in _record_lines(env))
         for rel in VLLM_TARGETS[: 3 if has_qwen3 else 2]:
             source = (env.site / rel).read_bytes()
             compile(source, rel, "exec")
@@ -101,7 +115,50 @@ def test_conv3dlayer_verdict_depends_on_the_target_torch(
     if Version(version) >= Version("0.11.1"):
         notes = " ".join(patch["notes"])
         assert "compiled mode already runs Conv3dLayer as a matmul" in notes
-        assert torch.split("+")[0] in notes or torch in notes
+        assert "read from conv.py" in notes
+        assert torch in patch["reason"]
+
+
+ROCM_LABEL = "0.11.0rc2.dev198+g736fbf4c8.rocm701"
+
+
+def _relabel(env: InstalledEnv, label: str) -> None:
+    """What a ROCm build looks like: the released code under a version label of its own."""
+    metadata = next(env.site.glob("vllm-*.dist-info")) / "METADATA"
+    text = metadata.read_text()
+    version = next(line for line in text.splitlines() if line.startswith("Version: "))
+    metadata.write_text(text.replace(version, f"Version: {label}"))
+
+
+@pytest.mark.parametrize(
+    ("case", "torch", "verdict", "says"),
+    [
+        # 0.28-era code under the seed's label: the gate (>= 2.9) admits torch 2.10.
+        ("relabelled", "2.10.0+rocm7.1", "not-needed", "is_torch_equal_or_newer"),
+        # A pre-release of 2.9.0 sorts below 2.9.0, as vllm's own comparison has it.
+        ("relabelled", "2.9.0.dev20250801+rocm6.4", "applicable", "2.9.0.dev20250801"),
+        ("relabelled", "2.9.0a0+git1234abc", "applicable", "2.9.0a0"),
+        # conv.py edited to always call F.conv3d: needed, whatever torch and the label say.
+        ("conv-edited", "2.10.0+rocm7.1", "applicable", "always calls F.conv3d"),
+    ],
+)
+def test_verdicts_follow_the_code_not_the_label(
+    case: str, torch: str, verdict: str, says: str, vllm_env: Callable[..., InstalledEnv]
+) -> None:
+    env = vllm_env("0.28.0", torch=torch, hip="7.1.0")
+    _relabel(env, ROCM_LABEL)
+    if case == "conv-edited":
+        conv = env.site / VLLM_CONV
+        source = conv.read_text()
+        start = source.index("def forward_cuda", source.index("class Conv3dLayer"))
+        end = source.index("return self._forward_conv(x)", start)
+        body = source[start:end].replace("self._forward_mulmat(x)", "self._forward_conv(x)")
+        conv.write_text(source[:start] + body + source[end:])
+    result = env.cli("status", "--json", "--only", "vllm-qwen2-vl")
+    patch = result.json()["patches"][0]
+    assert patch["version"] == ROCM_LABEL
+    assert patch["verdict"] == verdict, patch
+    assert says in " ".join((patch["reason"], *patch["notes"])), patch
 
 
 def test_scheme_switch_and_partial_revert(vllm_env: Callable[..., InstalledEnv]) -> None:
@@ -161,7 +218,7 @@ def test_pip_uninstall_leaves_no_dropped_file(vllm_env: Callable[..., InstalledE
 
 _RUN_PATCHED = textwrap.dedent(
     """
-    import importlib.util, json, sys
+    import importlib, json, sys, types
     import libcst as cst
     import torch
     from torch import nn
@@ -171,10 +228,12 @@ _RUN_PATCHED = textwrap.dedent(
     module = cst.parse_module(open(patched, "rb").read())
     cls = next(n for n in module.body if isinstance(n, cst.ClassDef) and n.name.value == class_name)
     results = {}
-    for scheme, (path, dtypes, m) in templates.items():
-        spec = importlib.util.spec_from_file_location(f"kernels_{scheme}", path)
-        kernels = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(kernels)
+    for scheme, (folder, name, dtypes, m) in templates.items():
+        # The folder as a package of its own: the kernel imports its config module beside it.
+        package = types.ModuleType(f"kernels_{scheme}")
+        package.__path__ = [folder]
+        sys.modules[package.__name__] = package
+        kernels = importlib.import_module(f"{package.__name__}.{name}")
         # nn.Conv3d stands in for vllm's Conv3dLayer: same arguments, same 5-D weight.
         namespace = {"torch": torch, "nn": nn, "Conv3dLayer": nn.Conv3d,
                      "triton_conv3d_patchify": kernels.triton_conv3d_patchify}
@@ -229,13 +288,15 @@ def test_patched_forward_matches_conv3d(
     target = env.site / VLLM_MODELS / file
     drop = env.site / DROP
     assert drop.read_bytes() == (ROOT / "templates" / TEMPLATES["gemm"]).read_bytes()
+    templates = str(ROOT / "templates")
     plan = {
-        "gemm": (str(drop), ["float32", "float16"], 24),
-        "linear": (str(ROOT / "templates" / TEMPLATES["linear"]), ["float32", "float16"], 24),
+        # The dropped copy, imported from where rocmfix put it.
+        "gemm": (str(drop.parent), drop.stem, ["float32", "float16"], 24),
+        "linear": (templates, "patch_embed_linear", ["float32", "float16"], 24),
     }
     if version == "0.11.0":
         # One program per output element: the interpreter pays ~3 ms for each, so once.
-        plan["direct"] = (str(ROOT / "templates" / TEMPLATES["direct"]), ["float32"], 2)
+        plan["direct"] = (templates, "patch_embed_direct", ["float32"], 2)
     done = subprocess.run(
         [sys.executable, "-c", _RUN_PATCHED, str(target), class_name, size_attr, json.dumps(plan)],
         capture_output=True,
@@ -249,4 +310,4 @@ def test_patched_forward_matches_conv3d(
     for key, err in errors.items():
         limit = 1e-5 if key.endswith("float32") else 1e-2
         assert err < limit, (key, err)
-    assert set(errors) == {f"{s}/{d}" for s, (_, dtypes, _) in plan.items() for d in dtypes}
+    assert set(errors) == {f"{s}/{d}" for s, (_, _, dtypes, _) in plan.items() for d in dtypes}

@@ -1,0 +1,24 @@
+"""A vision tower in the shape vllm 0.8-0.11 gave its patch embed (written for rocmfix's tests)."""
+
+import torch
+import torch.nn as nn
+
+from .helpers import unused
+
+
+class Qwen2VisionPatchEmbed(nn.Module):
+    def __init__(self, patch_size: int = 14, temporal_patch_size: int = 2,
+                 in_channels: int = 3, embed_dim: int = 1152) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.temporal_patch_size = temporal_patch_size
+        self.embed_dim = embed_dim
+        kernel_size = (temporal_patch_size, patch_size, patch_size)
+        self.proj = nn.Conv3d(in_channels, embed_dim, kernel_size=kernel_size,
+                              stride=kernel_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        L, C = x.shape
+        x = x.view(L, -1, self.temporal_patch_size, self.patch_size, self.patch_size)
+        x = self.proj(x).view(L, self.embed_dim)
+        return x

@@ -1,0 +1,78 @@
+"""Which targets each MinerU runs, read from its own code: real MinerU wheels, installed with
+``--no-deps`` beside the releases of the packages rocmfix patches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import releases
+from conftest import InstalledEnv, run_cli
+
+pytestmark = pytest.mark.network
+
+DOCLAYOUT = "doclayout-dilated-conv"
+TOKENIZER = "mineru-tokenizer"
+
+
+def _env(tmp_path: Path, mineru: str) -> InstalledEnv:
+    """MinerU ``mineru`` with DocLayout-YOLO 0.0.4 and mineru-vl-utils 0.1.13, both of
+    which rocmfix would patch, whatever MinerU pins."""
+    python = releases.make_venv(tmp_path / f"mineru-{mineru}")
+    releases.pip_install(
+        python,
+        releases.wheel("mineru", mineru),
+        releases.wheel("doclayout-yolo", "0.0.4"),
+        releases.wheel("mineru-vl-utils", "0.1.13"),
+    )
+    site = releases.site_packages(python)
+    return InstalledEnv(tmp_path, python, site, site, b"")
+
+
+def _patches(env: InstalledEnv, *args: str) -> dict[str, dict[str, Any]]:
+    result = env.cli("status", "--json", *args)
+    assert result.returncode == 0, result.stderr
+    return {p["id"]: p for p in result.json()["patches"]}
+
+
+@pytest.mark.parametrize(
+    ("mineru", "layout"),
+    [("2.5.4", "applicable"), ("2.7.6", "applicable"), ("3.0.0", "not-needed"),
+     ("4.0.12", "not-needed")],
+)  # fmt: skip
+def test_status_says_what_this_mineru_runs(tmp_path: Path, mineru: str, layout: str) -> None:
+    env = _env(tmp_path, mineru)
+    patches = _patches(env)
+    doclayout, tokenizer = patches[DOCLAYOUT], patches[TOKENIZER]
+    assert doclayout["verdict"] == layout, doclayout
+    if layout == "not-needed":
+        # MinerU 3.0 replaced DocLayout-YOLO with PP-DocLayoutV2: installed, never imported.
+        assert doclayout["reason"].startswith(f"mineru {mineru} does not use doclayout-yolo")
+        assert "import doclayout_yolo" in doclayout["reason"]
+    else:
+        says = f"mineru {mineru} runs it: its code imports doclayout_yolo"
+        assert any(note.startswith(says) for note in doclayout["notes"]), doclayout
+    # Every MinerU from 2.5 runs the vllm-async-engine client.
+    assert tokenizer["verdict"] == "applicable", tokenizer
+    assert any(n.startswith(f"mineru {mineru} runs it") for n in tokenizer["notes"])
+    # Naming the patch is asking for it, whatever MinerU runs.
+    asked = _patches(env, "--only", DOCLAYOUT)[DOCLAYOUT]
+    assert asked["verdict"] == "applicable", asked
+    document = env.cli("status", "--json").json()
+    assert document["environment"]["mineru"] == mineru
+    table = env.cli("status")
+    assert f"MinerU {mineru}" in table.stdout
+
+
+def test_apply_leaves_what_mineru_never_runs(tmp_path: Path) -> None:
+    env = _env(tmp_path, "4.0.12")
+    before = (env.site / "doclayout_yolo/nn/modules/g2l_crm.py").read_bytes()
+    applied = env.cli("apply")
+    assert applied.returncode == 0, applied.stderr
+    assert "mineru-tokenizer: applied" in applied.stderr
+    assert (env.site / "doclayout_yolo/nn/modules/g2l_crm.py").read_bytes() == before
+    assert "doclayout-dilated-conv: skipped" in applied.stderr
+    assert env.cli("revert").returncode == 0
+    assert run_cli("status", "--python", str(env.python)).returncode == 0
