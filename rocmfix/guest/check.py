@@ -1,0 +1,82 @@
+"""Ahead-of-time compiles, in the target interpreter: a Triton scheme's kernel at one of
+MinerU's shapes and in one dtype, prepared as the template prepares a launch on a GPU (its own
+config resolution, tuned file included, or an explicit config over it) and compiled for that
+GPU with this Triton, without that GPU.
+
+``rocmfix kernels`` sends no items and gets the whole sweep (every Triton scheme x tune shape x
+dtype x arch); ``doctor`` and ``tune`` send their own (the GPU they run on, the config they
+ran or are about to time).
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+from . import aot, harness
+from .context import Context, one_line
+
+
+def sweep(request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    archs = request.get("archs") or list(aot.TARGETS)
+    for op in request["ops"].values():
+        for scheme in op["triton_schemes"]:
+            for target, shapes in op["tune"].items():
+                for dtype_name in op["dtypes"]:
+                    for arch in archs:
+                        yield {
+                            "op": op["name"],
+                            "scheme": scheme,
+                            "shape": target,
+                            "gpu": shapes["gpu"],
+                            "dtype": dtype_name,
+                            "arch": arch,
+                        }
+
+
+def compile_item(ctx: Context, item: dict[str, Any]) -> dict[str, Any]:
+    """One compile as an event: the compiler's numbers, or why there are none."""
+    op = ctx.request["ops"][item["op"]]
+    template = op["schemes"][item["scheme"]]
+    event: dict[str, Any] = {"event": "checked", "template": template, **item}
+    event.pop("gpu", None)
+    row = aot.describe(item["arch"])
+    if row is None:
+        event.update(ok=False, problems=[f"no compile target known for {item['arch']}"])
+        return event
+    try:
+        module = ctx.module(template)
+        kc = importlib.import_module(module.__package__ + ".rocmfix_kernel_config")
+        launch = harness.module(op["harness"]).launch
+        backend, _warp, cc, *_ = row
+        emulation = kc.Emulation(item["arch"].split(":")[0], backend == "hip", cc // 10, 132)
+        with kc.emulating(emulation):
+            module.clear_config_cache()
+            try:
+                kernel, args, kwargs, operands = ctx.with_warnings(
+                    lambda: launch(module, dict(item["gpu"]), item["dtype"], item.get("config"))
+                )
+                stats = aot.check(kernel, args, kwargs, item["arch"], operands or "")
+            finally:
+                module.clear_config_cache()
+        event.update(stats.as_dict())
+        event["kernel"] = kernel.__name__
+        event["operands"] = operands
+        event["options"] = {k: v for k, v in kwargs.items() if not k[0].isupper()}
+        event["constexprs"] = {k: v for k, v in kwargs.items() if k[0].isupper()}
+    except Exception as exc:  # noqa: BLE001 - one launch's failure is a row
+        event.update(
+            ok=False,
+            error=one_line(exc),
+            problems=["cannot prepare: " + one_line(exc)],
+            traceback=traceback.format_exc()[-1500:],
+        )
+    return event
+
+
+def check(ctx: Context) -> None:
+    items = ctx.request.get("items") or list(sweep(ctx.request))
+    for item in items:
+        ctx.channel.send(compile_item(ctx, item))
