@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from rocmfix import probe  # noqa: E402
+from rocmfix import guest  # noqa: E402
 from rocmfix.environment import _request  # noqa: E402
 from rocmfix.registry import all_patches  # noqa: E402
 
@@ -69,8 +69,7 @@ def main() -> None:
         subprocess.run(status, env=env, capture_output=True, check=True)  # warm the caches
         total = _median_ms(status, args.runs, env)
         request = base64.b64encode(json.dumps(_request(all_patches())).encode()).decode()
-        source = Path(probe.__file__).read_text()
-        probe_ms = _median_ms([str(python), "-c", source, request], args.runs, env)
+        probe_ms = _median_ms(guest.command(str(python), "probe", request), args.runs, env)
         startup = _median_ms([sys.executable, "-m", "rocmfix", "--version"], args.runs, env)
         verdicts = json.loads(
             subprocess.run([*status, "--json"], env=env, capture_output=True, check=True).stdout

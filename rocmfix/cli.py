@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import enum
 import os
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -12,11 +13,19 @@ from typing import Annotated
 
 import typer
 
-from . import __version__, doctor, engine, exports, render, tune
+from . import __version__, doctor, exports, fsops, kernels, render, tune, write
 from .environment import Environment, discover
-from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, RocmfixError
+from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, RocmfixError, UsageError
+from .ops import OPS
 from .patch import Patch
-from .registry import all_patches
+from .registry import all_patches, scheme_names, select
+
+# Choices come from the op registry and the patch list, and --help shows them; the values are
+# checked by the engine (registry.select, registry.check_scheme, doctor.select_ops), whose
+# errors name what is wrong in rocmfix's own words instead of click's.
+SCHEMES = "|".join(scheme_names())
+OPS_CHOICE = "|".join(op.name for op in OPS)
+DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
 
 app = typer.Typer(
     name="rocmfix",
@@ -41,12 +50,15 @@ OnlyOpt = Annotated[
     typer.Option(
         "--only",
         metavar="PATCH",
-        help="A patch id or a distribution name; repeat to select several (default: all).",
+        help=f"A patch id (`rocmfix list`) or a distribution ({DISTRIBUTIONS}); repeat to "
+        "select several (default: all).",
     ),
 ]
 ForceOpt = Annotated[
     bool,
-    typer.Option("--force", help="Patch or restore a file even if someone else changed it."),
+    typer.Option(
+        "--force", metavar="", help="Patch or restore a file even if someone else changed it."
+    ),
 ]
 
 
@@ -76,6 +88,17 @@ def _run(body: Callable[[], int]) -> None:
     except RocmfixError as exc:
         render.error(exc)
         raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:
+        # The system refused a read or a write rocmfix did not expect to fail (a failing
+        # disk, a permission): a condition of the machine, not a bug, and one line.
+        where = f" ({exc.filename})" if exc.filename else ""
+        render.error(
+            RocmfixError(
+                f"{exc.strerror or exc}{where}",
+                hint="`rocmfix status` says what state every file is in",
+            )
+        )
+        raise typer.Exit(EXIT_FAILED) from None
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the last line of defence: log, never a traceback
@@ -85,7 +108,7 @@ def _run(body: Callable[[], int]) -> None:
 
 
 def _setup(python: str | None, only: list[str] | None) -> tuple[Environment, tuple[Patch, ...]]:
-    patches = engine.select(all_patches(), only or ())
+    patches = select(all_patches(), only or ())
     return discover(patches, python), patches
 
 
@@ -94,12 +117,14 @@ def status(
     python: PythonOpt = None,
     only: OnlyOpt = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print a JSON document (schema rocmfix-status/1).")
+        bool,
+        typer.Option("--json", metavar="", help="Print a JSON document (schema rocmfix-status/1)."),
     ] = False,
     check: Annotated[
         bool,
         typer.Option(
             "--check",
+            metavar="",
             help="Exit 1 unless every selected patch is applied, not needed or not installed.",
         ),
     ] = False,
@@ -111,13 +136,15 @@ def status(
 
     def body() -> int:
         env, patches = _setup(python, only)
-        report = engine.status(env, patches)
+        report = write.status(env, patches, explicit=bool(only))
         if as_json:
             render.status_json(report)
         else:
             render.status_table(report)
-        settled = all(item.verdict.settled for item in report.patches)
-        return EXIT_FAILED if check and not settled else EXIT_OK
+        if check and not report.settled:
+            render.check_failures(report)
+            return EXIT_FAILED
+        return EXIT_OK
 
     _run(body)
 
@@ -128,17 +155,24 @@ def apply(
         str | None,
         typer.Option(
             "--scheme",
-            help="gemm (Triton GEMM, default), direct (Triton, slow oracle) or linear "
-            "(vendor BLAS / dense conv, no Triton).",
+            metavar=f"[{SCHEMES}]",
+            help="How the kernel patches run their op (`rocmfix list` describes each); a "
+            "patch that does not offer it keeps its default, gemm.",
         ),
     ] = None,
     dry_run: Annotated[
         bool,
-        typer.Option("--dry-run", help="Write nothing; print a unified diff on stdout."),
+        typer.Option(
+            "--dry-run", metavar="", help="Write nothing; print a unified diff on stdout."
+        ),
     ] = False,
     check: Annotated[
         bool,
-        typer.Option("--check", help="With --dry-run: exit 1 if anything would change."),
+        typer.Option(
+            "--check",
+            metavar="",
+            help="Write nothing; exit 1 if anything would change (implies --dry-run).",
+        ),
     ] = False,
     force: ForceOpt = False,
     python: PythonOpt = None,
@@ -152,7 +186,9 @@ def apply(
 
     def body() -> int:
         env, patches = _setup(python, only)
-        result = engine.apply(env, patches, scheme=scheme, force=force, dry_run=dry_run or check)
+        result = write.apply(
+            env, patches, scheme=scheme, force=force, dry_run=dry_run or check, explicit=bool(only)
+        )
         if result.dry_run:
             render.diff(result)
         render.run_summary(result)
@@ -174,7 +210,7 @@ def revert(
 
     def body() -> int:
         env, patches = _setup(python, only)
-        render.run_summary(engine.revert(env, patches, force=force))
+        render.run_summary(write.revert(env, patches, force=force))
         return EXIT_OK
 
     _run(body)
@@ -182,7 +218,9 @@ def revert(
 
 @app.command("list")
 def list_(
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON document.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="Print a JSON document.")
+    ] = False,
 ) -> None:
     """List every patch: its target file, the versions and code shapes it knows, its schemes.
 
@@ -200,8 +238,8 @@ OpOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--op",
-        metavar="OP",
-        help="patch-embed or dilated-conv; repeat to select both (default: both).",
+        metavar=f"[{OPS_CHOICE}]",
+        help="An op to measure; repeat to select several (default: all).",
     ),
 ]
 
@@ -210,7 +248,8 @@ OpOpt = Annotated[
 def doctor_(
     python: PythonOpt = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print a JSON document (schema rocmfix-doctor/1).")
+        bool,
+        typer.Option("--json", metavar="", help="Print a JSON document (schema rocmfix-doctor/1)."),
     ] = False,
     time_limit: Annotated[
         float,
@@ -235,7 +274,7 @@ def doctor_(
     def body() -> int:
         ops = doctor.select_ops(op or [])
         env, patches = _setup(python, None)
-        status_report = engine.status(env, patches)
+        status_report = write.status(env, patches)
         with render.progress("doctor") as progress:
             report = doctor.run(status_report, ops=ops, time_limit=time_limit, progress=progress)
         if as_json:
@@ -251,12 +290,14 @@ def doctor_(
 def tune_(
     python: PythonOpt = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print a JSON document (schema rocmfix-tune/1).")
+        bool,
+        typer.Option("--json", metavar="", help="Print a JSON document (schema rocmfix-tune/1)."),
     ] = False,
     reset: Annotated[
         bool,
         typer.Option(
             "--reset",
+            metavar="",
             help="Remove the tuned-config file (every GPU's entries): the kernels go back to "
             "their shipped configs.",
         ),
@@ -274,6 +315,7 @@ def tune_(
         bool,
         typer.Option(
             "--interpret",
+            metavar="",
             hidden=True,
             help="Search in Triton's CPU interpreter on tiny shapes (tests the plumbing; the "
             "timings mean nothing).",
@@ -302,6 +344,50 @@ def tune_(
             render.tune_json(report)
         else:
             render.tune_table(report)
+        return EXIT_OK if report.ok else EXIT_FAILED
+
+    _run(body)
+
+
+@app.command("kernels")
+def kernels_(
+    python: PythonOpt = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", metavar="", help="Print a JSON document (schema rocmfix-kernels/1)."
+        ),
+    ] = False,
+    arch: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--arch",
+            metavar=f"[{'|'.join(kernels.ARCHS)}]",
+            help="A GPU to compile for; repeat to select several (default: all).",
+        ),
+    ] = None,
+    op: OpOpt = None,
+) -> None:
+    """Compile every Triton kernel rocmfix drops for each GPU, without that GPU.
+
+    Each kernel is compiled at MinerU's shapes, in each dtype, with the config that GPU would
+    run (tuned file and environment included), by the interpreter's own Triton. A kernel fails
+    when it does not compile, spills registers, needs more LDS/shared memory than the GPU has,
+    or misses the GPU's matrix instruction. Exit 1: a kernel failed.
+
+    Example: [bold]rocmfix kernels --arch gfx1100 --python ~/venvs/mineru/bin/python[/]
+    """
+
+    def body() -> int:
+        ops = doctor.select_ops(op or [])
+        archs = kernels.select_archs(arch or [])
+        env = discover(all_patches(), python)
+        with render.progress("kernels") as progress:
+            report = kernels.run(env, archs=archs, ops=ops, progress=progress)
+        if as_json:
+            render.kernels_json(report)
+        else:
+            render.kernels_table(report)
         return EXIT_OK if report.ok else EXIT_FAILED
 
     _run(body)
@@ -359,7 +445,9 @@ def _main(
     ctx: typer.Context,
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+        typer.Option(
+            "--version", metavar="", callback=_version, is_eager=True, help="Show the version."
+        ),
     ] = False,
 ) -> None:
     """With no command: a short status and the next command to run."""
@@ -368,7 +456,7 @@ def _main(
 
     def body() -> int:
         env, patches = _setup(None, None)
-        report = engine.status(env, patches)
+        report = write.status(env, patches)
         render.status_table(report)
         render.next_step(report)
         return EXIT_OK
@@ -377,4 +465,18 @@ def _main(
 
 
 def main() -> None:
-    app(prog_name="rocmfix")
+    """Run the app; click's own usage errors get rocmfix's one error style and exit 2."""
+    if os.environ.get(fsops.TEST_HOOKS_ENV):
+        render.warning(
+            f"{fsops.TEST_HOOKS_ENV} is set: this run injects the faults its tests ask for"
+        )
+    try:
+        code = app(prog_name="rocmfix", standalone_mode=False)
+    except typer.TyperException as exc:  # click's errors: a usage error, or a file it opened
+        context = getattr(exc, "ctx", None)
+        command = context.command_path if context is not None else "rocmfix"
+        render.error(UsageError(exc.format_message(), hint=f"`{command} --help` says more"))
+        sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)

@@ -15,94 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import supervise, tuned
-from ._resources import template_path
-from .checks import EnvWarning
+from . import kernels, supervise, tuned, worker
+from .checks import EnvWarning, torch_build
 from .environment import Environment
 from .errors import RefusedError, UsageError
+from .ops import OPS, Case, Op
 from .results import PatchStatus, StatusReport, Verdict
 
 SCHEMA = "rocmfix-doctor/1"
 
-PATCH_EMBED = "patch-embed"
-DILATED_CONV = "dilated-conv"
-OPS = (PATCH_EMBED, DILATED_CONV)
-
-TEMPLATES = {
-    "patch_embed_gemm": "patch_embed_gemm.py",
-    "patch_embed_direct": "patch_embed_direct.py",
-    "patch_embed_linear": "patch_embed_linear.py",
-    "dilated_conv_triton": "dilated_conv_triton.py",
-    "dilated_conv_phase": "dilated_conv_phase.py",
-}
-
-# The scheme a dilated-conv `--scheme direct` installs is the gemm kernel (one template), so
-# it is measured once, as gemm.
-SCHEMES = {PATCH_EMBED: ("gemm", "direct", "linear"), DILATED_CONV: ("gemm", "linear")}
-NATIVE = {PATCH_EMBED: "F.conv3d", DILATED_CONV: "F.conv2d"}
-TITLES = {PATCH_EMBED: "patch embed (vllm)", DILATED_CONV: "dilated conv (DocLayout-YOLO)"}
-DISTRIBUTIONS = {PATCH_EMBED: "vllm", DILATED_CONV: "doclayout-yolo"}
-TRITON_SCHEMES = ("gemm", "direct")
 # A scheme must beat the native op by this much to be worth a patch.
 WORTH = 1.2
 
 DEFAULT_TIME_LIMIT_S = 10.0
 # A Triton item's first call compiles the kernel; that is not the hang the limit is for.
 TRITON_LIMIT_S = 180.0
-
-
-@dataclass(frozen=True)
-class Case:
-    """One shape MinerU runs, on a GPU (``gpu``) and, for the interpreter, scaled down."""
-
-    id: str
-    op: str
-    gpu: Mapping[str, Any]
-    cpu: Mapping[str, Any]
-
-
-def _dilated(c: int, k: int, h: int, w: int, d: int, small: tuple[int, int, int]) -> Case:
-    sc, sh, sw = small
-    return Case(
-        id=f"{DILATED_CONV}-c{c}-k{k}-d{d}",
-        op=DILATED_CONV,
-        gpu={"n": 1, "c": c, "k": k, "h": h, "w": w, "d": d, "dtype": "float32"},
-        cpu={"n": 1, "c": sc, "k": k, "h": sh, "w": sw, "d": d, "dtype": "float32"},
-    )
-
-
-# MinerU2.5's vision tower at a 1280x928 page (Qwen2-VL: 3x2x14x14 patches -> 1280), and
-# yolov10m-doclayout's G2L_CRM blocks at imgsz 1280 on that page (P3 and P4).
-CASES: tuple[Case, ...] = (
-    Case(
-        id=PATCH_EMBED,
-        op=PATCH_EMBED,
-        gpu={"m": 5476, "c": 3, "t": 2, "p": 14, "n": 1280, "dtype": "bfloat16"},
-        cpu={"m": 12, "c": 3, "t": 2, "p": 4, "n": 16, "dtype": "bfloat16"},
-    ),
-    *(_dilated(96, 5, 160, 116, d, (8, 20, 14)) for d in (1, 2, 3)),
-    *(_dilated(192, 3, 80, 58, d, (16, 12, 10)) for d in (1, 3, 5)),
-)
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    kind: str
-    backend: str
-    name: str | None
-    arch: str
-    count: int
-    torch: str
-    hip: str | None
-    cuda: str | None
-    triton: str | None
-    triton_error: str | None
-    conv_library: str | None
-    memory_gib: float | None
-
-    @property
-    def interpreter(self) -> bool:
-        return self.kind != "gpu"
 
 
 @dataclass(frozen=True)
@@ -119,6 +46,8 @@ class Measurement:
     config: Mapping[str, Any] | None = None
     message: str | None = None
     limit_s: float | None = None
+    # What the compiler made of the config it ran, for this GPU (Triton schemes only).
+    compiled: kernels.KernelCheck | None = None
 
     @property
     def checked(self) -> bool:
@@ -132,6 +61,7 @@ class Measurement:
 
 @dataclass(frozen=True)
 class CaseResult:
+    op: Op
     case: Case
     shape: Mapping[str, Any]
     native: Measurement
@@ -149,7 +79,7 @@ class CaseResult:
 
 @dataclass(frozen=True)
 class OpReport:
-    op: str
+    op: Op
     cases: tuple[CaseResult, ...]
     patches: tuple[PatchStatus, ...]
     needed: bool | None
@@ -164,7 +94,7 @@ class OpReport:
 @dataclass(frozen=True)
 class DoctorReport:
     status: StatusReport
-    device: DeviceInfo
+    device: worker.DeviceInfo
     ops: tuple[OpReport, ...]
     time_limit_s: float
     tuned_file: str
@@ -199,35 +129,51 @@ class DoctorReport:
 Progress = Callable[[int, int, str], None]
 
 
-def _item_ids(ops: Sequence[str]) -> list[dict[str, str]]:
-    items = []
-    for case in CASES:
-        if case.op not in ops:
-            continue
-        for impl in ("native", *SCHEMES[case.op]):
-            items.append({"id": f"{case.id}/{impl}", "case": case.id, "impl": impl})
-    return items
+def _item_ids(ops: Sequence[Op]) -> list[dict[str, str]]:
+    return [
+        {"id": f"{case.id}/{impl}", "op": op.name, "case": case.id, "impl": impl}
+        for op in ops
+        for case in op.cases
+        for impl in ("native", *op.scheme_names)
+    ]
 
 
-def _limit(time_limit: float) -> Callable[[str], float]:
+def _limit(ops: Sequence[Op], time_limit: float) -> Callable[[str], float]:
+    compiled = {
+        f"{case.id}/{s.name}"
+        for op in ops
+        for case in op.cases
+        for s in op.schemes
+        if s.needs_triton
+    }
+
     def limit_for(item: str) -> float:
-        impl = item.rsplit("/", 1)[-1]
-        return max(time_limit, TRITON_LIMIT_S) if impl in TRITON_SCHEMES else time_limit
+        return max(time_limit, TRITON_LIMIT_S) if item in compiled else time_limit
 
     return limit_for
 
 
-def select_ops(names: Sequence[str]) -> tuple[str, ...]:
-    unknown = [n for n in names if n not in OPS]
+def _labels(ops: Sequence[Op], gpu: bool) -> dict[str, str]:
+    return {
+        f"{case.id}/{impl}": f"{op.title} {op.label(case.gpu if gpu else case.cpu)}: {impl}"
+        for op in ops
+        for case in op.cases
+        for impl in ("native", *op.scheme_names)
+    }
+
+
+def select_ops(names: Sequence[str]) -> tuple[Op, ...]:
+    known = [op.name for op in OPS]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise UsageError(f"unknown op {', '.join(unknown)}", hint=f"choose from {', '.join(OPS)}")
-    return tuple(op for op in OPS if op in names) if names else OPS
+        raise UsageError(f"unknown op {', '.join(unknown)}", hint=f"choose from {', '.join(known)}")
+    return tuple(op for op in OPS if op.name in names) if names else OPS
 
 
 def run(
     status: StatusReport,
     *,
-    ops: Sequence[str] = OPS,
+    ops: Sequence[Op] = OPS,
     time_limit: float = DEFAULT_TIME_LIMIT_S,
     progress: Progress | None = None,
 ) -> DoctorReport:
@@ -241,16 +187,8 @@ def run(
             hint="point --python at the interpreter that runs MinerU",
         )
     items = _item_ids(ops)
-    path = tuned.tuned_path()
-    request = {
-        "mode": "measure",
-        "templates": {key: str(template_path(name)) for key, name in TEMPLATES.items()},
-        "cases": {c.id: {"op": c.op, "gpu": dict(c.gpu), "cpu": dict(c.cpu)} for c in CASES},
-        "items": items,
-        "budget_s": 0.5,
-        "tuned_file": str(path),
-    }
-    labels = {item["id"]: item["id"].replace("/", " ") for item in items}
+    request = {**worker.request("measure", ops), "items": items, "budget_s": 0.5}
+    labels: dict[str, str] = {}
     done = 0
 
     def on_event(event: supervise.Event) -> None:
@@ -259,6 +197,9 @@ def run(
             return
         kind = event.get("event")
         if kind == "hello":
+            # The table's own words for each row, at the shapes this device runs.
+            gpu = (event.get("device") or {}).get("kind") == "gpu"
+            labels.update(_labels(ops, gpu))
             progress(done, len(items), "worker started")
         elif kind == "start":
             progress(done, len(items), labels.get(str(event.get("id")), ""))
@@ -270,45 +211,62 @@ def run(
     outcome = supervise.run(
         env.python.executable,
         request,
-        limit_for=_limit(time_limit),
+        limit_for=_limit(ops, time_limit),
         on_event=on_event,
         item_ids=[i["id"] for i in items],
     )
     if outcome.hello is None:
-        raise WorkerError(env.python.executable, outcome)
-    return build_report(status, outcome, ops=ops, time_limit=time_limit, tuned_file=str(path))
-
-
-class WorkerError(RefusedError):
-    """The worker never got as far as saying hello: torch or the GPU would not start."""
-
-    def __init__(self, python: str, outcome: supervise.WorkerRun) -> None:
-        lines = [line for line in outcome.stderr_tail.strip().splitlines() if line.strip()]
-        super().__init__(
-            f"could not measure in {python}: {outcome.fatal or 'the worker did not start'}",
-            hint=lines[-1][:300] if lines else None,
-        )
-
-
-def _device(hello: Mapping[str, Any] | None) -> DeviceInfo:
-    raw: Mapping[str, Any] = (hello or {}).get("device") or {}
-    return DeviceInfo(
-        kind=str(raw.get("kind", "unknown")),
-        backend=str(raw.get("backend", "unknown")),
-        name=raw.get("name"),
-        arch=str(raw.get("arch", "?")),
-        count=int(raw.get("count") or 0),
-        torch=str(raw.get("torch", "?")),
-        hip=raw.get("hip"),
-        cuda=raw.get("cuda"),
-        triton=raw.get("triton"),
-        triton_error=raw.get("triton_error"),
-        conv_library=raw.get("conv_library"),
-        memory_gib=raw.get("memory_gib"),
+        raise worker.WorkerError(env.python.executable, outcome)
+    compiled: dict[str, kernels.KernelCheck] = {}
+    items = _compile_items(ops, outcome)
+    if items:
+        if progress is not None:
+            progress(done, len(items), "compiling the kernels it ran for their register use")
+        compiled = kernels.compile_items(env, ops, items)
+    return build_report(
+        status,
+        outcome,
+        ops=ops,
+        time_limit=time_limit,
+        tuned_file=request["tuned_file"],
+        compiled=compiled,
     )
 
 
-def _measurement(impl: str, event: Mapping[str, Any] | None) -> Measurement:
+def _compile_items(ops: Sequence[Op], outcome: supervise.WorkerRun) -> list[dict[str, Any]]:
+    """Each Triton scheme's case as it ran (its config, its shape and dtype), to be compiled
+    for the GPU it ran on: registers, spills and LDS are what the timings cannot show."""
+    device = worker.device(outcome.hello)
+    arch = device.compile_arch()
+    if arch is None:
+        return []
+    by_id = {str(e.get("id")): e for e in outcome.events if e.get("event") == "item"}
+    items = []
+    for op in ops:
+        for case in op.cases:
+            shape = case.gpu if device.kind == "gpu" else case.cpu
+            for scheme in op.schemes:
+                event = by_id.get(f"{case.id}/{scheme.name}")
+                if not scheme.needs_triton or event is None or event.get("config") is None:
+                    continue
+                items.append(
+                    {
+                        "id": f"{case.id}/{scheme.name}",
+                        "op": op.name,
+                        "scheme": scheme.name,
+                        "shape": case.id,
+                        "gpu": dict(shape),
+                        "dtype": shape["dtype"],
+                        "arch": arch,
+                        "config": event["config"],
+                    }
+                )
+    return items
+
+
+def _measurement(
+    impl: str, event: Mapping[str, Any] | None, compiled: kernels.KernelCheck | None = None
+) -> Measurement:
     if event is None:
         return Measurement(impl=impl, status="missing", message="the worker never ran it")
     return Measurement(
@@ -321,6 +279,7 @@ def _measurement(impl: str, event: Mapping[str, Any] | None) -> Measurement:
         config=event.get("config"),
         message=event.get("message"),
         limit_s=event.get("limit_s"),
+        compiled=compiled,
     )
 
 
@@ -328,34 +287,35 @@ def build_report(
     status: StatusReport,
     outcome: supervise.WorkerRun,
     *,
-    ops: Sequence[str],
+    ops: Sequence[Op],
     time_limit: float,
     tuned_file: str,
+    compiled: Mapping[str, kernels.KernelCheck] | None = None,
 ) -> DoctorReport:
     """Turn the worker's events into the report (pure: the unit tests feed it events)."""
+    compiled = compiled or {}
     env = status.environment
-    device = _device(outcome.hello)
+    device = worker.device(outcome.hello)
     by_id = {str(e.get("id")): e for e in outcome.events if e.get("event") == "item"}
     variant = "gpu" if device.kind == "gpu" else "cpu"
     reports = []
     for op in ops:
-        results = []
-        for case in CASES:
-            if case.op != op:
-                continue
-            results.append(
-                CaseResult(
-                    case=case,
-                    shape=case.gpu if variant == "gpu" else case.cpu,
-                    native=_measurement("native", by_id.get(f"{case.id}/native")),
-                    schemes=tuple(
-                        _measurement(s, by_id.get(f"{case.id}/{s}")) for s in SCHEMES[op]
-                    ),
-                    timed=variant == "gpu",
-                )
+        results = tuple(
+            CaseResult(
+                op=op,
+                case=case,
+                shape=case.gpu if variant == "gpu" else case.cpu,
+                native=_measurement("native", by_id.get(f"{case.id}/native")),
+                schemes=tuple(
+                    _measurement(s, by_id.get(f"{case.id}/{s}"), compiled.get(f"{case.id}/{s}"))
+                    for s in op.scheme_names
+                ),
+                timed=variant == "gpu",
             )
-        patches = tuple(p for p in status.patches if p.patch.distribution == DISTRIBUTIONS[op])
-        reports.append(_op_report(env, device, op, tuple(results), patches, time_limit))
+            for case in op.cases
+        )
+        patches = tuple(p for p in status.patches if p.patch.op is op)
+        reports.append(_op_report(env, device, op, results, patches, time_limit))
     warnings = list(status.warnings)
     seen = set()
     for event in outcome.events:
@@ -429,8 +389,8 @@ def _native_floor(results: Sequence[CaseResult]) -> tuple[float | None, bool]:
 
 def _op_report(
     env: Environment,
-    device: DeviceInfo,
-    op: str,
+    device: worker.DeviceInfo,
+    op: Op,
     results: tuple[CaseResult, ...],
     patches: tuple[PatchStatus, ...],
     time_limit: float,
@@ -438,7 +398,7 @@ def _op_report(
     totals: dict[str, float | None] = {
         "native": _total(results, lambda r: r.native),
     }
-    for index, scheme in enumerate(SCHEMES[op]):
+    for index, scheme in enumerate(op.scheme_names):
         totals[scheme] = _total(results, functools.partial(_scheme_at, index))
     native_total, at_least = _native_floor(results)
     candidates = [(ms, s) for s, ms in totals.items() if s != "native" and ms]
@@ -450,7 +410,7 @@ def _op_report(
             speedup = native_total / best_ms
     timed_out = [r for r in results if r.native.status == "timeout"]
     needed, why = _needed(env, device, op, patches, timed_out, time_limit)
-    advice = _advice(device, op, needed, recommended, speedup, at_least)
+    advice = _advice(device, op, patches, needed, recommended, speedup, at_least)
     return OpReport(
         op=op,
         cases=results,
@@ -465,17 +425,10 @@ def _op_report(
     )
 
 
-def _build(env: Environment) -> str:
-    assert env.torch is not None
-    if env.torch.hip:
-        return f"ROCm {env.torch.hip}"
-    return f"CUDA {env.torch.cuda}" if env.torch.cuda else "CPU-only"
-
-
 def _needed(
     env: Environment,
-    device: DeviceInfo,
-    op: str,
+    device: worker.DeviceInfo,
+    op: Op,
     patches: tuple[PatchStatus, ...],
     timed_out: Sequence[CaseResult],
     time_limit: float,
@@ -486,8 +439,8 @@ def _needed(
     if not env.torch.hip:
         library = "cuDNN" if env.torch.cuda else "the CPU"
         why = (
-            f"not needed on this stack: torch {env.torch.version} is a {_build(env)} build and "
-            f"{library} runs {NATIVE[op]} natively; the patch is for ROCm's MIOpen"
+            f"not needed on this stack: torch {env.torch.version} is a {torch_build(env)} build "
+            f"and {library} runs {op.native} natively; the patch is for ROCm's MIOpen"
         )
         if forced:
             why += f" (applied here anyway, with --force: {', '.join(forced)})"
@@ -496,14 +449,14 @@ def _needed(
     if timed_out:
         limit = f"{time_limit:g} s"
         evidence = (
-            f"{NATIVE[op]} did not finish within {limit} on {len(timed_out)} of the shapes "
+            f"{op.native} did not finish within {limit} on {len(timed_out)} of the shapes "
             "(a MIOpen kernel search or its naive kernel)"
         )
     else:
         evidence = ""
     if not installed:
-        dist = DISTRIBUTIONS[op]
-        why = f"{dist} is not installed here; measured anyway"
+        dists = " or ".join(dict.fromkeys(p.patch.distribution for p in patches))
+        why = f"{dists or 'no package with this op'} is not installed here; measured anyway"
         return (True if timed_out else None), (why + (f": {evidence}" if evidence else ""))
     needing = [p for p in installed if p.verdict in (Verdict.APPLICABLE, Verdict.STALE)]
     applied = [p for p in installed if p.verdict is Verdict.APPLIED]
@@ -523,8 +476,9 @@ def _needed(
 
 
 def _advice(
-    device: DeviceInfo,
-    op: str,
+    device: worker.DeviceInfo,
+    op: Op,
+    patches: tuple[PatchStatus, ...],
     needed: bool | None,
     recommended: str | None,
     speedup: float | None,
@@ -540,12 +494,14 @@ def _advice(
     if speedup is None:
         return f"fastest correct scheme: {recommended} (the native op gave no time to compare)"
     ratio = f"{'≥ ' if at_least else ''}{speedup:.1f}x"
-    command = f"rocmfix apply --only {DISTRIBUTIONS[op]} --scheme {recommended}"
+    installed = [p.patch.distribution for p in patches if p.verdict is not Verdict.NOT_INSTALLED]
+    only = "".join(f" --only {d}" for d in dict.fromkeys(installed))
+    command = f"rocmfix apply{only} --scheme {recommended}"
     if speedup < WORTH and not at_least:
         return (
-            f"the native {NATIVE[op]} is about as fast or faster ({recommended}: {ratio}); "
+            f"the native {op.native} is about as fast or faster ({recommended}: {ratio}); "
             "no scheme is worth a patch here"
         )
     if needed is False:
         return f"fastest scheme: {recommended}, {ratio} the native op; nothing to apply here"
-    return f"recommend {recommended}: {ratio} faster than {NATIVE[op]} here; `{command}`"
+    return f"recommend {recommended}: {ratio} faster than {op.native} here; `{command}`"

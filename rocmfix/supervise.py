@@ -1,4 +1,4 @@
-"""Run :mod:`rocmfix.worker` in the target interpreter and hold it to its time limits.
+"""Run :mod:`rocmfix.guest.worker` in the target interpreter and hold it to its time limits.
 
 The worker streams JSON lines; this side reads them on a thread, so it can stop waiting at
 a deadline. An item (one native op, one scheme, one kernel's search) that outlasts its limit
@@ -21,10 +21,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
-from . import worker
+from . import guest
 
 Event = dict[str, Any]
 
@@ -44,10 +43,6 @@ class WorkerRun:
     fatal: str | None = None
     stderr_tail: str = ""
     restarts: int = 0
-
-
-def _source() -> str:
-    return Path(worker.__file__).read_text(encoding="utf-8")
 
 
 def _tail(handle: IO[bytes], limit: int = 3000) -> str:
@@ -85,16 +80,19 @@ def run(
     ``limit_for(item)`` gives an item's time limit in seconds, counted from the worker's
     ``start`` event; ``idle_limit_s`` bounds the wait for any event at all.
     """
-    source = _source()
     outcome = WorkerRun()
     finished: set[str] = set()
     while True:
         body = dict(request)
         body["skip"] = sorted(finished)
-        body["worker_path"] = worker.__file__
         encoded = base64.b64encode(json.dumps(body).encode("utf-8")).decode("ascii")
         ended, current = _one_worker(
-            python, source, encoded, limit_for, on_event, idle_limit_s, outcome, finished
+            guest.command(python, "worker", encoded),
+            limit_for,
+            on_event,
+            idle_limit_s,
+            outcome,
+            finished,
         )
         if ended or outcome.fatal is not None:
             return outcome
@@ -109,9 +107,7 @@ def run(
 
 
 def _one_worker(
-    python: str,
-    source: str,
-    encoded: str,
+    argv: list[str],
     limit_for: Callable[[str], float],
     on_event: Callable[[Event], None],
     idle_limit_s: float,
@@ -122,7 +118,7 @@ def _one_worker(
     with tempfile.TemporaryFile() as errors:
         try:
             proc = subprocess.Popen(
-                [python, "-c", source, encoded],
+                argv,
                 stdout=subprocess.PIPE,
                 stderr=errors,
                 stdin=subprocess.DEVNULL,
@@ -130,7 +126,7 @@ def _one_worker(
                 start_new_session=True,
             )
         except OSError as exc:
-            outcome.fatal = f"cannot run {python}: {exc.strerror or exc}"
+            outcome.fatal = f"cannot run {argv[0]}: {exc.strerror or exc}"
             return False, None
         assert proc.stdout is not None
         lines: queue.Queue[object] = queue.Queue()

@@ -16,42 +16,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import __version__, supervise, tuned
-from ._resources import template_path
-from .doctor import DILATED_CONV, OPS, PATCH_EMBED, TEMPLATES, DeviceInfo, WorkerError, _device
+from . import __version__, supervise, tuned, worker
 from .environment import Environment
 from .errors import RefusedError, UsageError
+from .ops import OPS, Op
 from .state import now
 
 SCHEMA = "rocmfix-tune/1"
 MIN_GAIN = 0.03
 DEFAULT_BUDGET_S = 300.0
-
-# (id, kernel, op, shape on a GPU, shape in the interpreter). The dilated-conv entries are
-# keyed by shape class and tuned over every dilation MinerU runs with that weight.
-KERNELS: tuple[tuple[str, str, str, Mapping[str, Any], Mapping[str, Any]], ...] = (
-    (
-        "patch_embed_gemm",
-        "patch_embed_gemm",
-        PATCH_EMBED,
-        {"m": 5476, "c": 3, "t": 2, "p": 14, "n": 1280, "dtype": "bfloat16"},
-        {"m": 24, "c": 3, "t": 2, "p": 4, "n": 32, "dtype": "bfloat16"},
-    ),
-    (
-        "dilated_conv:c96_k5",
-        "dilated_conv",
-        DILATED_CONV,
-        {"n": 1, "c": 96, "k": 5, "h": 160, "w": 116, "dilations": [1, 2, 3], "dtype": "float32"},
-        {"n": 1, "c": 8, "k": 5, "h": 12, "w": 10, "dilations": [3], "dtype": "float32"},
-    ),
-    (
-        "dilated_conv:c192_k3",
-        "dilated_conv",
-        DILATED_CONV,
-        {"n": 1, "c": 192, "k": 3, "h": 80, "w": 58, "dilations": [1, 3, 5], "dtype": "float32"},
-        {"n": 1, "c": 16, "k": 3, "h": 12, "w": 10, "dilations": [5], "dtype": "float32"},
-    ),
-)
 
 
 @dataclass(frozen=True)
@@ -62,6 +35,8 @@ class Candidate:
     ms: float | None
     rel_err: float | None
     message: str | None
+    # Registers, spills and LDS of its ahead-of-time compile for the GPU tune ran on.
+    compiled: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +71,7 @@ class KernelResult:
 @dataclass(frozen=True)
 class TuneReport:
     environment: Environment
-    device: DeviceInfo
+    device: worker.DeviceInfo
     path: str
     kernels: tuple[KernelResult, ...]
     stored: tuned.StoreResult | None
@@ -125,14 +100,6 @@ class TuneReport:
 Progress = Callable[[int, int, str], None]
 
 
-def _specs(ops: Sequence[str]) -> list[dict[str, Any]]:
-    return [
-        {"id": kid, "kernel": kernel, "gpu": dict(gpu), "cpu": dict(cpu)}
-        for kid, kernel, op, gpu, cpu in KERNELS
-        if op in ops
-    ]
-
-
 def _candidate(raw: Mapping[str, Any]) -> Candidate:
     return Candidate(
         config=raw.get("config") or {},
@@ -141,6 +108,7 @@ def _candidate(raw: Mapping[str, Any]) -> Candidate:
         ms=raw.get("ms"),
         rel_err=raw.get("rel_err"),
         message=raw.get("message"),
+        compiled=raw.get("compiled"),
     )
 
 
@@ -188,7 +156,7 @@ def _result(event: Mapping[str, Any], min_gain: float) -> KernelResult:
 def run(
     env: Environment,
     *,
-    ops: Sequence[str] = OPS,
+    ops: Sequence[Op] = OPS,
     budget_s: float = DEFAULT_BUDGET_S,
     min_gain: float = MIN_GAIN,
     interpret: bool = False,
@@ -203,14 +171,10 @@ def run(
             hint="point --python at the interpreter that runs MinerU",
         )
     path = tuned.tuned_path()
-    specs = _specs(ops)
-    templates = {key: str(template_path(name)) for key, name in TEMPLATES.items()}
+    targets = [t.id for op in ops for t in op.tune]
     request = {
-        "mode": "tune",
-        "templates": templates,
-        "kernels": specs,
+        **worker.request("tune", ops),
         "budget_s": budget_s,
-        "tuned_file": str(path),
         "interpret": interpret,
         "require_gpu": not interpret,
     }
@@ -231,7 +195,7 @@ def run(
         if progress is not None:
             # Kernels not planned yet count as one step each, so the bar never runs backwards
             # by much when their grids arrive.
-            total = sum(planned.get(s["id"], 1) for s in specs)
+            total = sum(planned.get(t, 1) for t in targets)
             progress(sum(done.values()), total, f"{kid}: {event.get('status', 'planned')}")
 
     # Compiles and the confirm round come on top of the search budget.
@@ -241,12 +205,12 @@ def run(
         request,
         limit_for=lambda _item: slack,
         on_event=on_event,
-        item_ids=[s["id"] for s in specs],
+        item_ids=targets,
         idle_limit_s=slack,
     )
     if outcome.hello is None:
-        raise WorkerError(env.python.executable, outcome)
-    device = _device(outcome.hello)
+        raise worker.WorkerError(env.python.executable, outcome)
+    device = worker.device(outcome.hello)
     if device.kind != "gpu" and not interpret:
         raise RefusedError(
             f"no GPU is visible to {env.python.executable} (torch {device.torch}): "
@@ -273,7 +237,7 @@ def run(
             if r.tuned
         }
         stored = tuned.store(path, entries, meta)
-        results = _verify(env, request, results, specs)
+        results = _verify(env, request, results)
     return TuneReport(
         environment=env,
         device=device,
@@ -288,17 +252,10 @@ def run(
 
 
 def _verify(
-    env: Environment,
-    request: Mapping[str, Any],
-    results: list[KernelResult],
-    specs: list[dict[str, Any]],
+    env: Environment, request: Mapping[str, Any], results: list[KernelResult]
 ) -> list[KernelResult]:
     """Read the file back the way the kernels will: in a new process, from their own code."""
-    body = dict(request)
-    body["mode"] = "resolve"
-    body["kernels"] = [
-        s for s in specs if any(r.id == s["id"] and r.status == "ok" for r in results)
-    ]
+    body = dict(request, mode="resolve")
     outcome = supervise.run(
         env.python.executable, body, limit_for=lambda _item: 300.0, on_event=lambda _e: None
     )

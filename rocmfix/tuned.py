@@ -1,12 +1,14 @@
 """The tuned-config file the dropped-in kernels read at import: where it is, what it holds.
 
-Layout (schema 1), read by ``templates/patch_embed_gemm.py`` and
-``templates/dilated_conv_triton.py``::
+Layout (schema 1), read by ``templates/rocmfix_kernel_config.py`` for every kernel::
 
     {"schema": 1,
-     "kernels": {"patch_embed_gemm": {"<arch>": {<tile config>}},
-                 "dilated_conv": {"<arch>": {"<shape class>_<precision class>": {<config>}}}},
+     "kernels": {"<kernel>": {"<arch>": {"<layer>": {<tile config>}}}},
      "meta": {"<arch>": {"device": ..., "torch": ..., "triton": ..., "tuned_at": ...}}}
+
+where ``<kernel>`` is an op's tuned-file key (``patch_embed_gemm``, ``dilated_conv``) and
+``<layer>`` the most specific layer a tuned shape has (``f16`` for the patch embed,
+``c96_k5_tf32`` for the dilated conv); an older flat ``{<tile config>}`` per arch still reads.
 
 The kernels ignore ``meta``; rocmfix uses it to say when a file was tuned on other software.
 Writes are atomic (a temporary file and ``os.replace``) and serialised by a lock on the folder,
@@ -29,7 +31,6 @@ from .checks import EnvWarning
 
 SCHEMA = 1
 FILE_ENV = "ROCMFIX_TUNED_FILE"
-KERNELS = ("patch_embed_gemm", "dilated_conv")
 
 
 def tuned_path() -> Path:
@@ -166,21 +167,20 @@ def store(path: Path, entries: list[Entry], meta: Mapping[str, Mapping[str, Any]
         kernels = data.setdefault("kernels", {})
         for entry in entries:
             per_arch = kernels.setdefault(entry.kernel, {})
-            if entry.kernel == "dilated_conv":
-                classes = per_arch.get(entry.arch)
-                classes = dict(classes) if isinstance(classes, dict) else {}
-                if entry.config is None:
-                    classes.pop(entry.key, None)
-                else:
-                    classes[entry.key] = dict(entry.config)
-                if classes:
-                    per_arch[entry.arch] = classes
-                else:
-                    per_arch.pop(entry.arch, None)
-            elif entry.config is None:
-                per_arch.pop(entry.arch, None)
+            layers = per_arch.get(entry.arch)
+            # An older flat entry is replaced as a whole: it cannot hold layers beside it.
+            flat = isinstance(layers, dict) and any(
+                not isinstance(v, dict) for v in layers.values()
+            )
+            layers = dict(layers) if isinstance(layers, dict) and not flat else {}
+            if entry.config is None:
+                layers.pop(entry.key, None)
             else:
-                per_arch[entry.arch] = dict(entry.config)
+                layers[entry.key] = dict(entry.config)
+            if layers:
+                per_arch[entry.arch] = layers
+            else:
+                per_arch.pop(entry.arch, None)
         for name in [k for k, v in kernels.items() if not v]:
             del kernels[name]
         left = {arch for entries_ in kernels.values() for arch in entries_}

@@ -8,33 +8,32 @@ Why: on ROCm, MIOpen has no fast solver for dilation > 1 and falls back to a nai
 module computes the same thing as ``F.conv2d(x, w, None, stride=1, padding=p, dilation=d)``
 (convolution only: no bias, no BN) with a Triton kernel:
 
-* scheme ``gemm``: implicit GEMM.  Output pixels (N*OH*OW) x output channels are tiled, the
-  C*KH*KW reduction runs through ``tl.dot`` with an fp32 accumulator, and no im2col buffer exists.
-  Config flags pick how the input is read: ``nhwc`` (a channels-last copy of x, so each thread
-  moves 16 bytes), ``tma`` (tensor descriptors: Hopper's TMA, one output-row segment per
-  program) or neither (strided loads straight from x, any layout).
-* scheme ``direct``: the same tiling with an outer-product FMA loop instead of ``tl.dot``, for
-  GPUs or compilers where ``tl.dot`` misbehaves.
+* the ``dot`` kernel (the default): implicit GEMM.  Output pixels (N*OH*OW) x output channels
+  are tiled, the C*KH*KW reduction runs through ``tl.dot`` with an fp32 accumulator, and no
+  im2col buffer exists.  Config flags pick how the input is read: ``nhwc`` (a channels-last
+  copy of x, so each thread moves 16 bytes), ``tma`` (tensor descriptors: Hopper's TMA, one
+  output-row segment per program) or neither (strided loads straight from x, any layout).
+* the ``fma`` kernel (config ``"kernel": "fma"``): the same tiling with an outer-product FMA
+  loop instead of ``tl.dot``, for GPUs or compilers where ``tl.dot`` misbehaves.
 
-Launch configurations are data (:data:`SHIPPED_CONFIGS`, keyed by GPU arch) and can be overridden
-by the ``ROCMFIX_DILATED_CONV_CONFIG`` environment variable (a JSON object) or a tuned file
-(``ROCMFIX_TUNED_FILE``, else ``$XDG_CONFIG_HOME/rocmfix/tuned.json``).  Batch, height and width are
+Launch configurations are data (:data:`SHIPPED_CONFIGS`, keyed by GPU arch); the shared
+``rocmfix_kernel_config`` module, dropped beside this one, merges them with the tuned file and
+``$ROCMFIX_DILATED_CONV_CONFIG``.  Batch, height and width are
 kept out of Triton's specialisation, so a new page size does not compile a new kernel.  There is no
 backward pass: run inference under ``torch.no_grad()`` or ``torch.inference_mode()``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-import warnings
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from . import rocmfix_kernel_config as kc
 
 try:
     import triton
@@ -47,12 +46,8 @@ else:
     _TRITON_IMPORT_ERROR = None
 
 SCHEME = "gemm"
-SCHEMES = ("gemm", "direct")
-
 CONFIG_ENV = "ROCMFIX_DILATED_CONV_CONFIG"
-TUNED_FILE_ENV = "ROCMFIX_TUNED_FILE"
-TUNED_SCHEMA = 1
-KERNEL_NAME = "dilated_conv"
+KERNEL = "dilated_conv"
 
 # Launch configurations per GPU arch.  Inside an arch, keys go from least to most specific:
 # "any", then the precision class ("tf32": fp32 through a reduced-precision dot, "fp32": strict
@@ -67,14 +62,14 @@ SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
             "BLOCK_K": 32,
             "num_warps": 4,
             "num_stages": 2,
-            "taps_inner": 1,
-            "nhwc": 1,
-            "tma": 0,
-            "w_kmajor": 1,
+            "taps_inner": True,
+            "nhwc": True,
+            "tma": False,
+            "w_kmajor": True,
         },
         # Strict fp32 runs on FMA units everywhere: short K steps keep register use down, and
         # the FMA dot reads an N-contiguous weight tile best.
-        "fp32": {"BLOCK_K": 16, "w_kmajor": 0},
+        "fp32": {"BLOCK_K": 16, "w_kmajor": False},
     },
     # NVIDIA Hopper: bench/dilated_conv.py's sweep on an H200 (torch 2.11, Triton 3.6,
     # 2026-11-22), ranked by CUDA-graph GPU time at batch 1 + batch 4; tables in
@@ -87,17 +82,17 @@ SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
             "BLOCK_K": 32,
             "num_warps": 4,
             "num_stages": 3,
-            "taps_inner": 1,
-            "nhwc": 1,
-            "tma": 0,
+            "taps_inner": True,
+            "nhwc": True,
+            "tma": False,
         },
         "f16": {"BLOCK_K": 64},
-        "fp32": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_stages": 2, "nhwc": 0},
+        "fp32": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_stages": 2, "nhwc": False},
         # P3 of yolov10m-doclayout: 96 -> 96, 5x5, d = 1, 2, 3. Chosen for the worst ratio to
         # cuDNN over batch 1 and 4 (bench/dilated_batches.py): 0.82x, where the earlier
         # 64x128x32 tile, picked on the batch sum, fell to 0.70x at batch 4.
-        "c96_k5_tf32": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "tma": 1},
-        "c96_k5_f16": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_stages": 4, "tma": 1},
+        "c96_k5_tf32": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "tma": True},
+        "c96_k5_f16": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_stages": 4, "tma": True},
         "c96_k5_fp32": {"BLOCK_N": 32, "BLOCK_K": 16},
         # P4: 192 -> 192, 3x3, d = 1, 3, 5 (the "any"/"f16"/"fp32" entries are its winners).
     },
@@ -119,17 +114,18 @@ SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
 # Archs whose Triton backend accepts input_precision="tf32".  On AMD only CDNA3 has xf32; every
 # NVIDIA arch from Ampere (sm_80) on has tf32 (checked in _arch_has_tf32).
 TF32_HIP_ARCHS = frozenset({"gfx942"})
-_DOT_PRECISIONS = ("tf32", "tf32x3", "bf16x3", "bf16x6", "ieee")
-_HIP_ONLY_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
-_FLAG_KEYS = ("taps_inner", "nhwc", "tma", "w_kmajor")
-_INT_KEYS = (
-    "BLOCK_M",
-    "BLOCK_N",
-    "BLOCK_K",
-    "num_warps",
-    "num_stages",
-    *_FLAG_KEYS,
-    *_HIP_ONLY_KEYS,
+CONFIG = kc.KernelConfig(
+    KERNEL,
+    CONFIG_ENV,
+    SHIPPED_CONFIGS,
+    {
+        "taps_inner": kc.flag,
+        "nhwc": kc.flag,
+        "tma": kc.flag,
+        "w_kmajor": kc.flag,
+        "kernel": kc.one_of("dot", "fma"),
+        "input_precision": kc.one_of("tf32", "tf32x3", "bf16x3", "bf16x6", "ieee"),
+    },
 )
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
@@ -242,7 +238,7 @@ if triton is not None:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
     @triton.jit(do_not_specialize=_DNS)
-    def _dconv_direct_kernel(
+    def _dconv_fma_kernel(
         x_ptr, w_ptr, y_ptr,
         N, H, W, OH, OW, M,
         sxn, sxc, sxh, sxw,
@@ -356,8 +352,8 @@ if triton is not None:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
 
     _KERNELS = {
-        "gemm": _dconv_gemm_kernel,
-        "direct": _dconv_direct_kernel,
+        "dot": _dconv_gemm_kernel,
+        "fma": _dconv_fma_kernel,
         "tma": _dconv_gemm_tma_kernel,
     }
     _TMA_KERNEL: Any = _dconv_gemm_tma_kernel
@@ -372,42 +368,8 @@ else:
 # Device arch, precision and configuration lookup
 # --------------------------------------------------------------------------------------------
 
-_ARCH_CACHE: dict[int, str] = {}
 _LOCK = threading.Lock()
-_WARNED: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    with _LOCK:
-        if key in _WARNED:
-            return
-        _WARNED.add(key)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def device_arch(device: torch.device | str | int | None = None) -> str:
-    """GPU arch name used as config key: ``gfx1100``, ``gfx942``, ``sm_90``; ``cpu`` otherwise."""
-    try:
-        dev = (
-            torch.device("cuda", device)
-            if isinstance(device, int)
-            else torch.device(device if device is not None else "cuda")
-        )
-        if dev.type != "cuda" or not torch.cuda.is_available():
-            return "cpu"
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        cached = _ARCH_CACHE.get(index)
-        if cached is not None:
-            return cached
-        props = torch.cuda.get_device_properties(index)
-        if getattr(torch.version, "hip", None):
-            arch = (getattr(props, "gcnArchName", "") or "").split(":")[0] or "default"
-        else:
-            arch = f"sm_{props.major}{props.minor}"
-    except Exception:  # noqa: BLE001  # a broken driver must not break inference
-        return "default"
-    _ARCH_CACHE[index] = arch
-    return arch
+device_arch = kc.device_arch
 
 
 def _arch_has_tf32(arch: str) -> bool:
@@ -424,13 +386,13 @@ def _arch_has_tf32(arch: str) -> bool:
 def torch_allows_tf32() -> bool:
     """Whether torch lets cuDNN/MIOpen convolutions use TF32 for fp32 (torch's default: yes)."""
     try:
-        prec = torch.backends.cudnn.conv.fp32_precision  # torch >= 2.9 API
+        prec = torch.backends.cudnn.conv.fp32_precision  # type: ignore[attr-defined]  # torch >= 2.9
         if prec == "none":  # inherit from the parent scopes
             prec = getattr(torch.backends.cudnn, "fp32_precision", "none")
             if prec == "none":
                 prec = getattr(torch.backends, "fp32_precision", "none")
         if prec in ("tf32", "ieee"):
-            return prec == "tf32"
+            return bool(prec == "tf32")
     except Exception:  # noqa: BLE001  # torch < 2.9 has no fp32_precision: legacy flag
         pass
     try:
@@ -454,108 +416,12 @@ def shape_class(c_in: int, c_out: int, k: int) -> str:
     return f"{chans}_k{k}"
 
 
-def tuned_file_path() -> Path:
-    env = os.environ.get(TUNED_FILE_ENV)
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "rocmfix" / "tuned.json"
-
-
-def _is_pow2(v: int) -> bool:
-    return v > 0 and v & (v - 1) == 0
-
-
-def validate_config(cfg: Any) -> dict[str, Any]:
-    """Return a checked copy of a (possibly partial) launch config; raise ValueError if bad."""
-    if not isinstance(cfg, dict):
-        raise ValueError(f"config must be a JSON object, got {type(cfg).__name__}")
-    out: dict[str, Any] = {}
-    for key, val in cfg.items():
-        if key in _FLAG_KEYS and isinstance(val, bool):
-            val = int(val)
-        if key in _INT_KEYS:
-            if isinstance(val, bool) or not isinstance(val, int):
-                raise ValueError(f"{key} must be an integer, got {val!r}")
-            if key.startswith("BLOCK_") and not (_is_pow2(val) and 16 <= val <= 512):
-                raise ValueError(f"{key} must be a power of two in [16, 512], got {val}")
-            if key == "num_warps" and not (_is_pow2(val) and val <= 32):
-                raise ValueError(f"num_warps must be a power of two <= 32, got {val}")
-            if key == "num_stages" and not 1 <= val <= 8:
-                raise ValueError(f"num_stages must be in [1, 8], got {val}")
-            if key in _FLAG_KEYS and val not in (0, 1):
-                raise ValueError(f"{key} must be 0 or 1, got {val}")
-        elif key == "input_precision":
-            if val not in _DOT_PRECISIONS:
-                raise ValueError(f"input_precision must be one of {_DOT_PRECISIONS}, got {val!r}")
-        elif key == "scheme":
-            if val not in SCHEMES:
-                raise ValueError(f"scheme must be one of {SCHEMES}, got {val!r}")
-        else:
-            raise ValueError(f"unknown config key {key!r}")
-        out[key] = val
-    return out
-
-
-def _is_flat_config(entry: dict[str, Any]) -> bool:
-    return any(k in _INT_KEYS or k in ("input_precision", "scheme") for k in entry)
-
-
-def _layers_of(entry: Any, keys: list[str]) -> list[dict[str, Any]]:
-    """Config fragments of one source for one arch, least specific first."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"expected a JSON object, got {type(entry).__name__}")
-    if _is_flat_config(entry):
-        return [validate_config(entry)]
-    return [validate_config(entry[k]) for k in keys if k in entry]
-
-
-_TUNED_CACHE: dict[str, dict[str, Any]] = {}
-_ENV_CACHE: dict[str, Any] = {}
-_RESOLVED: dict[tuple, dict[str, Any]] = {}
-
-
-def _load_tuned(path: Path) -> dict[str, Any]:
-    """The ``dilated_conv`` section of the tuned file, read once per process (arch -> entry)."""
-    key = str(path)
-    cached = _TUNED_CACHE.get(key)
-    if cached is not None:
-        return cached
-    section: dict[str, Any] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        text = None
-    except OSError as exc:
-        text = None
-        _warn_once(f"tuned:{key}", f"rocmfix: cannot read tuned file {path}: {exc}; ignoring it")
-    if text is not None:
-        try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or data.get("schema") != TUNED_SCHEMA:
-                raise ValueError(f'expected a JSON object with "schema": {TUNED_SCHEMA}')
-            kernels = data.get("kernels", {})
-            if not isinstance(kernels, dict):
-                raise ValueError('"kernels" must be an object')
-            sec = kernels.get(KERNEL_NAME, {})
-            if not isinstance(sec, dict) or not all(isinstance(v, dict) for v in sec.values()):
-                raise ValueError(f'"kernels"."{KERNEL_NAME}" must map arch -> object')
-            section = sec
-        except ValueError as exc:  # json.JSONDecodeError is a ValueError
-            _warn_once(f"tuned:{key}", f"rocmfix: ignoring corrupt tuned file {path}: {exc}")
-    _TUNED_CACHE[key] = section
-    return section
-
-
 def clear_config_cache() -> None:
     """Forget the cached tuned file, env parse, resolved configs and launch plans (for
     ``rocmfix tune``)."""
+    CONFIG.clear()
     with _LOCK:
         _PLANS.clear()
-        _TUNED_CACHE.clear()
-        _ENV_CACHE.clear()
-        _RESOLVED.clear()
-        _WARNED.clear()
 
 
 def resolve_config(
@@ -569,60 +435,27 @@ def resolve_config(
 ) -> dict[str, Any]:
     """Launch config for one conv shape on ``device``.
 
-    Sources, lowest priority first, each merged field by field over the previous:
-    ``SHIPPED_CONFIGS["default"]``, ``SHIPPED_CONFIGS[arch]``, the tuned file's
-    ``kernels.dilated_conv[arch]``, then ``$ROCMFIX_DILATED_CONV_CONFIG``.  Within a source, the
-    keys "any", precision class, shape class, "<shape>_<precision>" apply in that order.  A
-    source that fails validation is ignored with one warning.  The result always holds
-    BLOCK_M/N/K, num_warps, num_stages, input_precision and scheme.
+    Layers, least specific first: "any", the precision class, the shape class, then
+    "<shape>_<precision>" (see rocmfix_kernel_config for the sources). The result always holds
+    BLOCK_M/N/K, num_warps, num_stages and input_precision.
     """
-    arch = arch or device_arch(device)
+    arch = arch or kc.device_arch(device)
     prec = precision_class(dtype, arch)
     shape = shape_class(c_in, c_out, k)
-    env = os.environ.get(CONFIG_ENV, "")
-    path = tuned_file_path()
-    cache_key = (arch, prec, shape, env, str(path))
-    hit = _RESOLVED.get(cache_key)
-    if hit is not None:
-        return dict(hit)
-    keys = ["any", prec, shape, f"{shape}_{prec}"]
-    layers: list[dict[str, Any]] = []
-    for entry in (SHIPPED_CONFIGS["default"], SHIPPED_CONFIGS.get(arch)):
-        if entry is not None:
-            layers += _layers_of(entry, keys)  # shipped data is trusted (tested)
-    tuned_entry = _load_tuned(path).get(arch)
-    if tuned_entry is not None:
-        try:
-            layers += _layers_of(tuned_entry, keys)
-        except (ValueError, KeyError, TypeError) as exc:
-            _warn_once(
-                f"tuned-entry:{path}:{arch}",
-                f"rocmfix: ignoring tuned config for {arch} in {path}: {exc}",
-            )
-    if env:
-        try:
-            if env not in _ENV_CACHE:
-                _ENV_CACHE[env] = json.loads(env)
-            layers += _layers_of(_ENV_CACHE[env], keys)
-        except (ValueError, KeyError, TypeError) as exc:
-            _warn_once(f"env:{env}", f"rocmfix: ignoring ${CONFIG_ENV}: {exc}")
-    cfg: dict[str, Any] = {"scheme": SCHEME}
-    for layer in layers:
-        cfg.update(layer)
+    cfg = CONFIG.resolve(arch, ("any", prec, shape, f"{shape}_{prec}"))
     if prec == "tf32":
         cfg.setdefault("input_precision", "tf32")
     else:
         # Strict fp32 must stay IEEE whatever a config says; 16-bit dots ignore the field.
         cfg["input_precision"] = "ieee"
-    _RESOLVED[cache_key] = cfg
-    return dict(cfg)
+    return cfg
 
 
 # --------------------------------------------------------------------------------------------
 # Weight packing
 # --------------------------------------------------------------------------------------------
 
-_PACK_CACHE: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+_PACK_CACHE: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 PACK_CACHE_SIZE = 64
 
 
@@ -692,7 +525,7 @@ def _pair(v: Any, name: str) -> tuple[int, int]:
 
 def _triton_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if triton is None:
-        _warn_once(
+        kc.warn_once(
             "no-triton",
             f"rocmfix: triton is not importable ({_TRITON_IMPORT_ERROR!r}); "
             "the dilated conv falls back to F.conv2d",
@@ -710,7 +543,7 @@ def prepare_launch(
     padding: int | tuple[int, int],
     config: dict[str, Any],
     out: torch.Tensor | None = None,
-) -> tuple[Any, tuple[int], tuple, dict[str, Any], torch.Tensor]:
+) -> tuple[Any, tuple[int], tuple[Any, ...], dict[str, Any], torch.Tensor]:
     """Kernel, grid, positional args, launch kwargs and output for one call (no launch).
 
     Exposed so tests and ``rocmfix tune`` can inspect Triton's specialisation key.
@@ -720,18 +553,18 @@ def prepare_launch(
     pad_h, pad_w = _pair(padding, "padding")
     oh = h + 2 * pad_h - dilation * (kh - 1)
     ow = w + 2 * pad_w - dilation * (kw - 1)
-    scheme = config.get("scheme", SCHEME)
+    fma = config.get("kernel") == "fma"
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    if scheme == "direct":
+    if fma:
         bk = 1  # no dot: no channel padding needed
     c_pad, co_pad = _cdiv(c, bk) * bk, _cdiv(co, bn) * bn
     interp_low = INTERPRETED and x.dtype != torch.float32
-    nhwc = scheme == "gemm" and bool(config.get("nhwc", 1))
+    nhwc = not fma and bool(config.get("nhwc", True))
     if nhwc and not x.is_contiguous(memory_format=torch.channels_last):
         # One copy to channels-last buys vector loads of whole channel runs (see kernel).
         x = x.contiguous(memory_format=torch.channels_last)
-    tma = nhwc and bool(config.get("tma", 0))
-    kmajor = tma or bool(config.get("w_kmajor", 1))  # the descriptor route reads K-major
+    tma = nhwc and bool(config.get("tma", False))
+    kmajor = tma or bool(config.get("w_kmajor", True))  # the descriptor route reads K-major
     packed = _packed_weight(weight, c_pad, co_pad, x.dtype, kmajor)
     if out is None:
         out = torch.empty((n, co, oh, ow), dtype=x.dtype, device=x.device)
@@ -743,17 +576,45 @@ def prepare_launch(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=max(bk, 16),
         X_W_UNIT=sxw == 1, X_C_UNIT=sxc == 1,
         DOT_PRECISION=config["input_precision"], UPCAST=interp_low,
-        TAPS_INNER=bool(config.get("taps_inner", 0)), NHWC=nhwc, W_KMAJOR=kmajor,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        TAPS_INNER=bool(config.get("taps_inner", False)), NHWC=nhwc, W_KMAJOR=kmajor,
+        **kc.launch_options(config),
     )  # fmt: skip
-    if getattr(torch.version, "hip", None):
-        kwargs.update({k: config[k] for k in _HIP_ONLY_KEYS if k in config})
     if tma and _tma_ok(x, packed, c):
         _ensure_allocator()
         grid = (n * oh * _cdiv(ow, bm) * _cdiv(co, bn),)
         return _KERNELS["tma"], grid, args, kwargs, out
     grid = (_cdiv(m, bm) * _cdiv(co, bn),)
-    return _KERNELS[scheme], grid, args, kwargs, out
+    return _KERNELS["fma" if fma else "dot"], grid, args, kwargs, out
+
+
+def prepare(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: int,
+    padding: int | tuple[int, int],
+    config: dict[str, Any] | None = None,
+) -> tuple[Any, tuple[int], tuple[Any, ...], dict[str, Any]]:
+    """What one call of :func:`dilated_conv2d` would launch, from the same config resolution
+    and preparation, without launching: rocmfix's ahead-of-time compile check compiles it for
+    GPUs it does not have."""
+    c_out, c_in, kh, kw = weight.shape
+    cfg = (
+        _explicit(x, c_in, c_out, max(kh, kw), config)
+        if config
+        else (resolve_config(x.device, c_in, c_out, max(kh, kw), x.dtype))
+    )
+    kernel, grid, args, kwargs, _ = prepare_launch(x, weight, dilation, padding, cfg)
+    return kernel, grid, args, kwargs
+
+
+def _explicit(x: torch.Tensor, c: int, co: int, k: int, config: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config with ``config``'s fields over it, as tune and tests pass them; a
+    tf32 setting only applies where tf32 is this GPU's precision for ``x``."""
+    cfg = resolve_config(x.device, c, co, k, x.dtype)
+    cfg.update(CONFIG.validate(config))
+    if precision_class(x.dtype, device_arch(x.device)) != "tf32":
+        cfg["input_precision"] = "ieee"
+    return cfg
 
 
 def _tma_ok(x: torch.Tensor, packed: torch.Tensor, c: int) -> bool:
@@ -838,10 +699,7 @@ def dilated_conv2d(
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         raise RuntimeError(_NO_BACKWARD_MSG)
     if config:  # explicit configs (tests, `rocmfix tune`) skip the plan cache
-        cfg = resolve_config(x.device, c, co, max(kh, kw), x.dtype)
-        cfg.update(validate_config(config))
-        if precision_class(x.dtype, device_arch(x.device)) != "tf32":
-            cfg["input_precision"] = "ieee"
+        cfg = _explicit(x, c, co, max(kh, kw), config)
         kernel, grid, args, kwargs, out = prepare_launch(x, weight, dilation, (pad_h, pad_w), cfg)
         _launch(x, kernel, grid, args, kwargs)
         return out
@@ -865,7 +723,7 @@ def dilated_conv2d(
         pad_w,
         torch_allows_tf32(),
         os.environ.get(CONFIG_ENV),
-        os.environ.get(TUNED_FILE_ENV),
+        os.environ.get(kc.TUNED_FILE_ENV),
         os.environ.get("XDG_CONFIG_HOME"),
     )
     plan = _PLANS.get(key) if version is not None else None
@@ -898,12 +756,12 @@ def dilated_conv2d(
     return out
 
 
-_PLANS: dict[tuple, tuple] = {}
+_PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 PLAN_CACHE_SIZE = 256
 
 
 def _launch(
-    x: torch.Tensor, kernel: Any, grid: tuple[int], args: tuple, kwargs: dict[str, Any]
+    x: torch.Tensor, kernel: Any, grid: tuple[int], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
         with torch.cuda.device(x.device):

@@ -1,29 +1,27 @@
 """Qwen2-VL patch embedding as a direct Triton dot product (rocmfix scheme ``direct``).
 
-rocmfix dropped this file into vllm as ``qwen2_vl_vision_kernels.py`` and rewrote
-``Qwen2VisionPatchEmbed.forward`` to call :func:`triton_conv3d_patchify` instead of the
-Conv3d. ``rocmfix revert`` removes it.
+rocmfix dropped this file beside a Qwen-VL vision tower (vllm's ``qwen2_vl_vision_kernels.py``,
+transformers' ``rocmfix_patch_embed.py``) and rewrote the patch embed's ``forward`` to call
+:func:`triton_conv3d_patchify` instead of the Conv3d. ``rocmfix revert`` removes it.
 
 One program per (patch, output channel) computes one K-long dot product (K = C*T*P*P = 1176
 for Qwen2-VL) in fp32. It uses no matrix cores and re-reads a patch row and a weight row for
 every output, so it is about 100-200x slower than the ``gemm`` scheme (on an H200: 61-250x
 behind it and 110-290x behind cuBLAS, growing with the patch count; see
 docs/performance-patch-embed.md). It is kept as a simple parity oracle, not for production. The
-module is self-contained: stdlib, torch and triton only, never ``vllm``.
+module needs stdlib, torch, triton and ``rocmfix_kernel_config``, never the package it sits in.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-import types
-import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from . import rocmfix_kernel_config as kc
+
 SCHEME = "direct"
-OP_NAMESPACE = "rocmfix"
 OP_NAME = "patch_embed_direct"
 
 # A 1176-long row is 10 chunks of 128; wider chunks only add masked lanes.
@@ -39,18 +37,6 @@ except Exception:  # noqa: BLE001 - a broken triton install must not break vllm'
     triton = None  # type: ignore[assignment]
     tl = None  # type: ignore[assignment]
     _HAS_TRITON = False
-
-_lock = threading.Lock()
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-
 
 if _HAS_TRITON:
     # No @triton.jit helpers of triton.language (tl.sum, ...): those are compiled-or-interpreted
@@ -120,7 +106,7 @@ def patchify_direct(
     if not _HAS_TRITON:
         raise RuntimeError("triton is not importable")
     _check(a, w, bias)
-    M, K = a.shape
+    M = a.shape[0]
     N = w.shape[0]
     if w.dtype != a.dtype:
         w = w.to(a.dtype)
@@ -129,24 +115,37 @@ def patchify_direct(
     elif tuple(out.shape) != (M, N) or out.dtype != a.dtype:
         raise ValueError(f"patch embed: out must be {(M, N)} {a.dtype}")
     if M > 0 and N > 0:
-        _direct_kernel[(M, N)](
-            a,
-            w,
-            bias if bias is not None else out,
-            out,
-            N,
-            K,
-            a.stride(0),
-            a.stride(1),
-            w.stride(0),
-            w.stride(1),
-            out.stride(0),
-            out.stride(1),
-            BLOCK_K=BLOCK_K,
-            HAS_BIAS=bias is not None,
-            num_warps=NUM_WARPS,
-        )
+        kernel, grid, args, kwargs = prepare_launch(a, w, bias, out)
+        kernel[grid](*args, **kwargs)
     return out
+
+
+def clear_config_cache() -> None:
+    """Forget parsed files, warnings and arch queries (the direct kernel has no tile config,
+    but every Triton template answers this for ``rocmfix tune``/``doctor``/``kernels``)."""
+    kc.clear()
+
+
+def prepare(
+    a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
+) -> tuple[Any, tuple[int, int], tuple[Any, ...], dict[str, Any]]:
+    """What one call would launch, not launched (see prepare_launch)."""
+    out = torch.empty((a.shape[0], w.shape[0]), dtype=a.dtype, device=a.device)
+    return prepare_launch(a, w, bias, out)
+
+
+def prepare_launch(
+    a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
+) -> tuple[Any, tuple[int, int], tuple[Any, ...], dict[str, Any]]:
+    """The kernel, grid, arguments and launch options of one call, not launched (rocmfix's
+    ahead-of-time compile check compiles them for GPUs it does not have)."""
+    M, K = a.shape
+    N = w.shape[0]
+    args: tuple[Any, ...] = (a, w, bias if bias is not None else out, out, N, K)
+    args += (a.stride(0), a.stride(1))
+    args += (w.stride(0), w.stride(1), out.stride(0), out.stride(1))
+    kwargs = {"BLOCK_K": BLOCK_K, "HAS_BIAS": bias is not None, "num_warps": NUM_WARPS}
+    return _direct_kernel, (M, N), args, kwargs
 
 
 def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -155,7 +154,7 @@ def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 
 def _impl_cuda(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if not _HAS_TRITON:
-        _warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
+        kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
         return _linear_fallback(a, w, bias)
     return patchify_direct(a, w, bias)
 
@@ -164,7 +163,7 @@ def _impl_cpu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> to
     if _INTERPRETING:
         return patchify_direct(a, w, bias)
     if not _HAS_TRITON:
-        _warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
+        kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
     return _linear_fallback(a, w, bias)
 
 
@@ -172,42 +171,9 @@ def _impl_fake(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     return a.new_empty((a.shape[0], w.shape[0]))
 
 
-# The Library objects live in a process-wide holder, not in this module: a second import of
-# the file must neither redefine the op nor let the first Library be garbage-collected, which
-# would unregister it.
-_REGISTRY_MODULE = "_rocmfix_op_registry"
-
-
-def _registry() -> types.ModuleType:
-    holder = sys.modules.get(_REGISTRY_MODULE)
-    if holder is None:
-        holder = types.ModuleType(_REGISTRY_MODULE)
-        sys.modules[_REGISTRY_MODULE] = holder
-    return holder
-
-
-def _register_op() -> None:
-    holder = _registry()
-    with _lock:
-        if getattr(holder, OP_NAME, None) is not None:
-            return
-        lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
-        lib.define(f"{OP_NAME}(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
-        lib.impl(OP_NAME, _impl_cuda, "CUDA")
-        lib.impl(OP_NAME, _impl_cpu, "CPU")
-        qualname = f"{OP_NAMESPACE}::{OP_NAME}"
-        if hasattr(torch.library, "register_fake"):  # torch >= 2.4
-            torch.library.register_fake(qualname, _impl_fake, lib=lib)
-        elif hasattr(torch.library, "impl_abstract"):
-            torch.library.impl_abstract(qualname, _impl_fake, lib=lib)
-        else:
-            lib.impl(OP_NAME, _impl_fake, "Meta")
-        setattr(holder, OP_NAME, lib)
-
-
-_register_op()
-# Looked up once: resolving torch.ops.<ns>.<name> costs host time on every call.
-_OP = getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME).default
+_OP = kc.register_op(
+    OP_NAME, "(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _impl_cuda, _impl_cpu, _impl_fake
+)
 
 
 def triton_conv3d_patchify(
@@ -217,5 +183,9 @@ def triton_conv3d_patchify(
 
     Returns ``[L, N]`` in ``x``'s dtype.
     """
+    if not x.is_cuda and not _INTERPRETING:
+        # CPU inputs keep the stock op, bit for bit.
+        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
     # flatten(1), not reshape(L, -1): the latter is ambiguous for an empty batch.
-    return _OP(x.flatten(1), weight.flatten(1), bias)
+    out: torch.Tensor = _OP(x.flatten(1), weight.flatten(1), bias)
+    return out

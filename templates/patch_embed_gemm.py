@@ -1,32 +1,27 @@
 """Qwen2-VL patch embedding as a Triton GEMM (rocmfix scheme ``gemm``).
 
-rocmfix dropped this file into vllm as ``qwen2_vl_vision_kernels.py`` and rewrote
-``Qwen2VisionPatchEmbed.forward`` to call :func:`triton_conv3d_patchify` instead of the
-Conv3d, whose MIOpen path takes seconds per call on ROCm. ``rocmfix revert`` removes it.
+rocmfix dropped this file beside a Qwen-VL vision tower (vllm's ``qwen2_vl_vision_kernels.py``,
+transformers' ``rocmfix_patch_embed.py``) and rewrote the patch embed's ``forward`` to call
+:func:`triton_conv3d_patchify` instead of the Conv3d, whose MIOpen path takes seconds per
+call on ROCm. ``rocmfix revert`` removes it.
 
 The conv has kernel == stride and no padding, so it is exactly
 ``x.view(L, K) @ W.view(N, K).T (+ bias)`` with K = C*T*P*P (1176 for Qwen2-VL / MinerU2.5).
-The module is self-contained: stdlib, torch and triton only, never ``vllm`` (vllm 0.8.x has
-no ``tl``/``triton`` in ``vllm.triton_utils``).
+The module needs stdlib, torch, triton and the ``rocmfix_kernel_config`` module dropped beside
+it, never the package it sits in (vllm 0.8.x has no ``tl``/``triton`` in
+``vllm.triton_utils``). CPU inputs run the stock ``F.conv3d``.
 
-Tile configs are data (:data:`PATCH_EMBED_CONFIGS`, keyed by GPU arch). Lookup order:
-env ``ROCMFIX_PATCH_EMBED_CONFIG`` (JSON object) > tuned file (env ``ROCMFIX_TUNED_FILE``, else
-``$XDG_CONFIG_HOME/rocmfix/tuned.json`` or ``~/.config/rocmfix/tuned.json``) > shipped entry for
-the arch > ``"default"``. Later sources are overlaid key by key; the env var and the file are
-read at the first call per device and dtype (:func:`clear_config_cache` forgets them).
-:func:`patchify_gemm` takes an explicit config, for ``rocmfix tune``/``doctor``. Nothing is
-tuned at inference time.
+Tile configs are data (:data:`PATCH_EMBED_CONFIGS`, keyed by GPU arch, then by precision class:
+``"f16"`` for bf16/fp16 inputs, ``"fp32"`` for fp32). The shared ``rocmfix_kernel_config``
+module, dropped beside this one, merges them with the tuned file and
+``$ROCMFIX_PATCH_EMBED_CONFIG``; :func:`patchify_gemm` takes an explicit config, for
+``rocmfix tune``/``doctor``. Nothing is tuned at inference time.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import os
-import sys
 import threading
-import types
-import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -34,13 +29,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import rocmfix_kernel_config as kc
+
 SCHEME = "gemm"
-OP_NAMESPACE = "rocmfix"
 OP_NAME = "patch_embed_gemm"
-TUNED_KERNEL_KEY = "patch_embed_gemm"
-TUNED_SCHEMA = 1
+KERNEL = "patch_embed_gemm"
 CONFIG_ENV = "ROCMFIX_PATCH_EMBED_CONFIG"
-TUNED_FILE_ENV = "ROCMFIX_TUNED_FILE"
 
 try:
     import triton
@@ -61,39 +55,60 @@ except Exception:  # noqa: BLE001
     TensorDescriptor = None  # type: ignore[assignment,misc]
     _HAS_HOST_TMA = False
 
-# Shipped tile configs, keyed by arch ("gfx1100", "sm_90", ...). Missing keys come from
-# "default". "tma"/"persistent"/"occupancy"/"epilogue_subtile"/"flatten" select and shape the
-# sm_90 descriptor kernel (a persistent grid is occupancy x SM count programs);
-# waves_per_eu/matrix_instr_nonkdim/kpack are passed to the launch on ROCm only.
-PATCH_EMBED_CONFIGS: dict[str, dict[str, Any]] = {
-    # Portable pointer kernel; 48 KiB of shared memory at 3 stages fits every current GPU.
+# RDNA has no fp32 matrix instruction, so a 64x64 fp32 tile on 4 wave32 warps holds 128
+# accumulators per lane and spills (256 VGPRs, ~105 spills, 288 bytes of scratch, compiled for
+# gfx1100/gfx1201 by `rocmfix kernels`); 8 warps halve that: 174 VGPRs, 8 waves, no spills.
+_RDNA_FP32: dict[str, dict[str, Any]] = {"fp32": {"num_warps": 8}}
+
+# Shipped tile configs: arch ("gfx1100", "sm_90", ...) -> precision class -> config; "any"
+# applies to every precision, and every arch starts from "default". The arch entries are sized
+# for 16-bit operands (what vllm and transformers run); fp32 inputs take "default"'s "fp32"
+# tile, since an exact fp32 dot ("ieee", to match F.linear without TF32) runs on FMA units on
+# NVIDIA and RDNA, where small tiles are the fast ones (CDNA has fp32 MFMA).
+# "tma"/"persistent"/"occupancy"/"epilogue_subtile"/"flatten" select and shape the sm_90
+# descriptor kernel (a persistent grid is occupancy x SM count programs);
+# waves_per_eu/matrix_instr_nonkdim/kpack are passed to the launch on ROCm. Every entry is
+# compiled for every arch by `rocmfix kernels` (docs/amd-kernels.md).
+PATCH_EMBED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
     "default": {
-        "BLOCK_M": 128,
-        "BLOCK_N": 128,
-        "BLOCK_K": 32,
-        "GROUP_M": 8,
-        "num_warps": 4,
-        "num_stages": 3,
-        "tma": False,
-        "persistent": False,
-        "occupancy": 1,
-        "epilogue_subtile": False,
-        "flatten": False,
-        "pack_weight": True,
+        # Portable pointer kernel; 48 KiB of shared memory at 3 stages fits every current GPU.
+        "any": {
+            "BLOCK_M": 128,
+            "BLOCK_N": 128,
+            "BLOCK_K": 32,
+            "GROUP_M": 8,
+            "num_warps": 4,
+            "num_stages": 3,
+            "tma": False,
+            "persistent": False,
+            "occupancy": 1,
+            "epilogue_subtile": False,
+            "flatten": False,
+            "pack_weight": True,
+        },
+        "fp32": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
     },
     # RX 7900 XTX: the seed author's hand-tuned tile. Unmeasured here; AITER uses num_stages=1 on
     # RDNA (no async global->LDS copy), so `rocmfix tune` should A/B the stage count.
-    "gfx1100": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
+    "gfx1100": {
+        "f16": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
+        **_RDNA_FP32,
+    },
+    # RX 9070 XT: the default 16-bit tile compiles to 212 VGPRs and 7 waves with WMMA, no
+    # spills (docs/amd-kernels.md); only fp32 needs RDNA's own tile.
+    "gfx1201": {**_RDNA_FP32},
     # MI300X: unmeasured; 8 warps / 2 stages / 16x16 MFMA as in AITER's gfx942 GEMM tables. A
     # 128x128 tile keeps 430 tiles for 304 CUs at M=5476, where 256x256 would leave CUs idle.
     "gfx942": {
-        "BLOCK_M": 128,
-        "BLOCK_N": 128,
-        "BLOCK_K": 64,
-        "GROUP_M": 4,
-        "num_warps": 8,
-        "num_stages": 2,
-        "matrix_instr_nonkdim": 16,
+        "f16": {
+            "BLOCK_M": 128,
+            "BLOCK_N": 128,
+            "BLOCK_K": 64,
+            "GROUP_M": 4,
+            "num_warps": 8,
+            "num_stages": 2,
+            "matrix_instr_nonkdim": 16,
+        }
     },
     # H100/H200, measured on an H200 (docs/performance-patch-embed.md): TMA descriptors with
     # hardware zero-fill of the K tail, persistent grid, flattened tile loop, and the weight's
@@ -103,52 +118,37 @@ PATCH_EMBED_CONFIGS: dict[str, dict[str, Any]] = {
     # despite fewer L2 bytes. The 4 stages leave 3 KB of shared memory: a Triton that needs
     # more drops to 3 stages (the previous shipped config) at the first launch.
     "sm_90": {
-        "BLOCK_M": 128,
-        "BLOCK_N": 256,
-        "BLOCK_K": 64,
-        "GROUP_M": 8,
-        "num_warps": 8,
-        "num_stages": 4,
-        "tma": True,
-        "persistent": True,
-        "epilogue_subtile": True,
-        "flatten": True,
+        "f16": {
+            "BLOCK_M": 128,
+            "BLOCK_N": 256,
+            "BLOCK_K": 64,
+            "GROUP_M": 8,
+            "num_warps": 8,
+            "num_stages": 4,
+            "tma": True,
+            "persistent": True,
+            "epilogue_subtile": True,
+            "flatten": True,
+        }
     },
 }
 
-# fp32 inputs (not used by vllm, which runs the ViT in bf16/fp16): the arch configs are sized
-# for 16-bit operands and would overflow shared memory, and an exact fp32 dot ("ieee", to match
-# F.linear without TF32) runs on FMA units, where small tiles are the fast ones.
-FP32_CONFIG: dict[str, Any] = {
-    "BLOCK_M": 64,
-    "BLOCK_N": 64,
-    "BLOCK_K": 32,
-    "num_warps": 4,
-    "num_stages": 2,
-    "tma": False,
-}
-
-_POW2_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
-_INT_KEYS = (
-    "GROUP_M",
-    "num_warps",
-    "num_stages",
-    "occupancy",
-    "waves_per_eu",
-    "matrix_instr_nonkdim",
-    "kpack",
+CONFIG = kc.KernelConfig(
+    KERNEL,
+    CONFIG_ENV,
+    PATCH_EMBED_CONFIGS,
+    {
+        "GROUP_M": kc.integer(1, 64),
+        "occupancy": kc.integer(1, 64),
+        "tma": kc.flag,
+        "persistent": kc.flag,
+        "epilogue_subtile": kc.flag,
+        "flatten": kc.flag,
+        "pack_weight": kc.flag,
+    },
 )
-_BOOL_KEYS = ("tma", "persistent", "epilogue_subtile", "flatten", "pack_weight")
-_HIP_LAUNCH_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
-CONFIG_KEYS = frozenset(_POW2_KEYS + _INT_KEYS + _BOOL_KEYS)
 
 _lock = threading.Lock()
-_tuned_cache: dict[str, dict[str, dict[str, Any]]] = {}
-_env_cache: dict[str, dict[str, Any]] = {}
-_arch_cache: dict[int, str] = {}
-_sm_count_cache: dict[int, int] = {}
-_cc_major_cache: dict[int, int] = {}
-_resolved_cache: dict[tuple[str, str, str | None], dict[str, Any]] = {}
 _plan_cache: dict[tuple[Any, ...], Any] = {}
 # Weight descriptors by (address, shape, strides, dtype, block): the descriptor holds the weight,
 # so its address cannot be reused by another tensor while the entry lives.
@@ -159,188 +159,33 @@ _W_DESC_CACHE_SIZE = 8
 _packed_cache: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 _PACKED_CACHE_SIZE = 8
 PACK_ROW_BYTES = 128
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def clear_config_cache() -> None:
-    """Forget the parsed tuned file, env config, arch queries and packed weights."""
+    """Forget the parsed tuned file, env config, arch queries, plans and packed weights."""
+    CONFIG.clear()
     with _lock:
-        _tuned_cache.clear()
-        _env_cache.clear()
-        _arch_cache.clear()
-        _sm_count_cache.clear()
-        _cc_major_cache.clear()
-        _resolved_cache.clear()
         _plan_cache.clear()
         _w_desc_cache.clear()
         _packed_cache.clear()
-        _warned.clear()
 
 
-def validate_config(raw: Any, source: str) -> dict[str, Any]:
-    """Keep the valid keys of ``raw``; warn once about anything dropped."""
-    if not isinstance(raw, Mapping):
-        _warn_once(f"type:{source}", f"rocmfix: {source} is not a JSON object; ignored")
-        return {}
-    good: dict[str, Any] = {}
-    bad: list[str] = []
-    for key, value in raw.items():
-        ok = False
-        if key in _POW2_KEYS:
-            ok = type(value) is int and 16 <= value <= 512 and value & (value - 1) == 0
-        elif key == "num_warps":
-            ok = type(value) is int and value in (1, 2, 4, 8, 16)
-        elif key in ("GROUP_M", "occupancy"):
-            ok = type(value) is int and 1 <= value <= 64
-        elif key in _INT_KEYS:
-            ok = type(value) is int and 0 <= value <= 64
-        elif key in _BOOL_KEYS:
-            ok = type(value) is bool
-        if ok:
-            good[key] = value
-        else:
-            bad.append(f"{key}={value!r}")
-    if bad:
-        _warn_once(
-            f"keys:{source}:{sorted(bad)}",
-            f"rocmfix: ignoring unknown or invalid patch-embed config keys in {source}: "
-            + ", ".join(sorted(bad)),
-        )
-    return good
+def precision_class(dtype: torch.dtype) -> str:
+    return "fp32" if dtype == torch.float32 else "f16"
 
 
-def tuned_file_path() -> str:
-    explicit = os.environ.get(TUNED_FILE_ENV)
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "rocmfix", "tuned.json")
+def resolve_config(
+    device: torch.device | str | int | None = None, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, Any]:
+    """The tile config of ``dtype`` inputs on ``device`` (see rocmfix_kernel_config)."""
+    return CONFIG.resolve(kc.device_arch(device), ("any", precision_class(dtype)))
 
 
-def _load_tuned(path: str) -> dict[str, dict[str, Any]]:
-    with _lock:
-        if path in _tuned_cache:
-            return _tuned_cache[path]
-    entries: dict[str, dict[str, Any]] = {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        data = None
-    except (OSError, ValueError) as exc:
-        _warn_once(f"file:{path}", f"rocmfix: cannot read tuned file {path} ({exc}); ignored")
-        data = None
-    if data is not None:
-        kernels = data.get("kernels") if isinstance(data, dict) else None
-        if (
-            not isinstance(data, dict)
-            or data.get("schema") != TUNED_SCHEMA
-            or not isinstance(kernels, dict)
-        ):
-            _warn_once(
-                f"file:{path}",
-                f"rocmfix: tuned file {path} is not schema {TUNED_SCHEMA}; ignored",
-            )
-        else:
-            per_arch = kernels.get(TUNED_KERNEL_KEY, {})
-            if not isinstance(per_arch, dict):
-                _warn_once(f"file:{path}", f"rocmfix: bad {TUNED_KERNEL_KEY} in {path}; ignored")
-            else:
-                for arch, cfg in per_arch.items():
-                    entries[str(arch)] = validate_config(cfg, f"{path}[{arch}]")
-    with _lock:
-        _tuned_cache[path] = entries
-    return entries
-
-
-def _env_config() -> dict[str, Any]:
-    text = os.environ.get(CONFIG_ENV)
-    if not text:
-        return {}
-    with _lock:
-        if text in _env_cache:
-            return _env_cache[text]
-    try:
-        cfg = validate_config(json.loads(text), CONFIG_ENV)
-    except ValueError as exc:
-        _warn_once(f"env:{text}", f"rocmfix: {CONFIG_ENV} is not valid JSON ({exc}); ignored")
-        cfg = {}
-    with _lock:
-        _env_cache[text] = cfg
-    return cfg
-
-
-def device_arch(device: torch.device | str | int | None = None) -> str:
-    """``gfxNNNN`` on ROCm, ``sm_XY`` on CUDA, ``"default"`` without a usable GPU."""
-    try:
-        dev = torch.device(device) if device is not None else torch.device("cuda")
-        if dev.type != "cuda" or not torch.cuda.is_available():
-            return "default"
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-    except Exception:  # noqa: BLE001
-        return "default"
-    cached = _arch_cache.get(index)
-    if cached is not None:
-        return cached
-    arch = "default"
-    try:
-        props = torch.cuda.get_device_properties(index)
-        if getattr(torch.version, "hip", None):
-            name = getattr(props, "gcnArchName", "") or ""
-            arch = name.split(":")[0] or "default"
-        else:
-            arch = f"sm_{props.major}{props.minor}"
-    except Exception:  # noqa: BLE001
-        arch = "default"
-    _arch_cache[index] = arch
-    return arch
-
-
-def resolve_config(device: torch.device | str | int | None = None) -> dict[str, Any]:
-    """The tile config used on ``device``: env > tuned file > shipped arch entry > default."""
-    arch = device_arch(device)
-    path = tuned_file_path()
-    key = (arch, path, os.environ.get(CONFIG_ENV))
-    cached = _resolved_cache.get(key)
-    if cached is None:
-        cached = dict(PATCH_EMBED_CONFIGS["default"])
-        cached.update(PATCH_EMBED_CONFIGS.get(arch, {}))
-        cached.update(_load_tuned(path).get(arch, {}))
-        cached.update(_env_config())
-        _resolved_cache[key] = cached
-    return dict(cached)
-
-
-def _cc_major(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    major = _cc_major_cache.get(index)
-    if major is None:
-        major = int(torch.cuda.get_device_capability(index)[0])
-        _cc_major_cache[index] = major
-    return major
+device_arch = kc.device_arch
 
 
 # "SMs" of a persistent grid in Triton's CPU interpreter.
 INTERPRETER_SM_COUNT = 4
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SM_COUNT
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    count = _sm_count_cache.get(index)
-    if count is None:
-        count = int(torch.cuda.get_device_properties(index).multi_processor_count)
-        _sm_count_cache[index] = count
-    return count
 
 
 # --------------------------------------------------------------------------------------------
@@ -532,28 +377,23 @@ class _Plan:
         "opts",
         "pack",
         "persistent",
+        "programs",
         "tma",
     )
 
     def __init__(self, cfg: Mapping[str, Any], device: torch.device) -> None:
         self.bm, self.bn, self.bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         self.group = cfg["GROUP_M"]
-        self.opts: dict[str, Any] = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-        hip = bool(getattr(torch.version, "hip", None))
-        if hip:
-            for key in _HIP_LAUNCH_KEYS:
-                if key in cfg:
-                    self.opts[key] = cfg[key]
-        tma = bool(cfg.get("tma")) and _HAS_HOST_TMA
-        if device.type == "cuda":
-            tma = tma and not hip and _cc_major(device) >= 9
-        else:
-            tma = tma and _INTERPRETING
-        self.tma = tma
+        self.opts = kc.launch_options(cfg)
+        on_gpu, cc_major, sm_count = kc.gpu(device)
+        # Host descriptors drive Hopper's TMA unit; the interpreter runs them too.
+        where = (not kc.is_hip() and cc_major >= 9) if on_gpu else _INTERPRETING
+        self.tma = bool(cfg.get("tma")) and _HAS_HOST_TMA and where
         # The interpreter runs persistent grids too (over INTERPRETER_SM_COUNT "SMs"), so the
         # CPU tests cover the persistent loop.
-        self.persistent = bool(cfg.get("persistent")) and (device.type == "cuda" or _INTERPRETING)
+        self.persistent = bool(cfg.get("persistent")) and (on_gpu or _INTERPRETING)
         self.occupancy = int(cfg.get("occupancy", 1))
+        self.programs = self.occupancy * (sm_count if on_gpu else INTERPRETER_SM_COUNT)
         self.half = bool(cfg.get("epilogue_subtile")) and self.bn >= 32
         self.flatten = bool(cfg.get("flatten"))
         self.pack = bool(cfg.get("pack_weight"))
@@ -621,13 +461,24 @@ def _weight_descriptor(w: torch.Tensor, bn: int, bk: int) -> Any:
     return desc
 
 
+Launch = tuple[Any, tuple[int], tuple[Any, ...], dict[str, Any]]
+
+
 def _launch(
+    a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, plan: _Plan
+) -> None:
+    kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
+    kernel[grid](*args, **kwargs)
+
+
+def prepare_launch(
     a: torch.Tensor,
     w: torch.Tensor,
     bias: torch.Tensor | None,
     out: torch.Tensor,
     plan: _Plan,
-) -> None:
+) -> Launch:
+    """The kernel, grid, arguments and launch options of one call, not launched."""
     M, K = a.shape
     N = w.shape[0]
     bm, bn, bk = plan.bm, plan.bn, plan.bk
@@ -638,59 +489,48 @@ def _launch(
         a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
         w_desc = _weight_descriptor(w, bn, bk)
         c_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2 if plan.half else bn])
-        progs = tiles
-        if plan.persistent:
-            progs = min(tiles, plan.occupancy * _sm_count(a.device))
-        _gemm_tma_kernel[(progs,)](
-            a_desc,
-            w_desc,
-            c_desc,
-            bias_arg,
-            M,
-            N,
-            K,
-            progs,
-            BLOCK_M=bm,
-            BLOCK_N=bn,
-            BLOCK_K=bk,
-            GROUP_M=plan.group,
-            HAS_BIAS=bias is not None,
-            UPCAST=upcast,
-            EPILOGUE_SUBTILE=plan.half,
-            FLATTEN=plan.flatten,
-            **plan.opts,
+        progs = min(tiles, plan.programs) if plan.persistent else tiles
+        return (
+            _gemm_tma_kernel,
+            (progs,),
+            (a_desc, w_desc, c_desc, bias_arg, M, N, K, progs),
+            dict(
+                BLOCK_M=bm,
+                BLOCK_N=bn,
+                BLOCK_K=bk,
+                GROUP_M=plan.group,
+                HAS_BIAS=bias is not None,
+                UPCAST=upcast,
+                EPILOGUE_SUBTILE=plan.half,
+                FLATTEN=plan.flatten,
+                **plan.opts,
+            ),
         )
-        return
     a_align = _row_align(a, a.stride(0))
     w_align = _row_align(w, w.stride(0))
     k_align = max(1, 16 // a.element_size())
     while K % k_align:
         k_align //= 2
-    _gemm_ptr_kernel[(tiles,)](
-        a,
-        w,
-        bias_arg,
-        out,
-        M,
-        N,
-        K // k_align,
-        a.stride(0) // a_align,
-        a.stride(1),
-        w.stride(0) // w_align,
-        w.stride(1),
-        out.stride(0),
-        out.stride(1),
-        A_ALIGN=a_align,
-        W_ALIGN=w_align,
-        K_ALIGN=k_align,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        GROUP_M=plan.group,
-        EVEN_K=K % bk == 0,
-        HAS_BIAS=bias is not None,
-        UPCAST=upcast,
-        **plan.opts,
+    args: tuple[Any, ...] = (a, w, bias_arg, out, M, N, K // k_align)
+    args += (a.stride(0) // a_align, a.stride(1), w.stride(0) // w_align, w.stride(1))
+    args += (out.stride(0), out.stride(1))
+    return (
+        _gemm_ptr_kernel,
+        (tiles,),
+        args,
+        dict(
+            A_ALIGN=a_align,
+            W_ALIGN=w_align,
+            K_ALIGN=k_align,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            GROUP_M=plan.group,
+            EVEN_K=K % bk == 0,
+            HAS_BIAS=bias is not None,
+            UPCAST=upcast,
+            **plan.opts,
+        ),
     )
 
 
@@ -707,10 +547,7 @@ def _plan_for(device: torch.device, dtype: torch.dtype) -> _Plan:
     key = (device, dtype)
     plan = _plan_cache.get(key)
     if plan is None:
-        cfg = resolve_config(device)
-        if dtype == torch.float32 and not _INTERPRETING:
-            cfg.update(FP32_CONFIG)
-        plan = _Plan(cfg, device)
+        plan = _Plan(resolve_config(device, dtype), device)
         with _lock:
             _plan_cache[key] = plan
     return plan
@@ -743,7 +580,7 @@ def _run(
             # a compiler that needs more shared memory than the one measured): one stage less
             # first, as long as that still pipelines, then the portable default. The plan
             # that fits replaces the cached one, so later calls do not fail again.
-            _warn_once(
+            kc.warn_once(
                 f"oor:{plan.bm}x{plan.bn}x{plan.bk}s{plan.opts['num_stages']}",
                 f"rocmfix: patch-embed config does not fit ({exc}); using a smaller one",
             )
@@ -762,15 +599,30 @@ def _run(
     return out
 
 
+def prepare(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Launch:
+    """What one call of ``patchify_gemm`` would launch, from the same config resolution and
+    preparation (the weight packed, the output made), without launching: rocmfix's
+    ahead-of-time compile check compiles it for GPUs it does not have."""
+    cfg = resolve_config(a.device, a.dtype)
+    cfg.update(CONFIG.validate(config or {}))
+    plan = _Plan(cfg, a.device)
+    if plan.pack and w.numel() > 0:
+        w = _packed_weight(w)
+    out = torch.empty((a.shape[0], w.shape[0]), dtype=a.dtype, device=a.device)
+    return prepare_launch(a, w, bias, out, plan)
+
+
 def _smaller_plans(plan: _Plan, a: torch.Tensor) -> Iterator[_Plan]:
     for stages in range(plan.opts["num_stages"] - 1, 1, -1):
         smaller = copy.copy(plan)
         smaller.opts = {**plan.opts, "num_stages": stages}
         yield smaller
-    safe = dict(PATCH_EMBED_CONFIGS["default"])
-    if a.dtype == torch.float32:
-        safe.update(FP32_CONFIG)
-    yield _Plan(safe, a.device)
+    yield _Plan(CONFIG.shipped_config("default", ("any", precision_class(a.dtype))), a.device)
 
 
 def patchify_gemm(
@@ -792,10 +644,8 @@ def patchify_gemm(
     if config is None:
         plan = _plan_for(a.device, a.dtype)
     else:
-        cfg = resolve_config(a.device)
-        if a.dtype == torch.float32 and not _INTERPRETING:
-            cfg.update(FP32_CONFIG)
-        cfg.update(validate_config(config, "explicit config"))
+        cfg = resolve_config(a.device, a.dtype)
+        cfg.update(CONFIG.validate(config))
         plan = _Plan(cfg, a.device)
     return _run(a, w, bias, plan, out)
 
@@ -806,7 +656,7 @@ def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 
 def _impl_cuda(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if not _HAS_TRITON:
-        _warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
+        kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
         return _linear_fallback(a, w, bias)
     return _run(a, w, bias, _plan_for(a.device, a.dtype), None)
 
@@ -815,7 +665,7 @@ def _impl_cpu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> to
     if _INTERPRETING:
         return _run(a, w, bias, _plan_for(a.device, a.dtype), None)
     if not _HAS_TRITON:
-        _warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
+        kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
     return _linear_fallback(a, w, bias)
 
 
@@ -823,51 +673,9 @@ def _impl_fake(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     return a.new_empty((a.shape[0], w.shape[0]))
 
 
-# --------------------------------------------------------------------------------------------
-# Op registration (low-level Library API, as vllm's direct_register_custom_op does)
-# --------------------------------------------------------------------------------------------
-
-# The Library objects live in a process-wide holder, not in this module: a second import of
-# the file (another module name, importlib reload) must neither redefine the op nor let the
-# first Library be garbage-collected, which would unregister it.
-_REGISTRY_MODULE = "_rocmfix_op_registry"
-
-
-def _registry() -> types.ModuleType:
-    holder = sys.modules.get(_REGISTRY_MODULE)
-    if holder is None:
-        holder = types.ModuleType(_REGISTRY_MODULE)
-        sys.modules[_REGISTRY_MODULE] = holder
-    return holder
-
-
-def _register_op() -> None:
-    holder = _registry()
-    with _lock:
-        if getattr(holder, OP_NAME, None) is not None:
-            return
-        lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
-        lib.define(f"{OP_NAME}(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
-        lib.impl(OP_NAME, _impl_cuda, "CUDA")
-        lib.impl(OP_NAME, _impl_cpu, "CPU")
-        qualname = f"{OP_NAMESPACE}::{OP_NAME}"
-        if hasattr(torch.library, "register_fake"):  # torch >= 2.4
-            torch.library.register_fake(qualname, _impl_fake, lib=lib)
-        elif hasattr(torch.library, "impl_abstract"):
-            torch.library.impl_abstract(qualname, _impl_fake, lib=lib)
-        else:
-            lib.impl(OP_NAME, _impl_fake, "Meta")
-        setattr(holder, OP_NAME, lib)
-
-
-_register_op()
-# Looked up once: resolving torch.ops.<ns>.<name> costs host time on every call.
-_OP = getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME).default
-_compiler = getattr(torch, "compiler", None)
-if _compiler is not None and hasattr(_compiler, "is_compiling"):
-    _is_compiling = _compiler.is_compiling
-else:  # torch < 2.3
-    _is_compiling = torch._dynamo.is_compiling
+_OP = kc.register_op(
+    OP_NAME, "(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _impl_cuda, _impl_cpu, _impl_fake
+)
 
 
 def triton_conv3d_patchify(
@@ -877,14 +685,16 @@ def triton_conv3d_patchify(
 
     Returns ``[L, N]`` in ``x``'s dtype, computed as one GEMM with fp32 accumulation.
     """
+    if not x.is_cuda and not _INTERPRETING:
+        # CPU inputs keep the stock op, bit for bit.
+        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
     # flatten(1), not reshape(L, -1): the latter is ambiguous for an empty batch.
     a = x.flatten(1)
     w = weight.flatten(1)
-    if _is_compiling():
-        # torch.compile sees one opaque op with a fake-tensor rule.
-        return _OP(a, w, bias)
-    # Eager: call the implementation directly; the dispatcher round trip to a Python kernel
-    # is several microseconds of host time per call.
-    if a.is_cuda:
+    if a.is_cuda and not kc.is_compiling():
+        # Eager: call the implementation directly; the dispatcher round trip to a Python
+        # kernel is several microseconds of host time per call.
         return _impl_cuda(a, w, bias)
-    return _OP(a, w, bias)
+    # torch.compile sees one opaque op with a fake-tensor rule.
+    out: torch.Tensor = _OP(a, w, bias)
+    return out

@@ -1,8 +1,8 @@
 """Qwen2-VL patch embedding through the vendor BLAS (rocmfix scheme ``linear``).
 
-rocmfix dropped this file into vllm as ``qwen2_vl_vision_kernels.py`` and rewrote
-``Qwen2VisionPatchEmbed.forward`` to call :func:`triton_conv3d_patchify` instead of the
-Conv3d. ``rocmfix revert`` removes it.
+rocmfix dropped this file beside a Qwen-VL vision tower (vllm's ``qwen2_vl_vision_kernels.py``,
+transformers' ``rocmfix_patch_embed.py``) and rewrote the patch embed's ``forward`` to call
+:func:`triton_conv3d_patchify` instead of the Conv3d. ``rocmfix revert`` removes it.
 
 The conv has kernel == stride and no padding, so it is ``F.linear`` on the flattened patches:
 rocBLAS/hipBLASLt on ROCm, cuBLAS on CUDA. This is what vllm upstream later did itself
@@ -27,6 +27,9 @@ def triton_conv3d_patchify(
     Returns ``[L, N]`` in ``x``'s dtype. (The name is kept so the patched forward is the same
     for every scheme.)
     """
+    if not x.is_cuda:
+        # CPU inputs keep the stock op, bit for bit.
+        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
     # flatten(1), not reshape(L, -1): the latter is ambiguous for an empty batch.
     w = weight.flatten(1)
     if w.dtype != x.dtype:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,6 +17,8 @@ import pytest
 # are made interpreted or compiled when triton is first imported: whichever test module
 # imports triton first would otherwise decide for all the others.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from rocmfix.guest import templates as _templates
 
 import releases
 
@@ -170,6 +173,8 @@ def doclayout_env(tmp_path: Path) -> Callable[[str], InstalledEnv]:
 
 VLLM_MODELS = "vllm/model_executor/models"
 VLLM_TARGETS = [f"{VLLM_MODELS}/{name}" for name in ("qwen2_vl.py", "qwen2_5_vl.py", "qwen3_vl.py")]
+# What the verdicts read besides the targets: the Conv3dLayer gate (vllm >= 0.11.1).
+VLLM_CONV = "vllm/model_executor/layers/conv.py"
 
 
 def fake_torch(site: Path, version: str, hip: str | None = None, cuda: str | None = None) -> None:
@@ -194,11 +199,45 @@ def vllm_env(tmp_path: Path) -> Callable[..., InstalledEnv]:
         root = tmp_path / f"vllm-{version}-{torch}"
         python = releases.make_venv(root)
         site = releases.partial_install(
-            python, "vllm", version, [*VLLM_TARGETS, "vllm/__init__.py"]
+            python, "vllm", version, [*VLLM_TARGETS, VLLM_CONV, "vllm/__init__.py"]
         )
         if torch is not None:
             fake_torch(site, torch, hip=hip)
         target = site / VLLM_TARGETS[0]
+        return InstalledEnv(root, python, site, target, target.read_bytes())
+
+    return make
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip a test that lacks what it needs, except in CI (``ROCMFIX_CI``, set by .ci/run),
+    which installs everything the suite needs: there a missing need is a failure."""
+    if condition:
+        return
+    if os.environ.get("ROCMFIX_CI"):
+        pytest.fail(f"{reason} (CI must provide it)")
+    pytest.skip(reason)
+
+
+TRANSFORMERS_MODELS = "transformers/models"
+
+
+@pytest.fixture
+def transformers_env(tmp_path: Path) -> Callable[..., InstalledEnv]:
+    """A venv holding every modeling file rocmfix patches (those the release has) with the
+    release's real METADATA/RECORD, as pip would have laid them out."""
+    from rocmfix.registry import all_patches
+
+    def make(version: str, torch: str | None = None, hip: str | None = None) -> InstalledEnv:
+        root = tmp_path / f"transformers-{version}-{torch}"
+        python = releases.make_venv(root)
+        files = [p.path for p in all_patches() if p.distribution == "transformers"]
+        packages = ["transformers/__init__.py", f"{TRANSFORMERS_MODELS}/__init__.py"]
+        packages += [f.rsplit("/", 1)[0] + "/__init__.py" for f in files]
+        site = releases.partial_install(python, "transformers", version, files + packages)
+        if torch is not None:
+            fake_torch(site, torch, hip=hip)
+        target = site / files[0]
         return InstalledEnv(root, python, site, target, target.read_bytes())
 
     return make
@@ -224,3 +263,46 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("ROCMFIX_TEST_CACHE", str(DOWNLOAD_CACHE))
+
+
+TEMPLATES = ROOT / "templates"
+
+
+def load_template(
+    name: str,
+    *,
+    interpret: bool | None = True,
+    block_triton: bool = False,
+    env: dict[str, str | None] | None = None,
+) -> ModuleType:
+    """A fresh import of a template (and of the config module beside it), the way the worker
+    loads them. TRITON_INTERPRET and ``env`` hold only during the import: triton chooses
+    interpreter or compiler when the kernels are decorated. ``block_triton`` makes
+    ``import triton`` fail, as on a machine without it."""
+    settings = dict(env or {})
+    if interpret is not None:
+        settings["TRITON_INTERPRET"] = "1" if interpret else "0"
+    saved = {key: os.environ.get(key) for key in settings}
+    saved_triton = {
+        k: v for k, v in sys.modules.items() if k == "triton" or k.startswith("triton.")
+    }
+    if block_triton:
+        for key in saved_triton:
+            del sys.modules[key]
+        sys.modules["triton"] = None  # type: ignore[assignment]  # makes `import triton` fail
+    try:
+        for key, value in settings.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        return _templates.load(str(TEMPLATES), name, fresh=True)
+    finally:
+        if block_triton:
+            del sys.modules["triton"]
+            sys.modules.update(saved_triton)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -17,7 +17,6 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import ast
-import importlib.util
 import json
 import math
 import sys
@@ -31,8 +30,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = ROOT / "templates"
+from conftest import TEMPLATES, load_template
+
 SCHEMES = ("gemm", "direct", "linear")
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
@@ -41,31 +40,8 @@ triton = pytest.importorskip("triton")
 _counter = 0
 
 
-def _load(scheme: str, extra_env: dict[str, str | None] | None = None) -> ModuleType:
-    """Import a template from its file under a fresh module name, interpreter on."""
-    global _counter
-    _counter += 1
-    env = {"TRITON_INTERPRET": "1", **(extra_env or {})}
-    saved = {key: os.environ.get(key) for key in env}
-    try:
-        for key, value in env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        name = f"_rocmfix_test_patch_embed_{scheme}_{_counter}"
-        spec = importlib.util.spec_from_file_location(name, TEMPLATES / f"patch_embed_{scheme}.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def _load(scheme: str) -> ModuleType:
+    return load_template(f"patch_embed_{scheme}")
 
 
 @pytest.fixture(scope="module")
@@ -290,14 +266,19 @@ def _write_tuned(path: Path, per_arch: dict[str, Any]) -> None:
     path.write_text(json.dumps(doc))
 
 
+def _default(gemm: ModuleType) -> dict[str, Any]:
+    return dict(gemm.PATCH_EMBED_CONFIGS["default"]["any"])
+
+
 def test_config_shipped_default_without_gpu(gemm: ModuleType) -> None:
-    assert gemm.device_arch("cpu") == "default"
-    assert gemm.resolve_config("cpu") == gemm.PATCH_EMBED_CONFIGS["default"]
-    for arch, cfg in gemm.PATCH_EMBED_CONFIGS.items():
-        assert set(cfg) <= gemm.CONFIG_KEYS, arch
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert gemm.validate_config(cfg, arch) == cfg
+    assert gemm.device_arch("cpu") == "cpu"
+    assert gemm.resolve_config("cpu") == _default(gemm)
+    fp32 = gemm.resolve_config("cpu", torch.float32)
+    assert fp32 == {**_default(gemm), **gemm.PATCH_EMBED_CONFIGS["default"]["fp32"]}
+    for arch, layers in gemm.PATCH_EMBED_CONFIGS.items():
+        for layer, cfg in layers.items():
+            assert layer in ("any", "f16", "fp32"), (arch, layer)
+            assert gemm.CONFIG.validate(cfg) == cfg, (arch, layer)
 
 
 def test_config_lookup_order(
@@ -315,7 +296,7 @@ def test_config_lookup_order(
     cfg = gemm.resolve_config("cpu")
     assert cfg["BLOCK_M"] == 64 and cfg["num_stages"] == 2
     # The foreign-arch entry is ignored; untouched keys keep the shipped values.
-    assert cfg["BLOCK_N"] == gemm.PATCH_EMBED_CONFIGS["default"]["BLOCK_N"]
+    assert cfg["BLOCK_N"] == _default(gemm)["BLOCK_N"]
     monkeypatch.setenv("ROCMFIX_PATCH_EMBED_CONFIG", json.dumps({"BLOCK_M": 32}))
     cfg = gemm.resolve_config("cpu")
     assert cfg["BLOCK_M"] == 32 and cfg["num_stages"] == 2
@@ -344,7 +325,7 @@ def test_tuned_file_default_location(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     (tmp_path / "rocmfix").mkdir()
     _write_tuned(tmp_path / "rocmfix" / "tuned.json", {"default": {"GROUP_M": 4}})
-    assert gemm.tuned_file_path() == str(tmp_path / "rocmfix" / "tuned.json")
+    assert gemm.kc.tuned_file_path() == str(tmp_path / "rocmfix" / "tuned.json")
     assert gemm.resolve_config("cpu")["GROUP_M"] == 4
 
 
@@ -361,26 +342,31 @@ def test_corrupt_tuned_file_warns_once(
     monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tuned))
     with pytest.warns(RuntimeWarning, match="tuned file"):
         cfg = gemm.resolve_config("cpu")
-    assert cfg == gemm.PATCH_EMBED_CONFIGS["default"]
+    assert cfg == _default(gemm)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert gemm.resolve_config("cpu") == cfg
 
 
-def test_unknown_and_invalid_keys_warn(
+def test_a_source_with_a_bad_key_is_ignored_whole(
     gemm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Half a config is one nobody measured: the whole entry goes, with one warning naming
+    # every bad key.
     tuned = tmp_path / "tuned.json"
     _write_tuned(tuned, {"default": {"BLOCK_M": 64, "BLOCK_Q": 1, "BLOCK_N": 100}})
     monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tuned))
-    with pytest.warns(RuntimeWarning, match="BLOCK_Q"):
+    with pytest.warns(RuntimeWarning, match="BLOCK_Q.*BLOCK_N=100") as caught:
         cfg = gemm.resolve_config("cpu")
-    assert cfg["BLOCK_M"] == 64
-    assert cfg["BLOCK_N"] == gemm.PATCH_EMBED_CONFIGS["default"]["BLOCK_N"]
-    assert "BLOCK_Q" not in cfg
+    assert len(caught) == 1
+    assert cfg == _default(gemm)
     monkeypatch.setenv("ROCMFIX_PATCH_EMBED_CONFIG", "[oops")
     with pytest.warns(RuntimeWarning, match="ROCMFIX_PATCH_EMBED_CONFIG"):
-        assert gemm.resolve_config("cpu")["BLOCK_M"] == 64
+        assert gemm.resolve_config("cpu") == _default(gemm)
+    monkeypatch.setenv("ROCMFIX_PATCH_EMBED_CONFIG", json.dumps({"BLOCK_M": 64}))
+    assert gemm.resolve_config("cpu")["BLOCK_M"] == 64
+    with pytest.raises(ValueError, match="unknown key 'BLOCK_Q'"):
+        gemm.patchify_gemm(torch.ones(2, 4), torch.ones(3, 4), config={"BLOCK_Q": 1})
 
 
 def _fake_gpu(monkeypatch: pytest.MonkeyPatch, hip: str | None, **props: Any) -> None:
@@ -400,7 +386,7 @@ def test_arch_detection_and_arch_entries(
 ) -> None:
     _fake_gpu(monkeypatch, None, major=9, minor=0)
     assert gemm.device_arch("cuda:0") == "sm_90"
-    shipped = {**gemm.PATCH_EMBED_CONFIGS["default"], **gemm.PATCH_EMBED_CONFIGS["sm_90"]}
+    shipped = {**_default(gemm), **gemm.PATCH_EMBED_CONFIGS["sm_90"]["f16"]}
     assert gemm.resolve_config("cuda:0") == shipped
     tuned = tmp_path / "tuned.json"
     _write_tuned(tuned, {"sm_90": {"num_stages": 5}, "gfx942": {"num_stages": 1}})
@@ -417,7 +403,8 @@ def test_arch_detection_and_arch_entries(
         raise RuntimeError("no driver")
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", broken)
-    assert gemm.device_arch("cuda:0") == "default"
+    assert gemm.device_arch("cuda:0") == "unknown"
+    assert gemm.resolve_config("cuda:0") == _default(gemm)
 
 
 # ------------------------------------------------------------------------------ op / import
@@ -433,19 +420,24 @@ def test_second_import_keeps_op_working(mods: dict[str, ModuleType]) -> None:
         assert hasattr(torch.ops.rocmfix, again.OP_NAME)
 
 
-def test_templates_import_only_stdlib_torch_triton() -> None:
+def test_templates_import_only_stdlib_torch_triton_and_their_config() -> None:
+    # A template lands in a package it must not depend on: only the standard library, torch,
+    # triton, and the config module dropped beside it (relatively, so it is always that copy).
     allowed = set(sys.stdlib_module_names) | {"torch", "triton", "__future__"}
-    for scheme in SCHEMES:
-        tree = ast.parse((TEMPLATES / f"patch_embed_{scheme}.py").read_text())
+    for path in sorted(TEMPLATES.glob("*.py")):
+        tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                assert (node.level, node.module) == (1, None), f"{path.name}: relative import"
+                assert [a.name for a in node.names] == ["rocmfix_kernel_config"], path.name
+                continue
             elif isinstance(node, ast.ImportFrom):
-                assert node.level == 0, f"{scheme}: relative import"
                 roots = {(node.module or "").split(".")[0]}
             else:
                 continue
-            assert roots <= allowed, f"{scheme} imports {roots - allowed}"
+            assert roots <= allowed, f"{path.name} imports {roots - allowed}"
 
 
 def test_public_surface(mods: dict[str, ModuleType]) -> None:
@@ -555,11 +547,7 @@ def test_too_many_stages_step_down_once(gemm: ModuleType, monkeypatch: pytest.Mo
 
 def test_missing_triton_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     for scheme in ("gemm", "direct"):
-        monkeypatch.setitem(sys.modules, "triton", None)
-        monkeypatch.setitem(sys.modules, "triton.language", None)
-        monkeypatch.setitem(sys.modules, "triton.tools.tensor_descriptor", None)
-        mod = _load(scheme)
-        monkeypatch.undo()
+        mod = load_template(f"patch_embed_{scheme}", block_triton=True)
         assert not mod._HAS_TRITON
         x, w, b = _inputs(4, 3, 2, 4, 8, torch.float32, True)
         ref = _reference(x, w, b)

@@ -12,6 +12,7 @@ import re
 import shlex
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,6 @@ pytestmark = pytest.mark.network
 
 README = ROOT / "README.md"
 SHOWN = "~/mineru/.venv"
-# A fixed place, so table layout does not depend on a random temporary path.
-ACTUAL = Path("/tmp/rocmfix-readme/mineru/.venv")
 VERSION = "0.1.13"
 _BLOCK = re.compile(r"```console\n(\$ rocmfix [^\n]*)\n(.*?)```", re.DOTALL)
 
@@ -35,27 +34,25 @@ def _section(text: str) -> tuple[int, int]:
     return start, end
 
 
-def _normalise(output: str) -> str:
-    output = output.replace(str(ACTUAL), SHOWN)
+def _normalise(output: str, actual: Path) -> str:
+    output = output.replace(str(actual), SHOWN)
     output = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", "2026-11-22T12:00:00+00:00", output)
     output = re.sub(r"\(Python \d+\.\d+\.\d+\)", "(Python 3.11.7)", output)
     return "\n".join(line.rstrip() for line in output.splitlines()).strip() + "\n"
 
 
-def _run(command: str) -> str:
-    words = shlex.split(command.removeprefix("$ rocmfix ").replace(SHOWN, str(ACTUAL)))
+def _run(command: str, actual: Path) -> str:
+    words = shlex.split(command.removeprefix("$ rocmfix ").replace(SHOWN, str(actual)))
     redirected = ">" in words
     if redirected:
         words = words[: words.index(">")]
     result = run_cli(*words, env={"COLUMNS": "100"})
     shown = result.stderr if redirected else result.stdout + result.stderr
-    return _normalise(shown)
+    return _normalise(shown, actual)
 
 
-def _fresh_environment() -> None:
-    if ACTUAL.parent.exists():
-        shutil.rmtree(ACTUAL.parent)
-    python = releases.make_venv(ACTUAL)
+def _fresh_environment(actual: Path) -> None:
+    python = releases.make_venv(actual)
     releases.pip_install(python, releases.wheel("mineru-vl-utils", VERSION))
 
 
@@ -63,13 +60,17 @@ def walkthrough() -> list[tuple[str, str, str]]:
     """(command, shown in the README, printed now) for every block, in order."""
     text = README.read_text()
     start, end = _section(text)
-    _fresh_environment()
+    # A private folder per run: two runs at once must not share (or delete) one.
+    scratch = Path(tempfile.mkdtemp(prefix="rocmfix-readme-"))
+    actual = scratch / "mineru" / ".venv"
+    _fresh_environment(actual)
     try:
         return [
-            (m.group(1), m.group(2), _run(m.group(1))) for m in _BLOCK.finditer(text[start:end])
+            (m.group(1), m.group(2), _run(m.group(1), actual))
+            for m in _BLOCK.finditer(text[start:end])
         ]
     finally:
-        shutil.rmtree(ACTUAL.parent, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def test_readme_walkthrough_is_what_rocmfix_prints() -> None:

@@ -1,7 +1,7 @@
 """``rocmfix tune``: the search, the file it writes and the kernels reading it back.
 
 On a CPU the search runs in Triton's interpreter on tiny shapes (``--interpret``, hidden);
-which config wins is decided by the worker's test-only ``ROCMFIX_WORKER_TEST`` hook, which
+which config wins is decided by the worker's test-only ``ROCMFIX_UNSAFE_TEST_HOOKS``, which
 slows the shipped config or every other candidate, so each path is tested deterministically.
 The proof that matters is the last step: a fresh process loads the templates the way the
 dropped-in kernels are loaded and resolves the stored configs.
@@ -16,26 +16,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from rocmfix import tuned
 
 from conftest import ROOT, run_cli
 
-HOOK = "ROCMFIX_WORKER_TEST"
+HOOK = "ROCMFIX_UNSAFE_TEST_HOOKS"
 
 # What a kernel module resolves at import in a new interpreter (interpreter mode, no GPU).
 RESOLVE = r"""
-import importlib.util, json, os, sys, warnings
+import importlib, json, os, sys, types, warnings
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 
+# The templates folder as a package, as the kernels sit in one once dropped into a target.
+package = types.ModuleType("_fresh")
+package.__path__ = [sys.argv[1]]
+sys.modules["_fresh"] = package
+
 def load(name):
-    spec = importlib.util.spec_from_file_location("_fresh_" + name, sys.argv[1] + f"/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("_fresh." + name)
 
 pe, tri = load("patch_embed_gemm"), load("dilated_conv_triton")
 with warnings.catch_warnings(record=True) as caught:
@@ -44,7 +43,7 @@ with warnings.catch_warnings(record=True) as caught:
         "patch_embed": pe.resolve_config("cpu"),
         "c8_k5": tri.resolve_config("cpu", 8, 8, 5, torch.float32),
         "c16_k3": tri.resolve_config("cpu", 16, 16, 3, torch.float32),
-        "shipped_patch_embed": pe.PATCH_EMBED_CONFIGS["default"],
+        "shipped_patch_embed": pe.PATCH_EMBED_CONFIGS["default"]["any"],
     }
 out["warnings"] = [str(w.message) for w in caught]
 print(json.dumps(out))
@@ -93,12 +92,13 @@ def test_tune_stores_the_winner_and_a_fresh_process_reads_it(tmp_path: Path) -> 
     assert sorted(p.name for p in path.parent.iterdir()) == ["tuned.json"]
     data = json.loads(path.read_text())
     assert data["schema"] == 1
+    # Each kernel's winner under the most specific layer its shape has.
     assert data["kernels"]["patch_embed_gemm"] == {
-        "default": kernels["patch_embed_gemm"]["chosen"]["config"]
+        "cpu": {"f16": kernels["patch_embed_gemm"]["chosen"]["config"]}
     }
     classes = data["kernels"]["dilated_conv"]["cpu"]
     assert set(classes) == {"c8_k5_fp32", "c16_k3_fp32"}
-    assert set(data["meta"]) == {"default", "cpu"}
+    assert set(data["meta"]) == {"cpu"}
 
     fresh = fresh_resolve(path)
     assert fresh["warnings"] == []
@@ -129,9 +129,7 @@ def test_the_shipped_config_stays_when_nothing_beats_it(tmp_path: Path) -> None:
     foreign = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 8, "num_stages": 1}
     old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1}
     path.write_text(
-        json.dumps(
-            {"schema": 1, "kernels": {"patch_embed_gemm": {"gfx1100": foreign, "default": old}}}
-        )
+        json.dumps({"schema": 1, "kernels": {"patch_embed_gemm": {"gfx1100": foreign, "cpu": old}}})
     )
     assert fresh_resolve(path)["patch_embed"]["BLOCK_M"] == 16
     env = {"ROCMFIX_TUNED_FILE": str(path), HOOK: json.dumps({"slow": {"candidates": 0.3}})}
@@ -186,7 +184,7 @@ def test_store_merges_replaces_corrupt_files_and_drops_lost_entries(tmp_path: Pa
     first = tuned.store(
         path,
         [
-            tuned.Entry("patch_embed_gemm", "sm_90", "", a),
+            tuned.Entry("patch_embed_gemm", "sm_90", "f16", a),
             tuned.Entry("dilated_conv", "sm_90", "c96_k5_tf32", a),
         ],
         {"sm_90": {"triton": "3.6.0"}},
@@ -199,30 +197,40 @@ def test_store_merges_replaces_corrupt_files_and_drops_lost_entries(tmp_path: Pa
     tuned.store(path, [tuned.Entry("dilated_conv", "sm_90", "c96_k5_tf32", None)], {})
     data = json.loads(path.read_text())
     assert data["kernels"]["dilated_conv"] == {"gfx942": {"c96_k5_tf32": a}}
-    assert data["kernels"]["patch_embed_gemm"] == {"sm_90": a}
+    assert data["kernels"]["patch_embed_gemm"] == {"sm_90": {"f16": a}}
     path.write_text("garbage")
-    replaced = tuned.store(path, [tuned.Entry("patch_embed_gemm", "sm_90", "", a)], {})
+    replaced = tuned.store(path, [tuned.Entry("patch_embed_gemm", "sm_90", "f16", a)], {})
     assert replaced.written and replaced.replaced_corrupt is not None
-    assert json.loads(path.read_text())["kernels"] == {"patch_embed_gemm": {"sm_90": a}}
-    gone = tuned.store(path, [tuned.Entry("patch_embed_gemm", "sm_90", "", None)], {})
+    assert json.loads(path.read_text())["kernels"] == {"patch_embed_gemm": {"sm_90": {"f16": a}}}
+    gone = tuned.store(path, [tuned.Entry("patch_embed_gemm", "sm_90", "f16", None)], {})
     assert gone.removed and not path.exists()
     assert sorted(p.name for p in path.parent.iterdir()) == []
 
 
-def test_rocm_grid_times_the_shipped_tile_without_the_packed_weight(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_grids_follow_the_gpu() -> None:
     # The row-padded weight copy was measured on NVIDIA only: on ROCm, tune must time the
-    # shipped tile without it, and its table must tell the two candidates apart.
-    import torch
+    # shipped tile without it, and its table must tell the two candidates apart. MFMA shapes
+    # are tried on CDNA only; Hopper gets the descriptor kernels.
+    from rocmfix.guest.tune import grid
+    from rocmfix.ops import DILATED_CONV, PATCH_EMBED
+    from rocmfix.render.console import config_text
 
-    from rocmfix import render, worker
-
-    monkeypatch.setattr(worker, "torch", torch)  # the worker imports torch in its own process
-    ctx = worker.Context({}, channel=None, gpu=True)  # type: ignore[arg-type]
-    grid = worker.patch_embed_grid(ctx, {"backend": "hip", "arch": "gfx1100"})
-    assert {"pack_weight": False} in grid
+    embed = PATCH_EMBED.request()
+    rdna = grid(embed, {"hip", "arch:gfx1100", "option:waves_per_eu", "precision:f16"})
+    assert {"pack_weight": False} in rdna
+    assert not any("matrix_instr_nonkdim" in c for c in rdna)
+    assert any(c.get("waves_per_eu") == 2 for c in rdna)
+    cdna = grid(embed, {"hip", "arch:gfx942", "option:matrix_instr_nonkdim", "precision:f16"})
+    assert {c.get("matrix_instr_nonkdim") for c in cdna} == {None, 16, 32}
+    hopper = grid(embed, {"cuda", "arch:sm_90", "sm>=90", "host-tma", "precision:f16"})
+    assert all(c.get("tma") for c in hopper[:-1]) and not hopper[-1]["tma"]
+    assert not any(c.get("tma") for c in grid(embed, {"cuda", "arch:sm_80", "precision:f16"}))
+    conv = DILATED_CONV.request()
+    strict = grid(conv, {"cuda", "arch:sm_90", "sm>=90", "precision:fp32"})
+    assert all(c["w_kmajor"] is False for c in strict)
+    tf32 = grid(conv, {"cuda", "arch:sm_90", "sm>=90", "precision:tf32"})
+    assert any(c["tma"] for c in tf32) and not any("w_kmajor" in c for c in tf32)
     shipped = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4}
-    packed = render._config_text({**shipped, "pack_weight": True})
-    unpacked = render._config_text({**shipped, "pack_weight": False})
+    packed = config_text({**shipped, "pack_weight": True})
+    unpacked = config_text({**shipped, "pack_weight": False})
     assert "unpacked" in unpacked and "unpacked" not in packed

@@ -1,7 +1,7 @@
 """What an environment holds, read from inside that environment's interpreter.
 
 This file runs in two ways: imported by rocmfix (the default target is rocmfix's own
-interpreter), and as the source of ``python -c`` in another interpreter (``--python``).
+interpreter), and through :data:`rocmfix.guest.BOOT` in another interpreter (``--python``).
 It therefore uses only the standard library, runs on every Python vllm ever supported
 (3.8+: no ``match``, no ``X | Y`` at runtime), and never imports the packages it looks at:
 importing vllm or torch takes seconds and can fail in a broken environment.
@@ -153,7 +153,8 @@ def _torch(location_of: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 def probe(request: Dict[str, Any]) -> Dict[str, Any]:
-    """Answer ``request`` (targets with their files, plus extra distribution names)."""
+    """Answer ``request``: targets with their files, extra distribution names (and, in
+    ``packages``, the import package whose folder to find for some of them)."""
     paths = sysconfig.get_paths()
     distributions: Dict[str, Any] = {}
     for target in request.get("targets", []):
@@ -164,13 +165,15 @@ def probe(request: Dict[str, Any]) -> Dict[str, Any]:
             distributions[target["distribution"]] = found
     extras: Dict[str, Any] = {}
     exists = request.get("exists", {})
+    packages = request.get("packages", {})
     for name in request.get("extras", []):
-        found = _distribution(name, None, [])
+        found = _distribution(name, packages.get(name), [])
         if found is not None:
             location = found["location"]
             extras[name] = {
                 "version": found["version"],
                 "location": location,
+                "package_roots": found["package_roots"],
                 "requires": found["requires"],
                 "exists": {
                     rel: os.path.exists(os.path.join(location, rel)) for rel in exists.get(name, [])
@@ -194,15 +197,9 @@ def probe(request: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main(argv: List[str]) -> int:
-    # The current directory must not shadow installed packages (a user standing in a vllm
-    # checkout would otherwise probe that checkout instead of what the environment imports).
-    while sys.path and sys.path[0] in ("", os.getcwd()):
-        sys.path.pop(0)
+    # BOOT has dropped the current directory from sys.path: a user standing in a vllm
+    # checkout would otherwise probe that checkout instead of what the environment imports.
     request = json.loads(base64.b64decode(argv[1]).decode("utf-8"))
     sys.stdout.write(json.dumps(probe(request)))
     sys.stdout.flush()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -1,0 +1,176 @@
+"""What every worker mode shares: the event channel, the loaded templates, the device.
+
+Protocol: one JSON object per line on the original stdout; stray prints of torch, triton or
+the GPU libraries are sent to stderr so they cannot break it.
+
+``ROCMFIX_UNSAFE_TEST_HOOKS`` (shared with the write side's fault injection, see
+``rocmfix.fsops``) is a test hook that stays in production code because what it simulates
+cannot happen on a CPU: a JSON object whose ``{"sleep": {item: seconds}}`` blocks an
+item after it starts (a MIOpen search; with ``"pidfile": path`` the blocked worker's pid is
+appended there), ``{"crash": [item]}`` kills the worker inside an item, ``{"corrupt": [item]}``
+perturbs an item's output, and ``{"slow": {"shipped"|"candidates": seconds}}`` slows every
+timed call of tune's shipped config or of its other candidates. The host passes it on only from
+its own environment, and the CLI warns whenever it is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import math
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from . import templates
+
+TEST_ENV = "ROCMFIX_UNSAFE_TEST_HOOKS"
+
+# Set by :func:`import_torch`: the target's torch, and F = torch.nn.functional.
+torch: Any = None
+F: Any = None
+
+
+def import_torch() -> None:
+    global torch, F
+    torch = importlib.import_module("torch")
+    F = importlib.import_module("torch.nn.functional")
+
+
+class Channel:
+    """JSON lines on a private copy of stdout; fd 1 itself then points at stderr."""
+
+    def __init__(self) -> None:
+        sys.stdout.flush()
+        self._out = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+
+    def send(self, event: dict[str, Any]) -> None:
+        self._out.write(json.dumps(event, default=str) + "\n")
+        self._out.flush()
+
+
+def one_line(exc: BaseException) -> str:
+    return (type(exc).__name__ + ": " + " ".join(str(exc).split()))[:400]
+
+
+def finite(value: float | None) -> float | None:
+    if value is None or math.isnan(value) or math.isinf(value):
+        return None
+    return float(value)
+
+
+def test_hooks() -> dict[str, Any]:
+    raw = os.environ.get(TEST_ENV)
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class Unavailable(Exception):
+    """An implementation that cannot run here (no triton, a template that did not load)."""
+
+
+class Context:
+    def __init__(self, request: dict[str, Any], channel: Channel, gpu: bool) -> None:
+        self.request = request
+        self.channel = channel
+        self.gpu = gpu
+        self.variant = "gpu" if gpu else "cpu"
+        self.device = torch.device("cuda" if gpu else "cpu")
+        self.hooks = test_hooks()
+        self.modules: dict[str, Any] = {}
+        self.module_errors: dict[str, str] = {}
+        self.triton_error: str | None = None
+        self.triton_version: str | None = None
+
+    def sync(self) -> None:
+        if self.gpu:
+            torch.cuda.synchronize()
+
+    def load_templates(self) -> None:
+        try:
+            triton = importlib.import_module("triton")
+            self.triton_version = str(getattr(triton, "__version__", "?"))
+        except Exception as exc:  # noqa: BLE001 - a broken triton is a finding, not a crash
+            self.triton_error = one_line(exc)
+        folder = self.request.get("templates_dir", "")
+        for name in self.request.get("templates", []):
+            try:
+                self.modules[name] = self.with_warnings(
+                    functools.partial(templates.load, folder, name)
+                )
+            except Exception as exc:  # noqa: BLE001
+                self.module_errors[name] = one_line(exc)
+
+    def module(self, template: str) -> Any:
+        if template not in self.modules:
+            raise Unavailable(self.module_errors.get(template, template + " was not loaded"))
+        return self.modules[template]
+
+    def needs_triton(self) -> None:
+        if self.triton_error is not None:
+            raise Unavailable("triton is not importable (" + self.triton_error + ")")
+
+    def forward(self, caught: list[Any]) -> None:
+        """Send on the templates' own warnings (they all start "rocmfix:"), once each."""
+        seen = set()
+        for item in caught:
+            message = str(item.message)
+            if message.startswith("rocmfix") and message not in seen:
+                seen.add(message)
+                self.channel.send({"event": "warning", "code": "kernel", "message": message})
+
+    def with_warnings(self, fn: Callable[[], Any]) -> Any:
+        """Run fn, forwarding the templates' own warnings (a corrupt tuned file, say)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fn()
+        self.forward(caught)
+        return result
+
+
+def device_info(ctx: Context) -> dict[str, Any]:
+    hip = getattr(torch.version, "hip", None)
+    cuda = getattr(torch.version, "cuda", None)
+    info: dict[str, Any] = {
+        "kind": "gpu" if ctx.gpu else "cpu",
+        "backend": ("hip" if hip else "cuda") if ctx.gpu else "cpu",
+        "torch": str(torch.__version__),
+        "hip": str(hip) if hip else None,
+        "cuda": str(cuda) if cuda else None,
+        "triton": ctx.triton_version,
+        "triton_error": ctx.triton_error,
+        "interpreter": not ctx.gpu,
+        "name": None,
+        "arch": "cpu",
+        "count": 0,
+        "conv_library": None,
+        "memory_gib": None,
+        "cc_major": 0,
+    }
+    try:
+        version = torch.backends.cudnn.version()
+        if version:
+            info["conv_library"] = ("MIOpen " if hip else "cuDNN ") + str(version)
+    except Exception:  # noqa: BLE001
+        pass
+    if ctx.gpu:
+        props = torch.cuda.get_device_properties(0)
+        info["name"] = str(props.name)
+        info["count"] = int(torch.cuda.device_count())
+        info["memory_gib"] = round(props.total_memory / 2**30, 1)
+        if hip:
+            info["arch"] = (str(getattr(props, "gcnArchName", "") or "").split(":")[0]) or "?"
+        else:
+            info["arch"] = f"sm_{props.major}{props.minor}"
+        info["cc_major"] = int(props.major)
+    return info

@@ -1,0 +1,62 @@
+"""What a harness's doctor case and tune kernel share, whatever the op."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..context import Context
+
+
+class Case:
+    """Inputs and fp64 reference of one doctor case, built once per process."""
+
+    ref: Any
+    out_bytes: int
+
+    def native(self) -> Callable[[], Any]:
+        raise NotImplementedError
+
+    def scheme(self, module: Any) -> tuple[Callable[[], Any], dict[str, Any] | None]:
+        """The call to measure for a scheme's template and the tile config it resolves to."""
+        raise NotImplementedError
+
+    def tolerance(self) -> float:
+        raise NotImplementedError
+
+
+# One launch for the ahead-of-time check: kernel, args, launch keywords, operand class.
+Launch = tuple[Any, tuple[Any, ...], dict[str, Any], "str | None"]
+
+
+class Kernel:
+    """One tunable kernel at one of MinerU's shapes: resolve, run and check a config."""
+
+    def __init__(self, ctx: Context, module: Any, shape: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.module = module
+        self.shape = shape
+        self.key = ""
+        self.precision = ""
+        self.tolerance = 0.0
+
+    def arch(self) -> str:
+        return str(self.module.device_arch(self.ctx.device))
+
+    def stored(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The part of a resolved config that goes into the tuned file."""
+        return dict(config)
+
+    def resolve(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def calls(self, config: dict[str, Any]) -> list[Callable[[], Any]]:
+        raise NotImplementedError
+
+    def check(self, config: dict[str, Any]) -> float:
+        raise NotImplementedError
+
+    @staticmethod
+    def compile_shape(shape: dict[str, Any]) -> dict[str, Any]:
+        """A smaller shape that compiles the same kernels (sizes are not specialised on)."""
+        return dict(shape)

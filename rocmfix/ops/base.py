@@ -1,0 +1,135 @@
+"""What an op is: the data types of the op registry (see :mod:`rocmfix.ops`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Shape = Mapping[str, Any]
+Config = Mapping[str, Any]
+
+# Short names of the dtypes the shapes use, for tables.
+DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+# The template every Triton kernel imports its config resolution from; it is dropped beside
+# the kernel under this same name, so the kernel's relative import works in both places.
+KERNEL_CONFIG_TEMPLATE = "rocmfix_kernel_config.py"
+
+
+def tile(bm: int, bn: int, bk: int, warps: int, stages: int, **extra: Any) -> dict[str, Any]:
+    """A tile config as the templates read it."""
+    return {
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_K": bk,
+        "num_warps": warps,
+        "num_stages": stages,
+        **extra,
+    }
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One way to run an op. ``entry`` is the template that becomes the patch's kernel module
+    (under the name the patch gives it); ``support`` templates are dropped beside it under their
+    own names. The first scheme of an op is its default."""
+
+    name: str
+    summary: str
+    label: str
+    entry: str
+    support: tuple[str, ...] = ()
+    needs_triton: bool = False
+
+    @property
+    def templates(self) -> tuple[str, ...]:
+        return (self.entry, *self.support)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A shape MinerU runs, measured by ``doctor``: on a GPU, and scaled down for Triton's CPU
+    interpreter."""
+
+    id: str
+    gpu: Shape
+    cpu: Shape
+
+
+@dataclass(frozen=True)
+class GridGroup:
+    """Tile configs ``tune`` tries when every condition in ``when`` holds on the user's GPU.
+
+    Conditions (evaluated by the target-side harness): ``cpu``, ``hip``, ``cuda``,
+    ``sm>=90``, ``host-tma`` (sm_90+ with Triton's host tensor descriptors), ``arch:PREFIX``,
+    ``option:NAME`` (the HIP backend knows that launch option), ``precision:NAME``; a leading
+    ``!`` negates one.
+    """
+
+    when: tuple[str, ...]
+    configs: tuple[Config, ...]
+
+
+@dataclass(frozen=True)
+class TuneTarget:
+    """One entry ``tune`` searches: a kernel at one of MinerU's shapes."""
+
+    id: str
+    gpu: Shape
+    cpu: Shape
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    title: str
+    native: str
+    schemes: tuple[Scheme, ...]
+    cases: tuple[Case, ...]
+    # The template's tunable kernel: its key in the tuned file and the template ``tune`` runs.
+    kernel: str
+    kernel_template: str
+    tune: tuple[TuneTarget, ...]
+    grid: tuple[GridGroup, ...]
+    # The module under rocmfix.guest.harness that builds this op's inputs and calls it.
+    harness: str
+    # How a table row or a progress line names one of this op's shapes.
+    label: Callable[[Shape], str]
+    # The dtypes its kernels are checked in, ahead of time, on every GPU.
+    dtypes: tuple[str, ...] = ("bfloat16", "float16", "float32")
+
+    @property
+    def scheme_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.schemes)
+
+    @property
+    def default_scheme(self) -> Scheme:
+        return self.schemes[0]
+
+    def scheme(self, name: str) -> Scheme:
+        for scheme in self.schemes:
+            if scheme.name == name:
+                return scheme
+        raise KeyError(name)
+
+    @property
+    def templates(self) -> tuple[str, ...]:
+        """Every template file any scheme of this op drops, each once."""
+        return tuple(dict.fromkeys(t for s in self.schemes for t in s.templates))
+
+    def request(self) -> dict[str, Any]:
+        """What the target-side harness needs, as JSON."""
+        return {
+            "name": self.name,
+            "harness": self.harness,
+            "kernel": self.kernel,
+            "kernel_template": self.kernel_template,
+            "schemes": {s.name: s.entry for s in self.schemes},
+            "triton_schemes": [s.name for s in self.schemes if s.needs_triton],
+            "dtypes": list(self.dtypes),
+            "cases": {c.id: {"gpu": dict(c.gpu), "cpu": dict(c.cpu)} for c in self.cases},
+            "tune": {t.id: {"gpu": dict(t.gpu), "cpu": dict(t.cpu)} for t in self.tune},
+            "grid": [{"when": list(g.when), "configs": [dict(c) for c in g.configs]}
+                     for g in self.grid],
+        }  # fmt: skip

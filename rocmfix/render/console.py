@@ -1,0 +1,207 @@
+"""What every report shares: the two consoles, verdict colours, the environment line,
+warnings, errors and progress. Reports a command was asked for (status, diffs, JSON) go to
+stdout; progress, summaries, warnings and errors go to stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import textwrap
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
+
+from rocmfix.checks import EnvWarning
+from rocmfix.environment import Environment
+from rocmfix.errors import RocmfixError
+from rocmfix.results import Verdict
+
+STYLE = {
+    Verdict.APPLIED: "green",
+    Verdict.NOT_NEEDED: "dim",
+    Verdict.NOT_INSTALLED: "dim",
+    Verdict.APPLICABLE: "yellow",
+    Verdict.STALE: "yellow",
+    Verdict.CHANGED: "red",
+    Verdict.UNSUPPORTED: "red",
+    Verdict.INTERRUPTED: "red",
+}
+
+
+def out() -> Console:
+    console = Console(soft_wrap=False, highlight=False)
+    if not console.is_terminal:
+        # Piped output is read by people in logs and CI, not by an 80-column tty.
+        console.width = max(console.width, 140)
+    return console
+
+
+Wrap = Callable[..., Text]
+
+
+def wrapper(console: Console) -> Wrap:
+    """Wrap plain text at the terminal's width, never inside a word (a version, a path);
+    piped output is not wrapped at all, so each reason stays one greppable line."""
+    width = max(console.width, 60) if console.is_terminal else None
+
+    def wrap(text: str, first: str, rest: str, bold: int = 0) -> Text:
+        lines = (
+            textwrap.wrap(
+                text,
+                width,
+                initial_indent=first,
+                subsequent_indent=rest,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            if width
+            else [first + text]
+        )
+        out = Text("\n".join(lines) or first.rstrip())
+        if bold:
+            out.stylize("bold", len(first), len(first) + bold)
+        return out
+
+    return wrap
+
+
+def err() -> Console:
+    return Console(stderr=True, soft_wrap=True)
+
+
+def environment_line(env: Environment) -> str:
+    parts = [f"{env.python.executable} (Python {env.python.version})"]
+    if env.torch is not None:
+        backend = (
+            f"ROCm {env.torch.hip}"
+            if env.torch.hip
+            else f"CUDA {env.torch.cuda}"
+            if env.torch.cuda
+            else "CPU"
+        )
+        parts.append(f"torch {env.torch.version} ({backend})")
+    else:
+        parts.append("no torch")
+    if env.mineru is not None:
+        parts.append(f"MinerU {env.mineru.version}")
+    return " · ".join(parts)
+
+
+def warnings_block(console: Console, warnings: Sequence[EnvWarning]) -> None:
+    if warnings:
+        wrap = wrapper(console)
+        console.print("[bold yellow]Warnings[/]")
+        for warning in warnings:
+            line = wrap(f"{warning.code}: {warning.message}", "  ", "    ")
+            line.stylize("yellow", 2, 2 + len(warning.code))
+            console.print(line)
+            console.print(wrap(warning.advice, "    ", "    "), style="dim")
+
+
+def text(value: str) -> None:
+    sys.stdout.write(value)
+
+
+def warning(message: str) -> None:
+    err().print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
+
+
+def error(exc: RocmfixError) -> None:
+    console = err()
+    console.print(f"[red]error:[/] {escape(exc.message)}", highlight=False)
+    if exc.hint:
+        console.print(f"hint: {escape(exc.hint)}", highlight=False)
+
+
+def internal_error(exc: BaseException, log: str | None) -> None:
+    where = f"; the traceback is in {log}" if log else ""
+    err().print(
+        f"[red]internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}{escape(where)}",
+        highlight=False,
+    )
+    err().print("This is a bug in rocmfix; please report it with that file.", highlight=False)
+
+
+@contextlib.contextmanager
+def progress(title: str) -> Iterator[Callable[[int, int, str], None]]:
+    """A progress bar on stderr (one plain line per step when stderr is not a terminal)."""
+    console = err()
+    if console.is_terminal:
+        columns = (
+            SpinnerColumn(),
+            TextColumn(f"[bold]{escape(title)}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+        )
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task("starting", total=None)
+
+            def update(done: int, total: int, label: str) -> None:
+                bar.update(task, completed=done, total=total or None, description=escape(label))
+
+            yield update
+        return
+    last = [-1]
+
+    def plain(done: int, total: int, label: str) -> None:
+        if done != last[0]:
+            last[0] = done
+            console.print(f"{title} [{done}/{total}] {escape(label)}", highlight=False)
+
+    yield plain
+
+
+def failures(failures: Sequence[str], worker_log: str) -> None:
+    """What went wrong in a doctor or tune run, with the end of the worker's own output."""
+    if not failures:
+        return
+    console = err()
+    for line in failures:
+        console.print(f"[red]failed[/] {escape(line)}", highlight=False)
+    if worker_log.strip():
+        console.print("worker output (last lines):", style="dim")
+        console.print(escape(worker_log.strip()[-1500:]), style="dim", highlight=False)
+
+
+def duration(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1.0:
+        return f"{ms * 1e3:.1f} µs"
+    if ms < 1000.0:
+        return f"{ms:.2f} ms"
+    return f"{ms / 1e3:.1f} s"
+
+
+_FLAGS = ("tma", "persistent", "flatten", "epilogue_subtile", "taps_inner", "nhwc", "w_kmajor")
+
+
+def config_text(config: Mapping[str, Any] | None) -> str:
+    if not config:
+        return "-"
+    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+    tile = "x".join(str(config[k]) for k in keys if k in config)
+    words = [tile, f"w{config.get('num_warps', '?')}", f"s{config.get('num_stages', '?')}"]
+    words += sorted(k for k, v in config.items() if k in _FLAGS and v in (True, 1))
+    if config.get("pack_weight") is False:
+        words.append("unpacked")
+    words += [
+        f"{k}={v}"
+        for k, v in sorted(config.items())
+        if k in ("GROUP_M", "waves_per_eu", "matrix_instr_nonkdim", "kpack", "occupancy")
+        and v not in (None, 0, 1, 8)
+    ]
+    return " ".join(words)

@@ -1,0 +1,259 @@
+"""``doctor``: the device, the verdicts, and every case measured natively and by each scheme."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from rocmfix import __version__, doctor, kernels
+from rocmfix.ops import Op
+from rocmfix.render.console import (
+    STYLE,
+    duration,
+    environment_line,
+    failures,
+    out,
+    warnings_block,
+)
+from rocmfix.render.kernels import check_json, tile
+from rocmfix.render.status import status_document
+
+
+def _case_label(result: doctor.CaseResult) -> str:
+    return result.op.label(result.shape)
+
+
+def _impl_label(report: doctor.DoctorReport, op: Op, impl: str) -> str:
+    if impl == "native":
+        library = (report.device.conv_library or "").split(" ")[0] or report.device.backend
+        if report.device.interpreter:
+            library = "CPU"
+        return f"{op.native} ({library})"
+    return f"{impl} ({op.scheme(impl).label})"
+
+
+def _check(m: doctor.Measurement) -> str:
+    if m.status == "ok":
+        if not m.checked:
+            return "[dim]reference[/]"
+        return "[green]ok[/]"
+    if m.status == "failed":
+        return f"[red]WRONG[/] (> {m.tolerance:.0e})" if m.tolerance else "[red]WRONG[/]"
+    if m.status == "timeout":
+        return f"[yellow]no result within {m.limit_s:g} s[/]" if m.limit_s else "[yellow]timeout[/]"
+    if m.status == "unavailable":
+        return f"[dim]unavailable: {escape(m.message or '')}[/]"
+    return f"[red]{m.status}[/]: {escape(m.message or '')}"
+
+
+def _err_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
+def _device_line(report: doctor.DoctorReport) -> str:
+    d = report.device
+    if d.kind != "gpu":
+        return (
+            f"no GPU visible to torch {d.torch}: the kernels ran in Triton's CPU interpreter "
+            "on small shapes (correctness only)"
+        )
+    build = f"ROCm {d.hip}" if d.hip else f"CUDA {d.cuda}"
+    parts = [f"{d.name} ({d.arch})" + (f" x{d.count}" if d.count > 1 else ""), build]
+    if d.conv_library:
+        parts.append(d.conv_library)
+    parts.append(f"triton {d.triton}" if d.triton else "no triton")
+    return " · ".join(parts)
+
+
+def _packages_line(report: doctor.DoctorReport) -> str:
+    versions = report.environment.versions
+    names = ("vllm", "mineru", "mineru-vl-utils", "doclayout-yolo", "triton", "pytorch-triton-rocm")
+    return " · ".join(f"{n} {versions[n]}" for n in names if n in versions) or "-"
+
+
+def _tuned_line(report: doctor.DoctorReport) -> str:
+    arch = report.device.arch
+    if report.device.interpreter:
+        return f"{report.tuned_file} (not used without a GPU)"
+    if arch in report.tuned_archs:
+        return f"{report.tuned_file}: tuned configs for this GPU ({arch})"
+    return f"no tuned configs for {arch} in {report.tuned_file}: the shipped ones apply"
+
+
+def _compiled_line(c: kernels.KernelCheck) -> str:
+    words = [
+        f"{c.registers if c.registers is not None else '?'} registers",
+        f"{c.spills} spilled",
+        f"{c.shared / 1024:.0f}/{c.shared_limit // 1024} KiB LDS",
+    ]
+    if c.waves is not None:
+        words.append(f"{c.waves} waves/SIMD")
+    if c.matrix_wanted:
+        words.append(f"{c.matrix_wanted} x{c.matrix}" if c.matrix else f"no {c.matrix_wanted}")
+    text = escape(", ".join(words))
+    return text if c.ok else f"{text} [yellow]{escape('; '.join(c.problems))}[/]"
+
+
+def _compiled_block(console: Console, report: doctor.DoctorReport) -> None:
+    """Registers, spills and LDS of each config the Triton schemes ran, once per kernel,
+    dtype and config: what a slow time alone cannot explain."""
+    lines: dict[str, list[str]] = {}
+    arch = ""
+    for op in report.ops:
+        for result in op.cases:
+            for m in result.schemes:
+                c = m.compiled
+                if c is None:
+                    continue
+                arch = c.arch
+                label = f"{op.op.name} {m.impl} ({c.kernel}, {c.dtype}, {tile(c)})"
+                lines.setdefault(label, []).append(_compiled_line(c))
+    if not lines:
+        return
+    console.print(f"[bold]Compiled for {escape(arch)}[/] (the configs above, ahead of time)")
+    for label, texts in lines.items():
+        for text in dict.fromkeys(texts):
+            console.print(f"  {escape(label)}: {text}")
+
+
+def doctor_table(report: doctor.DoctorReport) -> None:
+    console = out()
+    console.print(f"[bold]Environment[/] {escape(environment_line(report.environment))}")
+    console.print(f"[bold]Device[/]      {escape(_device_line(report))}")
+    console.print(f"[bold]Packages[/]    {escape(_packages_line(report))}")
+    console.print(f"[bold]Tuned[/]       {escape(_tuned_line(report))}")
+    patches = Table(show_edge=False, pad_edge=False, title=None)
+    patches.add_column("patch", no_wrap=True)
+    patches.add_column("verdict", no_wrap=True)
+    patches.add_column("scheme", no_wrap=True)
+    patches.add_column("reason", overflow="fold", ratio=1)
+    for item in report.status.patches:
+        patches.add_row(
+            item.patch.id,
+            f"[{STYLE[item.verdict]}]{item.verdict.value}[/]",
+            item.scheme or "-",
+            escape(item.reason),
+        )
+    console.print(patches)
+    console.print()
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("op", "case", "implementation", "first call", "median", "vs native"):
+        table.add_column(name, no_wrap=True, justify="right" if name != "op" else "left")
+    table.columns[1].justify = table.columns[2].justify = "left"
+    table.add_column("rel err", no_wrap=True, justify="right")
+    table.add_column("check", overflow="fold")
+    for op in report.ops:
+        for index, result in enumerate(op.cases):
+            for m in (result.native, *result.schemes):
+                ratio = result.speedup(m) if m.checked else None
+                table.add_row(
+                    op.op.title if index == 0 and m.impl == "native" else "",
+                    _case_label(result) if m.impl == "native" else "",
+                    _impl_label(report, op.op, m.impl),
+                    duration(m.first_ms),
+                    duration(m.ms if result.timed else None),
+                    "-" if ratio is None else f"{ratio:.1f}x",
+                    _err_text(m.rel_err),
+                    _check(m),
+                )
+        table.add_section()
+    console.print(table)
+    _compiled_block(console, report)
+    for op in report.ops:
+        console.print(f"[bold]{escape(op.op.title)}[/]")
+        if len(op.cases) > 1 and not report.device.interpreter:
+            totals = ", ".join(
+                f"{_impl_label(report, op.op, impl).split(' (')[0]} {duration(ms)}"
+                for impl, ms in op.totals.items()
+            )
+            console.print(f"  all {len(op.cases)} shapes: {escape(totals)}")
+        console.print(f"  {escape(op.why)}")
+        console.print(f"  {escape(op.advice)}")
+    warnings_block(console, report.warnings)
+    failures(report.failures, report.worker_log)
+
+
+def _measurement_json(m: doctor.Measurement, result: doctor.CaseResult) -> dict[str, Any]:
+    return {
+        "impl": m.impl,
+        "status": m.status,
+        "first_ms": m.first_ms,
+        "ms": m.ms,
+        "speedup": result.speedup(m) if m.checked else None,
+        "rel_err": m.rel_err,
+        "tolerance": m.tolerance,
+        "config": dict(m.config) if m.config else None,
+        "limit_s": m.limit_s,
+        "message": m.message,
+        "compiled": check_json(m.compiled) if m.compiled else None,
+    }
+
+
+def doctor_document(report: doctor.DoctorReport) -> dict[str, Any]:
+    env = report.environment
+    d = report.device
+    return {
+        "schema": doctor.SCHEMA,
+        "rocmfix_version": __version__,
+        "environment": status_document(report.status)["environment"],
+        "device": {
+            "kind": d.kind,
+            "backend": d.backend,
+            "name": d.name,
+            "arch": d.arch,
+            "count": d.count,
+            "memory_gib": d.memory_gib,
+            "torch": d.torch,
+            "hip": d.hip,
+            "cuda": d.cuda,
+            "triton": d.triton,
+            "triton_error": d.triton_error,
+            "conv_library": d.conv_library,
+            "interpreter": d.interpreter,
+        },
+        "versions": dict(sorted(env.versions.items())),
+        "patches": [
+            {"id": p.patch.id, "verdict": p.verdict.value, "scheme": p.scheme, "reason": p.reason}
+            for p in report.status.patches
+        ],
+        "time_limit_s": report.time_limit_s,
+        "tuned_file": report.tuned_file,
+        "tuned_archs": list(report.tuned_archs),
+        "ops": [
+            {
+                "op": op.op.name,
+                "needed": op.needed,
+                "why": op.why,
+                "recommended": op.recommended,
+                "speedup": op.speedup,
+                "speedup_at_least": op.speedup_at_least,
+                "advice": op.advice,
+                "totals_ms": dict(op.totals),
+                "cases": [
+                    {
+                        "id": r.case.id,
+                        "shape": dict(r.shape),
+                        "native": _measurement_json(r.native, r),
+                        "schemes": [_measurement_json(m, r) for m in r.schemes],
+                    }
+                    for r in op.cases
+                ],
+            }
+            for op in report.ops
+        ],
+        "warnings": [
+            {"code": w.code, "message": w.message, "advice": w.advice} for w in report.warnings
+        ],
+        "ok": report.ok,
+        "failures": list(report.failures),
+    }
+
+
+def doctor_json(report: doctor.DoctorReport) -> None:
+    sys.stdout.write(json.dumps(doctor_document(report), indent=2) + "\n")
+    failures(report.failures, report.worker_log)

@@ -1,0 +1,210 @@
+"""``status`` and ``list``: what is installed, patched and needed, and why."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from rich.markup import escape
+
+from rocmfix import __version__
+from rocmfix.patch import Patch
+from rocmfix.render.console import STYLE, environment_line, err, out, warnings_block, wrapper
+from rocmfix.results import PatchStatus, StatusReport, Verdict
+
+STATUS_SCHEMA = "rocmfix-status/1"
+
+
+def _key(item: PatchStatus) -> tuple[Any, ...]:
+    # Files a release does not have read alike, whatever each patch calls its file.
+    absent = item.verdict is Verdict.NOT_NEEDED and item.path is None
+    return (item.verdict, item.scheme, "absent" if absent else item.reason, item.notes)
+
+
+def _groups(items: Sequence[PatchStatus]) -> list[list[PatchStatus]]:
+    """Rows of one distribution; three or more that read alike become one group."""
+    by_key: dict[tuple[Any, ...], list[PatchStatus]] = {}
+    for item in items:
+        by_key.setdefault(_key(item), []).append(item)
+    out: list[list[PatchStatus]] = []
+    for item in items:
+        same = by_key[_key(item)]
+        if len(same) < GROUP_FROM:
+            out.append([item])
+        elif same[0] is item:
+            out.append(same)
+    return out
+
+
+GROUP_FROM = 3
+
+
+def _absent(items: Sequence[PatchStatus]) -> bool:
+    """A distribution that is simply not there (not one uninstalled over a patch)."""
+    return (
+        all(i.verdict is Verdict.NOT_INSTALLED and i.path is None and not i.notes for i in items)
+        and len({i.reason for i in items}) == 1
+    )
+
+
+def _verdict(item: PatchStatus) -> str:
+    scheme = f" ({item.scheme})" if item.scheme else ""
+    return f"[{STYLE[item.verdict]}]{item.verdict.value}[/]{escape(scheme)}"
+
+
+def status_table(report: StatusReport) -> None:
+    """One block per distribution: each patch's verdict on its own line, the reason wrapped
+    under it. A distribution that is not installed is one line; rows that read alike are one
+    group. In a terminal the text wraps at its width; piped, every reason stays one line."""
+    console = out()
+    env = report.environment
+    wrap = wrapper(console)
+    console.print(wrap(f"Environment {environment_line(env)}", "", "    ", bold=11))
+    distributions: dict[str, list[PatchStatus]] = {}
+    for item in report.patches:
+        distributions.setdefault(item.patch.distribution, []).append(item)
+    shown = [i for items in distributions.values() if not _absent(items) for i in items]
+    width = max((len(i.patch.id) for i in shown), default=0) + 2
+    for name, items in distributions.items():
+        count = f"{len(items)} patch{'es' if len(items) > 1 else ''}"
+        if _absent(items):
+            console.print(f"[bold]{escape(name)}[/] [dim]not installed ({count})[/]")
+            continue
+        console.print(f"[bold]{escape(name)}[/] {escape(items[0].version or '')}".rstrip())
+        for group in _groups(items):
+            first = group[0]
+            label = first.patch.id if len(group) == 1 else f"{len(group)} patches"
+            console.print(f"  {escape(label):<{width}}{_verdict(first)}")
+            reason = first.reason
+            if first.verdict is Verdict.NOT_NEEDED and first.path is None and len(group) > 1:
+                reason = f"{name} {first.version} has none of these files"
+            console.print(wrap(reason, "      ", "      "))
+            for note in first.notes:
+                console.print(wrap(f"note: {note}", "      ", "        "))
+            if len(group) > 1:
+                console.print(wrap(", ".join(i.patch.id for i in group), "      ", "      "))
+    warnings_block(console, report.warnings)
+    if report.state_problem:
+        console.print(wrap(f"rocmfix's state: {report.state_problem}", "", "    "), style="red")
+    if report.hint:
+        err().print(f"hint: {escape(report.hint)}")
+
+
+def check_failures(report: StatusReport) -> None:
+    """Why ``status --check`` exits 1: the patches left to do, and a tampered state."""
+    console = err()
+    for item in report.patches:
+        if not item.verdict.settled:
+            console.print(f"check: {item.patch.id} is {item.verdict.value}", highlight=False)
+    if report.state_problem:
+        console.print(f"check: rocmfix's state: {escape(report.state_problem)}", highlight=False)
+
+
+def next_step(report: StatusReport) -> None:
+    verdicts = {item.verdict for item in report.patches}
+    python = (
+        "" if report.environment.in_process else f" --python {report.environment.python.executable}"
+    )
+    if Verdict.INTERRUPTED in verdicts:
+        step = f"rocmfix revert{python}   (or rocmfix apply{python}) finishes the interrupted run"
+    elif verdicts & {Verdict.APPLICABLE, Verdict.STALE}:
+        step = f"rocmfix apply --dry-run{python}   then   rocmfix apply{python}"
+    elif verdicts & {Verdict.CHANGED, Verdict.UNSUPPORTED}:
+        step = "read the reasons above; rocmfix leaves files it does not recognise alone"
+    elif verdicts <= {Verdict.NOT_INSTALLED}:
+        if report.hint:
+            return  # the hint above already says where to point rocmfix
+        step = "rocmfix status --python PATH   (point it at the environment that runs MinerU)"
+    else:
+        step = f"nothing to do; rocmfix revert{python} undoes the patches"
+    err().print(f"[bold]next:[/] {escape(step)}", highlight=False)
+
+
+def _patch_json(item: PatchStatus) -> dict[str, Any]:
+    return {
+        "id": item.patch.id,
+        "summary": item.patch.summary,
+        "distribution": item.patch.distribution,
+        "version": item.version,
+        "file": item.patch.path,
+        "path": str(item.path) if item.path else None,
+        "verdict": item.verdict.value,
+        "reason": item.reason,
+        "scheme": item.scheme,
+        "schemes": list(item.patch.scheme_names),
+        "editable": item.editable,
+        "pristine": item.pristine.name.lower() if item.pristine else None,
+        "notes": list(item.notes),
+    }
+
+
+def status_document(report: StatusReport) -> dict[str, Any]:
+    env = report.environment
+    counts = Counter(item.verdict.value for item in report.patches)
+    pending = report.pending
+    return {
+        "schema": STATUS_SCHEMA,
+        "rocmfix_version": __version__,
+        "environment": {
+            "python": env.python.executable,
+            "python_version": env.python.version,
+            "prefix": str(env.python.prefix),
+            "purelib": str(env.python.purelib) if env.python.purelib else None,
+            "torch": None
+            if env.torch is None
+            else {"version": env.torch.version, "hip": env.torch.hip, "cuda": env.torch.cuda},
+            "mineru": env.mineru.version if env.mineru is not None else None,
+        },
+        "busy": report.busy,
+        "pending": None
+        if pending is None
+        else {"op": pending.op, "pid": pending.pid, "started_at": pending.started_at},
+        "patches": [_patch_json(item) for item in report.patches],
+        "warnings": [
+            {"code": w.code, "message": w.message, "advice": w.advice} for w in report.warnings
+        ],
+        "summary": {
+            "verdicts": dict(sorted(counts.items())),
+            "settled": report.settled,
+        },
+        "hint": report.hint,
+        "state_problem": report.state_problem,
+    }
+
+
+def patch_list(patches: Sequence[Patch], *, as_json: bool) -> None:
+    if as_json:
+        doc = [
+            {
+                "id": p.id,
+                "summary": p.summary,
+                "distribution": p.distribution,
+                "file": p.path,
+                "known": list(p.known),
+                "schemes": [{"name": s.name, "summary": s.summary} for s in p.schemes],
+                "needs_rocm": p.needs_rocm,
+            }
+            for p in patches
+        ]
+        sys.stdout.write(json.dumps({"schema": "rocmfix-list/1", "patches": doc}, indent=2) + "\n")
+        return
+    console = out()
+    for patch in patches:
+        console.print(f"[bold]{patch.id}[/]  {escape(patch.summary)}")
+        console.print(f"  file     {patch.distribution}: {patch.path}")
+        for index, known in enumerate(patch.known):
+            console.print(f"  {'knows' if index == 0 else '':<8} {escape(known)}")
+        for index, scheme in enumerate(patch.schemes):
+            default = " (default)" if index == 0 else ""
+            label = "schemes" if index == 0 else ""
+            console.print(f"  {label:<8} {scheme.name}{default}: {escape(scheme.summary)}")
+        if not patch.schemes:
+            console.print("  schemes  - (one fixed rewrite)")
+        console.print()
+
+
+def status_json(report: StatusReport) -> None:
+    sys.stdout.write(json.dumps(status_document(report), indent=2) + "\n")

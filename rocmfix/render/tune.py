@@ -1,0 +1,148 @@
+"""``tune``: per kernel, the shipped config, the fastest candidate and what is stored."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from rocmfix import __version__
+from rocmfix import tune as tune_mod
+from rocmfix.render.console import config_text, duration, environment_line, err, failures, out
+
+
+def tune_table(report: tune_mod.TuneReport) -> None:
+    console = out()
+    console.print(f"[bold]Environment[/] {escape(environment_line(report.environment))}")
+    d = report.device
+    device = f"{d.name} ({d.arch})" if d.kind == "gpu" else "CPU (Triton interpreter)"
+    console.print(
+        f"[bold]Device[/]      {escape(device)} · torch {escape(d.torch)} · "
+        f"triton {escape(d.triton or '-')}"
+    )
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("kernel", "arch", "key", "shipped", "fastest", "gain", "decision", "config"):
+        table.add_column(name, no_wrap=name != "config", overflow="fold")
+    for k in report.kernels:
+        if k.status != "ok":
+            table.add_row(k.id, k.arch, k.key, "-", "-", "-", f"[red]{k.status}[/]",
+                          escape(k.message or ""))  # fmt: skip
+            continue
+        gain = "-" if k.gain is None else f"{k.gain:.3f}x"
+        decision = "[green]tuned[/]" if k.tuned else "kept shipped"
+        if k.verified is True:
+            decision += " ✓"
+        elif k.verified is False:
+            decision += " [red]not read back[/]"
+        tried = sum(1 for c in k.candidates if c.status not in ("skipped", "rejected"))
+        rejected = sum(1 for c in k.candidates if c.status == "rejected")
+        counts = f"{tried} tried" + (f", {rejected} rejected: spills or LDS" if rejected else "")
+        table.add_row(
+            k.id.split(":")[0],
+            k.arch,
+            k.key or "-",
+            duration(k.shipped.ms if k.shipped else None),
+            duration(k.fastest.ms if k.fastest else None),
+            gain,
+            f"{decision} ({counts})",
+            escape(config_text(k.best.config if k.best else None)),
+        )
+    console.print(table)
+    timing = {"graph": "CUDA-graph replay", "eager": "eager launches", "host": "host clock"}
+    methods = sorted({timing.get(k.method or "", "-") for k in report.kernels if k.method})
+    console.print(
+        f"Times: median kernel time per call ({', '.join(methods) or '-'}); a candidate "
+        f"replaces the shipped config only when it is ≥ {report.min_gain:.0%} faster."
+    )
+    stored = report.stored
+    if stored is None:
+        console.print(f"Nothing stored; {escape(report.path)} is unchanged.")
+    elif stored.written:
+        console.print(f"Stored in {escape(str(stored.path))}.")
+    elif stored.removed:
+        console.print(f"No tuned entries left; removed {escape(str(stored.path))}.")
+    else:
+        console.print(f"No tuned entries: the shipped configs stay ({escape(report.path)}).")
+    if stored is not None and stored.replaced_corrupt:
+        console.print(
+            f"[yellow]warning[/]: the old file {escape(stored.replaced_corrupt)}; replaced"
+        )
+    if any(k.verified is not None for k in report.kernels):
+        good = all(k.verified is not False for k in report.kernels)
+        verdict = "[green]yes[/]" if good else "[red]no[/]"
+        console.print(f"A fresh process's kernels resolve these configs: {verdict}")
+    failures(report.failures, report.worker_log)
+
+
+def _candidate_json(c: tune_mod.Candidate | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {
+        "config": dict(c.config),
+        "role": c.role,
+        "status": c.status,
+        "ms": c.ms,
+        "rel_err": c.rel_err,
+        "message": c.message,
+        "compiled": dict(c.compiled) if c.compiled else None,
+    }
+
+
+def tune_document(report: tune_mod.TuneReport) -> dict[str, Any]:
+    d = report.device
+    return {
+        "schema": tune_mod.SCHEMA,
+        "rocmfix_version": __version__,
+        "python": report.environment.python.executable,
+        "device": {
+            "kind": d.kind,
+            "name": d.name,
+            "arch": d.arch,
+            "torch": d.torch,
+            "triton": d.triton,
+        },
+        "tuned_file": report.path,
+        "stored": None
+        if report.stored is None
+        else {"written": report.stored.written, "removed": report.stored.removed},
+        "min_gain": report.min_gain,
+        "budget_s": report.budget_s,
+        "kernels": [
+            {
+                "id": k.id,
+                "kernel": k.kernel,
+                "arch": k.arch,
+                "key": k.key,
+                "precision": k.precision,
+                "status": k.status,
+                "message": k.message,
+                "timing": k.method,
+                "tuned": k.tuned,
+                "gain": k.gain,
+                "shipped": _candidate_json(k.shipped),
+                "fastest": _candidate_json(k.fastest),
+                "chosen": _candidate_json(k.best),
+                "verified": k.verified,
+                "resolved": dict(k.resolved) if k.resolved else None,
+                "candidates": [_candidate_json(c) for c in k.candidates],
+            }
+            for k in report.kernels
+        ],
+        "ok": report.ok,
+        "failures": list(report.failures),
+    }
+
+
+def tune_json(report: tune_mod.TuneReport) -> None:
+    sys.stdout.write(json.dumps(tune_document(report), indent=2) + "\n")
+    failures(report.failures, report.worker_log)
+
+
+def tune_reset(path: str, removed: bool) -> None:
+    if removed:
+        err().print(f"Removed {escape(path)}: the kernels use their shipped configs again.")
+    else:
+        err().print(f"No tuned file at {escape(path)}; nothing to reset.")

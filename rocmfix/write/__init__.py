@@ -1,0 +1,6 @@
+"""The write side: verdicts (:mod:`.verdicts`), planning (:mod:`.plan`) and the transaction
+(:mod:`.transaction`), behind the three commands in :mod:`.commands`."""
+
+from rocmfix.write.commands import apply, revert, status
+
+__all__ = ["apply", "revert", "status"]

@@ -1,0 +1,165 @@
+"""status, apply and revert: what the CLI calls on the write side.
+
+Each returns a frozen result and raises :class:`~rocmfix.errors.RocmfixError`; nothing here
+prints. ``status`` only reads. ``apply`` and ``revert`` plan without the lock first (a run
+with nothing to do needs no write access), then take the environment's lock, finish any run
+that was interrupted, plan again if anything moved meanwhile, and execute the plan as one
+transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from rocmfix import fsops
+from rocmfix.checks import environment_warnings
+from rocmfix.environment import Environment, default_python_hint
+from rocmfix.errors import LockBusyError, ManifestError, RefusedError
+from rocmfix.patch import Patch
+from rocmfix.registry import all_patches, check_scheme
+from rocmfix.results import FileChange, Outcome, RunResult, StatusReport, Verdict
+from rocmfix.state import StateDir
+from rocmfix.write.plan import Plan, plan_apply, plan_revert
+from rocmfix.write.transaction import check_pending, check_writable, execute, recover
+from rocmfix.write.verdicts import inspect, pending_patches
+
+
+def status(env: Environment, patches: Sequence[Patch], *, explicit: bool = False) -> StatusReport:
+    """What is installed, patched and needed, and why. Reads only; creates nothing.
+    ``explicit``: the user named ``patches`` (``--only``)."""
+    state = env.state
+    manifest = state.load()
+    busy = state.busy()
+    problem = None
+    try:
+        check_pending(env, manifest.pending, all_patches())
+    except ManifestError as exc:
+        problem = exc.message
+    interrupted = pending_patches(patches, manifest.pending)
+    inspected = tuple(
+        inspect(env, p, manifest, interrupted, busy, explicit).status for p in patches
+    )
+    hint = None
+    if all(s.verdict is Verdict.NOT_INSTALLED for s in inspected):
+        hint = default_python_hint() or (
+            "none of the target packages is installed in this interpreter; point rocmfix at "
+            "the environment that runs MinerU with --python PATH"
+        )
+    return StatusReport(
+        environment=env,
+        patches=inspected,
+        pending=manifest.pending,
+        busy=busy,
+        hint=hint,
+        warnings=environment_warnings(env),
+        state_problem=problem,
+    )
+
+
+def _still_current(changes: Sequence[FileChange]) -> bool:
+    """Whether every file a plan starts from still holds the bytes the plan read."""
+    for change in changes:
+        try:
+            if fsops.read_regular(change.path) != change.before:
+                return False
+        except fsops.NotRegularError:
+            return False
+    return True
+
+
+def apply(
+    env: Environment,
+    patches: Sequence[Patch],
+    *,
+    scheme: str | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    explicit: bool = False,
+) -> RunResult:
+    """Rewrite every selected target that needs it, all or nothing."""
+    check_scheme(patches, scheme)
+    state = env.state
+    manifest = state.load()
+    if state.busy() and not dry_run:
+        # Planning now would read another run's half-written files as someone's edits.
+        raise state.busy_error()
+    plan: Plan | None = None
+    if manifest.pending is None:
+        # Plan without the lock first: a run with nothing to do must not need write access.
+        plan = plan_apply(env, patches, manifest, state, scheme, force, explicit)
+        if dry_run or not plan.changes_anything(manifest):
+            return _result(env, "apply", plan, dry_run)
+    elif dry_run:
+        raise RefusedError(
+            "an earlier rocmfix run was interrupted",
+            hint="run `rocmfix apply` or `rocmfix revert` to finish it first",
+        )
+    if plan is not None:
+        check_writable(plan.changes, state)
+    state.check_writable()
+    # Tidying happens under the lock: another run holding it may have backups and no
+    # journal yet, which an unlocked tidy would take for leftovers and delete.
+    with state.locked():
+        try:
+            locked, recovered = recover(env, state, state.load(), all_patches())
+            if plan is None or locked != manifest or not _still_current(plan.changes):
+                plan = plan_apply(env, patches, locked, state, scheme, force, explicit)
+            _remove_leftovers(plan)
+            if plan.changes_anything(locked):
+                execute(state, locked, plan, "apply")
+        finally:
+            state.tidy()
+    return _result(env, "apply", plan, False, recovered)
+
+
+def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -> RunResult:
+    """Put back the original bytes of every selected patched file and remove dropped files."""
+    state = env.state
+    manifest = state.load()
+    if not manifest.entries and manifest.pending is None:
+        _tidy_unlocked(state)
+        return RunResult(env, "revert", (), (), False, warnings=environment_warnings(env))
+    if state.busy():
+        raise state.busy_error()
+    state.check_writable()
+    with state.locked():
+        try:
+            manifest, recovered = recover(env, state, state.load(), all_patches())
+            plan = plan_revert(env, patches, manifest, state, force)
+            _remove_leftovers(plan)
+            if plan.changes_anything(manifest):
+                execute(state, manifest, plan, "revert")
+        finally:
+            state.tidy()
+    return _result(env, "revert", plan, False, recovered)
+
+
+def _remove_leftovers(plan: Plan) -> None:
+    """Temporary files that runs killed mid-write left beside the files this run writes
+    (under the lock, so no run is writing them now)."""
+    for folder in sorted({c.path.parent for c in plan.changes}):
+        fsops.remove_temp_files(folder)
+
+
+def _tidy_unlocked(state: StateDir) -> None:
+    """Leftovers of a run killed before its journal, unless a run holds the lock right now:
+    then they are its backups."""
+    if state.root.exists():
+        with contextlib.suppress(LockBusyError, OSError), state.locked():
+            state.tidy()
+
+
+def _result(
+    env: Environment, command: str, plan: Plan, dry_run: bool, recovered: tuple[str, ...] = ()
+) -> RunResult:
+    outcomes: tuple[Outcome, ...] = plan.outcomes
+    return RunResult(
+        env,
+        command,
+        outcomes,
+        plan.changes,
+        dry_run,
+        recovered,
+        warnings=environment_warnings(env),
+    )

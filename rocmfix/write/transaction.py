@@ -1,0 +1,246 @@
+"""The transaction: a plan's changes written all or nothing.
+
+A run changes files in this order: backups of every file it will change, a manifest that names
+every file about to change (the journal), the files themselves, then the final manifest. Each
+file is replaced only if it still holds the bytes the plan read. A run that fails part-way
+rolls back what it wrote; if the rollback cannot finish either (the disk is failing), the
+journal and every backup stay, and the next ``apply`` or ``revert`` finishes it. A run killed
+at any point leaves either nothing to do or a journal that the next run rolls back
+(:func:`recover`). A journal is untrusted input like the rest of the state: every file it
+names must be one a patch declares, inside the environment. Only :mod:`rocmfix.state` knows
+where the manifest and the backups live.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from rocmfix import __version__, fsops
+from rocmfix.environment import Distribution, Environment
+from rocmfix.errors import ManifestError, RefusedError, WriteError
+from rocmfix.patch import Patch
+from rocmfix.results import FileChange
+from rocmfix.state import Entry, Manifest, Pending, PendingFile, StateDir, now
+from rocmfix.write.plan import Plan
+
+
+def check_writable(changes: Sequence[FileChange], state: StateDir) -> None:
+    state.check_writable()
+    for directory in sorted({c.path.parent for c in changes}):
+        reason = fsops.unwritable_reason(directory)
+        if reason is not None:
+            raise RefusedError(
+                f"nothing was changed: {directory} {reason}",
+                hint="run rocmfix as the user who owns that environment, "
+                "or patch a virtual environment you own",
+            )
+
+
+def _order(changes: Sequence[FileChange], reverting: bool) -> list[FileChange]:
+    # Dropped modules go in before the file that imports them and come out after it, so a
+    # process starting mid-run never imports a module that is not there; RECORD comes last.
+    def rank(change: FileChange) -> int:
+        if change.kind == "record":
+            return 2
+        if change.kind == "drop":
+            deleting = change.after is None
+            return 1 if deleting or reverting else 0
+        return 0 if reverting else 1
+
+    return sorted(changes, key=rank)
+
+
+def _journal(op: str, changes: Sequence[FileChange]) -> Pending:
+    return Pending(
+        op=op,
+        pid=os.getpid(),
+        started_at=now(),
+        files=tuple(
+            PendingFile(
+                kind="record" if c.kind == "record" else "file",
+                distribution=c.distribution,
+                path=c.rel,
+                before=fsops.sha256(c.before) if c.before is not None else None,
+                after=fsops.sha256(c.after) if c.after is not None else None,
+            )
+            for c in changes
+        ),
+    )
+
+
+def _digest(data: bytes | None) -> str | None:
+    return None if data is None else fsops.sha256(data)
+
+
+def write(path: Path, data: bytes | None, expect: bytes | None, like: Path | None = None) -> None:
+    """Put ``data`` (None: nothing) at ``path``, which must hold ``expect`` right then. A new
+    file takes the mode of ``like`` (the file it is dropped beside), else of its folder."""
+    if data is None:
+        fsops.remove(path, expect=_digest(expect))
+    else:
+        stat = None
+        for source in (path, like):
+            if source is not None and stat is None:
+                with contextlib.suppress(OSError):
+                    stat = source.stat(follow_symlinks=False)
+        fsops.atomic_write(path, data, like=stat, expect=_digest(expect))
+    if path.suffix == ".py":
+        fsops.invalidate_pycache(path)
+
+
+def _why(exc: OSError) -> str:
+    if isinstance(exc, fsops.ChangedError):
+        return "another program changed it while rocmfix ran"
+    return exc.strerror or str(exc)
+
+
+def execute(state: StateDir, manifest: Manifest, plan: Plan, op: str) -> None:
+    changes = _order(plan.changes, reverting=(op == "revert"))
+    check_writable(changes, state)
+    try:
+        for change in changes:
+            if change.before is not None:
+                state.backup(change.before)
+        state.save(replace(manifest, pending=_journal(op, changes)), __version__)
+    except OSError as exc:
+        state.tidy()
+        raise WriteError(
+            f"nothing was changed: rocmfix could not write its state in {state.root} ({_why(exc)})"
+        ) from None
+    done: list[FileChange] = []
+    try:
+        for change in changes:
+            write(change.path, change.after, change.before, change.mode_from)
+            done.append(change)
+    except OSError as exc:
+        failed = _rollback(done)
+        problem = f"writing {change.path} failed ({_why(exc)})"
+        if failed:
+            # The journal and every backup stay: status reads `interrupted`, and the next
+            # apply or revert (once the fault is gone) rolls back what is left.
+            raise WriteError(
+                f"{problem}; could not restore {', '.join(failed)} either, so rocmfix's "
+                f"journal and backups stay in {state.root}",
+                hint="`rocmfix revert` finishes the rollback once the fault is gone",
+            ) from None
+        try:
+            state.save(manifest, __version__)
+        except OSError:
+            raise WriteError(
+                f"{problem}; every file is as it was, but the journal could not be cleared",
+                hint="`rocmfix revert` clears it once the fault is gone",
+            ) from None
+        raise WriteError(f"{problem}; every file is as it was") from None
+    state.save(replace(manifest, entries=plan.entries, pending=None), __version__)
+    state.prune_backups(kept_backups(plan.entries.values()))
+
+
+def kept_backups(entries: Iterable[Entry]) -> set[str]:
+    """The backups the manifest's entries still need: originals, and files a forced drop
+    replaced."""
+    return {e.original_sha256 for e in entries} | {
+        d.replaced for e in entries for d in e.drops if d.replaced
+    }
+
+
+def _rollback(done: Sequence[FileChange]) -> list[str]:
+    failed = []
+    for change in reversed(done):
+        try:
+            write(change.path, change.before, change.after, change.mode_from)
+        except OSError:
+            failed.append(str(change.path))
+    return failed
+
+
+def _pending_path(dist: Distribution, item: PendingFile, patches: Sequence[Patch]) -> Path:
+    """Where a journal's file is, once it is shown to be one a patch declares, inside the
+    environment, reached through no link. Anything else is a tampered journal."""
+    declared = {
+        rel
+        for p in patches
+        if p.distribution == item.distribution
+        for rel in (p.path, *p.drop_paths)
+    }
+    targets = {p.path for p in patches if p.distribution == item.distribution}
+    hint = "rocmfix's journal was edited; move share/rocmfix aside and reinstall the package"
+    if item.kind == "record":
+        record = dist.record
+        if record is None or record.name != posixpath.basename(item.path):
+            raise ManifestError(
+                f"the journal names a RECORD {item.path} that is not {dist.name}'s", hint=hint
+            )
+        if item.before is None:
+            raise ManifestError(f"the journal would delete {dist.name}'s RECORD", hint=hint)
+        return record
+    if item.path not in declared:
+        raise ManifestError(
+            f"the journal names {item.distribution}:{item.path}, which no patch declares",
+            hint=hint,
+        )
+    if item.path in targets and item.before is None:
+        raise ManifestError(f"the journal would delete the target {item.path}", hint=hint)
+    roots = sorted({t.root for t in dist.files.values()})
+    if not roots:
+        raise ManifestError(f"{item.distribution} has no files rocmfix knows", hint=hint)
+    # Every target of one distribution lives under one root.
+    path = roots[0] / item.path
+    if path.is_symlink() or not fsops.inside(path, roots[0]):
+        raise ManifestError(f"the journal's {path} leads out of the environment", hint=hint)
+    return path
+
+
+def check_pending(env: Environment, pending: Pending | None, patches: Sequence[Patch]) -> None:
+    """Refuse a journal that names anything rocmfix would not write (see _pending_path)."""
+    for item in pending.files if pending is not None else ():
+        dist = env.distributions.get(item.distribution)
+        if dist is not None:
+            _pending_path(dist, item, patches)
+
+
+def recover(
+    env: Environment, state: StateDir, manifest: Manifest, patches: Sequence[Patch]
+) -> tuple[Manifest, tuple[str, ...]]:
+    """Roll back a run that was killed (or failed) before it finished; every file it touched
+    returns to the bytes it had before that run, from the backups written before any change.
+    The journal goes only once every file is back."""
+    pending = manifest.pending
+    if pending is None:
+        return manifest, ()
+    check_pending(env, pending, patches)
+    notes = [f"rolled back an interrupted {pending.op} (pid {pending.pid}, {pending.started_at})"]
+    for item in reversed(pending.files):
+        dist = env.distributions.get(item.distribution)
+        if dist is None:
+            notes.append(f"{item.distribution} is gone; nothing to roll back for {item.path}")
+            continue
+        path = _pending_path(dist, item, patches)
+        fsops.remove_temp_files(path.parent)
+        try:
+            current = fsops.digest_of(path)
+        except fsops.NotRegularError as exc:
+            raise ManifestError(f"cannot roll back: {exc}") from None
+        if current == item.before:
+            continue
+        if current != item.after:
+            notes.append(f"{path} changed since the interrupted run; left as it is")
+            continue
+        data = state.read_backup(item.before) if item.before is not None else None
+        current_bytes = fsops.read_regular(path)
+        try:
+            write(path, data, current_bytes)
+        except OSError as exc:
+            raise WriteError(
+                f"cannot roll back the interrupted {pending.op}: writing {path} failed "
+                f"({_why(exc)}); the journal and backups stay",
+                hint="run the command again once the fault is gone",
+            ) from None
+        notes.append(f"restored {path}")
+    recovered = replace(manifest, pending=None)
+    state.save(recovered, __version__)
+    return recovered, tuple(notes)

@@ -1,0 +1,385 @@
+"""Verdicts: what one patch's target file is, decided from its code and its bytes.
+
+A file is inspected in one pass of small steps, each of which either settles the verdict or
+hands on: the package is not installed; a run was interrupted on it; it is a link; it is
+gone; it holds rocmfix's recorded rewrite; someone else changed it; and only then what its
+code says (the patch's libcst classification), weighed against how rocmfix knows the file is
+as its package shipped it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+
+from rocmfix import fsops
+from rocmfix.checks import is_rocm, torch_build
+from rocmfix.environment import Distribution, Environment
+from rocmfix.errors import ManifestError
+from rocmfix.patch import Patch, Shape, TargetContext
+from rocmfix.results import PatchStatus, Pristine, Verdict
+from rocmfix.state import Entry, Manifest, Pending
+
+
+@dataclass(frozen=True)
+class Inspection:
+    status: PatchStatus
+    dist: Distribution | None = None
+    root: Path | None = None
+    data: bytes | None = None
+    entry: Entry | None = None
+    # Not needed only because torch is not a ROCm build: --force may still apply it.
+    forceable: bool = False
+
+
+def _git_pristine(path: Path) -> bool | None:
+    """An editable checkout has no RECORD; a tracked file in git is pristine when it has no
+    uncommitted change (True), modified when it has one (False). None: git cannot tell."""
+    try:
+        tracked = subprocess.run(
+            ["git", "ls-files", "--error-unmatch", path.name],
+            cwd=path.parent,
+            capture_output=True,
+            timeout=20,
+            check=False,
+        )
+        if tracked.returncode != 0:
+            return None
+        # --no-optional-locks: status only reads, so git must not refresh the index.
+        dirty = subprocess.run(
+            ["git", "--no-optional-locks", "status", "--porcelain", "--", path.name],
+            cwd=path.parent,
+            capture_output=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if dirty.returncode != 0:
+        return None
+    return not dirty.stdout.strip()
+
+
+def pristine(data: bytes, record_hash: str | None, path: Path, dist: Distribution) -> Pristine:
+    if record_hash is not None:
+        return Pristine.RECORD if fsops.record_hash(data) == record_hash else Pristine.MODIFIED
+    clean = _git_pristine(path) if dist.editable else None
+    if clean is not None:
+        return Pristine.GIT if clean else Pristine.GIT_MODIFIED
+    return Pristine.UNKNOWN
+
+
+def check_entry(patch: Patch, entry: Entry) -> None:
+    """Refuse a manifest entry that names files the patch does not own."""
+    hint = "the manifest was edited by hand; restore it or reinstall the package"
+    if entry.file != patch.path or entry.distribution != patch.distribution:
+        raise ManifestError(
+            f"manifest entry {patch.id!r} names {entry.distribution}:{entry.file}, "
+            f"but that patch targets {patch.distribution}:{patch.path}",
+            hint=hint,
+        )
+    for drop in entry.drops:
+        if drop.path not in patch.drop_paths:
+            raise ManifestError(
+                f"manifest entry {patch.id!r} lists a dropped file rocmfix never drops: "
+                f"{drop.path}",
+                hint=hint,
+            )
+    if patch.schemes and entry.scheme not in patch.scheme_names:
+        raise ManifestError(f"manifest entry {patch.id!r} has an unknown scheme {entry.scheme!r}")
+
+
+def pending_patches(patches: Sequence[Patch], pending: Pending | None) -> set[str]:
+    """The patches whose files an interrupted run was changing."""
+    if pending is None:
+        return set()
+    touched = {(f.distribution, f.path) for f in pending.files if f.kind == "file"}
+    return {
+        p.id
+        for p in patches
+        if (p.distribution, p.path) in touched
+        or any((p.distribution, d) in touched for d in p.drop_paths)
+    }
+
+
+def _drops_intact(root: Path, entry: Entry) -> str | None:
+    for drop in entry.drops:
+        path = root / drop.path
+        try:
+            digest = fsops.sha256(path.read_bytes())
+        except FileNotFoundError:
+            return f"its dropped file {drop.path} is missing"
+        if digest != drop.sha256:
+            return f"its dropped file {drop.path} was changed by someone else"
+    return None
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def context(env: Environment, patch: Patch, dist: Distribution) -> TargetContext:
+    related: dict[str, bytes | None] = {}
+    for rel in patch.related:
+        target = dist.files.get(rel)
+        try:
+            related[rel] = fsops.read_regular(target.path) if target is not None else None
+        except (fsops.NotRegularError, OSError):
+            # A related file that is a link or unreadable tells nothing: as if it were absent.
+            related[rel] = None
+    return TargetContext(
+        version=dist.version, versions=env.versions, torch=env.torch, related=related
+    )
+
+
+class _Inspector:
+    """One patch in one environment; :meth:`run` is the pass described in the module doc."""
+
+    def __init__(
+        self,
+        env: Environment,
+        patch: Patch,
+        manifest: Manifest,
+        interrupted: Collection[str],
+        busy: bool,
+        explicit: bool,
+    ) -> None:
+        self.env = env
+        self.explicit = explicit
+        self.patch = patch
+        self.entry = manifest.entries.get(patch.id)
+        if self.entry is not None:
+            check_entry(patch, self.entry)
+        self.dist = env.distributions.get(patch.distribution)
+        self.interrupted = patch.id in interrupted
+        self.busy = busy
+        self.root: Path | None = None
+        self.path: Path | None = None
+        self.data: bytes | None = None
+        self.pristine: Pristine | None = None
+
+    def done(
+        self,
+        verdict: Verdict,
+        reason: str,
+        *,
+        scheme: str | None = None,
+        notes: tuple[str, ...] = (),
+        forceable: bool = False,
+    ) -> Inspection:
+        dist = self.dist
+        return Inspection(
+            status=PatchStatus(
+                patch=self.patch,
+                verdict=verdict,
+                reason=reason,
+                version=dist.version if dist else None,
+                path=self.path,
+                scheme=scheme,
+                editable=dist.editable if dist else False,
+                pristine=self.pristine,
+                notes=notes,
+            ),
+            dist=dist,
+            root=self.root,
+            data=self.data,
+            entry=self.entry,
+            forceable=forceable,
+        )
+
+    def run(self) -> Inspection:
+        if self.dist is None:
+            return self._absent()
+        target = self.dist.files[self.patch.path]
+        self.path, self.root = target.path, target.root
+        early = self._interrupted() or self._link() or self._read()
+        if early is not None:
+            return early
+        assert self.data is not None
+        applied = self._applied()
+        if applied is not None:
+            return applied
+        entry = self.entry
+        if entry is not None and fsops.sha256(self.data) == entry.original_sha256:
+            self.pristine = Pristine.MANIFEST
+        else:
+            self.pristine = pristine(self.data, target.record_hash, target.path, self.dist)
+        # A clean git checkout after `git pull` is what a reinstall is to a wheel: stale.
+        if entry is not None and self.pristine not in (
+            Pristine.RECORD,
+            Pristine.MANIFEST,
+            Pristine.GIT,
+        ):
+            return self.done(
+                Verdict.CHANGED,
+                "changed by someone else since rocmfix patched it",
+                scheme=entry.scheme,
+            )
+        return self._classified()
+
+    def _absent(self) -> Inspection:
+        if self.entry is not None:
+            reason = (
+                f"{self.patch.distribution} was uninstalled after rocmfix patched it; "
+                "`rocmfix revert` cleans up what is left"
+            )
+        else:
+            reason = f"{self.patch.distribution} is not installed here"
+        return self.done(Verdict.NOT_INSTALLED, reason)
+
+    def _interrupted(self) -> Inspection | None:
+        if not self.interrupted:
+            return None
+        why = (
+            "a rocmfix run is changing it right now"
+            if self.busy
+            else "an earlier rocmfix run was interrupted; `rocmfix revert` or `rocmfix apply` "
+            "finishes the job"
+        )
+        return self.done(Verdict.INTERRUPTED, why)
+
+    def _link(self) -> Inspection | None:
+        assert self.path is not None
+        if not self.path.is_symlink():
+            return None
+        return self.done(
+            Verdict.UNSUPPORTED,
+            f"{self.path} is a symbolic link (to {os.readlink(self.path)}); rocmfix does not "
+            "write through links",
+        )
+
+    def _read(self) -> Inspection | None:
+        assert self.path is not None and self.dist is not None
+        try:
+            self.data = fsops.read_regular(self.path)
+        except fsops.NotRegularError as exc:
+            return self.done(Verdict.UNSUPPORTED, str(exc))
+        if self.data is not None:
+            return None
+        if self.entry is not None:
+            return self.done(Verdict.CHANGED, "the file was deleted after rocmfix patched it")
+        self.path = None
+        return self.done(
+            Verdict.NOT_NEEDED, self.patch.missing_reason.format(version=self.dist.version)
+        )
+
+    def _applied(self) -> Inspection | None:
+        entry = self.entry
+        assert self.data is not None and self.root is not None
+        if entry is None or fsops.sha256(self.data) != entry.patched_sha256:
+            return None
+        broken = _drops_intact(self.root, entry)
+        if broken is not None:
+            return self.done(Verdict.CHANGED, broken, scheme=entry.scheme)
+        label = f" ({entry.scheme})" if entry.scheme else ""
+        return self.done(
+            Verdict.APPLIED,
+            f"rocmfix rewrite{label} in place since {entry.applied_at}",
+            scheme=entry.scheme,
+        )
+
+    def _classified(self) -> Inspection:
+        assert self.data is not None and self.dist is not None
+        entry = self.entry
+        scheme = entry.scheme if entry is not None else None
+        try:
+            module = self.patch.parse(self.data)
+        except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError) as exc:
+            return self.done(Verdict.UNSUPPORTED, f"does not parse: {one_line(exc)}")
+        found = self.patch.classify(module, context(self.env, self.patch, self.dist))
+        notes = found.notes
+        if found.shape is Shape.FIXED_UPSTREAM:
+            reason = found.reason
+            if entry is not None:
+                reason += "; `rocmfix revert` removes what the old patch left behind"
+            return self.done(Verdict.NOT_NEEDED, reason, scheme=scheme, notes=notes)
+        if self.pristine in (Pristine.MODIFIED, Pristine.GIT_MODIFIED):
+            how = (
+                "modified since it was installed"
+                if self.pristine is Pristine.MODIFIED
+                else "has uncommitted changes in its git checkout"
+            )
+            reason = f"{how}, not by rocmfix ({found.reason})"
+            return self.done(Verdict.CHANGED, reason, scheme=scheme, notes=notes)
+        if found.shape is Shape.NEEDS_PATCH:
+            return self._needed(found.reason, notes)
+        if found.shape is Shape.PATCHED:
+            reason = "holds a rocmfix rewrite this environment's manifest does not know"
+            return self.done(Verdict.CHANGED, reason, scheme=scheme, notes=notes)
+        return self.done(Verdict.UNSUPPORTED, found.reason, scheme=scheme, notes=notes)
+
+    def _needed(self, reason: str, notes: tuple[str, ...]) -> Inspection:
+        assert self.dist is not None
+        entry = self.entry
+        torch = self.env.torch
+        if self.patch.needs_rocm and torch is not None and not is_rocm(self.env):
+            return self.done(
+                Verdict.NOT_NEEDED,
+                f"torch {torch.version} is a {torch_build(self.env)} build: this patch is for "
+                "ROCm (`apply --force` patches anyway)",
+                notes=notes,
+                forceable=True,
+            )
+        if entry is None:
+            unused = self._unused_by_mineru()
+            if unused is not None:
+                return self.done(Verdict.NOT_NEEDED, unused, notes=notes)
+            notes = (*notes, *self._used_by_mineru())
+        if entry is not None:
+            was = (
+                "" if entry.version == self.dist.version else f" (rocmfix patched {entry.version})"
+            )
+            return self.done(
+                Verdict.STALE,
+                f"{self.patch.distribution} {self.dist.version} was reinstalled over the "
+                f"patch{was}; `rocmfix apply` patches it again",
+                scheme=entry.scheme,
+                notes=notes,
+            )
+        return self.done(Verdict.APPLICABLE, reason, notes=notes)
+
+    def _unused_by_mineru(self) -> str | None:
+        """Why the MinerU installed here never runs this target, unless the user named the
+        patch (``--only``): then it is theirs to apply."""
+        use, mineru = self.patch.mineru, self.env.mineru
+        if self.explicit or use is None or mineru is None:
+            return None
+        anyway = f"`--only {self.patch.id}` patches it anyway"
+        if use.never:
+            return f"mineru {mineru.version} never runs it: {use.what}; {anyway}"
+        if mineru.found.shows(use) is None:
+            looked = " or ".join(
+                [f"import {w}" for w in (*use.imports, *use.names)] + [repr(w) for w in use.strings]
+            )
+            return (
+                f"mineru {mineru.version} does not use {self.patch.distribution}: its code has "
+                f"no {looked}; {anyway}"
+            )
+        return None
+
+    def _used_by_mineru(self) -> tuple[str, ...]:
+        use, mineru = self.patch.mineru, self.env.mineru
+        if use is None or mineru is None:
+            return ()
+        shown = mineru.found.shows(use)
+        if shown is None:
+            return ()
+        return (f"mineru {mineru.version} runs it: its code {shown} ({use.what})",)
+
+
+def inspect(
+    env: Environment,
+    patch: Patch,
+    manifest: Manifest,
+    interrupted: Collection[str] = (),
+    busy: bool = False,
+    explicit: bool = False,
+) -> Inspection:
+    """The verdict on ``patch`` in ``env``, with what planning needs to act on it.
+    ``explicit``: the user named the patches, so MinerU's use of them does not matter."""
+    return _Inspector(env, patch, manifest, interrupted, busy, explicit).run()
