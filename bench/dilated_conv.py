@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -31,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import _load  # bench/_load.py: the templates as the targets import them
 import torch
 import torch.nn.functional as F
 
@@ -114,12 +114,7 @@ PREC_CLASS = {"tf32": "tf32", "ieee": "fp32", "bf16": "f16"}
 
 
 def load_template(name: str) -> ModuleType:
-    path = ROOT / "templates" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load.template(name)
 
 
 def set_mode(mode: str) -> torch.dtype:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import statistics
@@ -30,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import _load  # bench/_load.py: the templates as the targets import them
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -38,12 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_template(name: str) -> ModuleType:
-    path = ROOT / "templates" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_model_{name}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load.template(name)
 
 
 def build_model(device: str, nc: int = 10, seed: int = 0) -> torch.nn.Module:

@@ -21,7 +21,6 @@ Prints a short table last; with ``$OUT`` set (or ``--out``) writes ``patch_embed
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -35,6 +34,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import _load  # bench/_load.py: the templates as the targets import them
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -159,14 +159,8 @@ CONV_MARKERS = ("conv", "cudnn", "miopen", "implicit_gemm", "fprop")
 
 
 def load_template(scheme: str, alias: str | None = None) -> ModuleType:
-    path = TEMPLATES / f"patch_embed_{scheme}.py"
-    name = alias or f"rocmfix_template_{scheme}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    # Each call is a fresh module (``alias`` named one before the templates shared a package).
+    return _load.template(f"patch_embed_{scheme}")
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -100,6 +100,7 @@ class DoctorReport:
     tuned_file: str
     # GPU archs the tuned file has entries for (empty: no file, or nothing usable in it).
     tuned_archs: tuple[str, ...]
+    tuned_exists: bool
     warnings: tuple[EnvWarning, ...]
     worker_error: str | None
     worker_log: str
@@ -350,6 +351,7 @@ def build_report(
         time_limit_s=time_limit,
         tuned_file=tuned_file,
         tuned_archs=tuple(sorted(file.archs())),
+        tuned_exists=file.exists,
         warnings=tuple(warnings),
         worker_error=outcome.fatal,
         worker_log=outcome.stderr_tail,

@@ -78,6 +78,8 @@ def _packages_line(report: doctor.DoctorReport) -> str:
 
 def _tuned_line(report: doctor.DoctorReport) -> str:
     arch = report.device.arch
+    if not report.tuned_exists:
+        return f"none ({report.tuned_file} does not exist; `rocmfix tune` writes it)"
     if report.device.interpreter:
         return f"{report.tuned_file} (not used without a GPU)"
     if arch in report.tuned_archs:
@@ -224,6 +226,7 @@ def doctor_document(report: doctor.DoctorReport) -> dict[str, Any]:
         "time_limit_s": report.time_limit_s,
         "tuned_file": report.tuned_file,
         "tuned_archs": list(report.tuned_archs),
+        "tuned_exists": report.tuned_exists,
         "ops": [
             {
                 "op": op.op.name,
