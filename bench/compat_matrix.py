@@ -146,17 +146,18 @@ def sample_releases(project: str) -> list[str]:
         return _eras(every, TRANSFORMERS_ERAS)
     if project == "mineru":
         return sorted({v for v in MINERU_SAMPLE if v in every} | {every[-1]}, key=Version)
-    chosen = {v for v in MINERU_BOUNDARY if v in every} | {every[-1]}
-    step = 0
-    while len(chosen) < min(MINERU_SAMPLE_SIZE, len(every)):
-        # Evenly spread over the rest; `step` shifts the grid until enough are distinct.
-        wanted = MINERU_SAMPLE_SIZE + step
-        for i in range(wanted):
-            chosen.add(every[round(i * (len(every) - 1) / (wanted - 1))])
-            if len(chosen) >= MINERU_SAMPLE_SIZE:
-                break
-        step += 1
-    return sorted(chosen, key=Version)
+    fixed = sorted({every.index(v) for v in MINERU_BOUNDARY if v in every} | {0, len(every) - 1})
+    # The rest spread over the stretches between the fixed ones: each extra release goes to
+    # the stretch whose pieces are longest, then each stretch is cut evenly.
+    spans = list(itertools.pairwise(fixed))
+    cuts = [0] * len(spans)
+    for _ in range(max(0, min(MINERU_SAMPLE_SIZE, len(every)) - len(fixed))):
+        widest = max(range(len(spans)), key=lambda j: (spans[j][1] - spans[j][0]) / (cuts[j] + 1))
+        cuts[widest] += 1
+    picked = set(fixed)
+    for (low, high), n in zip(spans, cuts, strict=True):
+        picked |= {low + round((high - low) * (i + 1) / (n + 1)) for i in range(n)}
+    return [every[i] for i in sorted(picked)]
 
 
 # ---------------------------------------------------------------------------- the CLI

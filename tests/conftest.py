@@ -40,6 +40,13 @@ class Result:
         return json.loads(self.stdout)
 
 
+# The CLI tests are about rocmfix, not the GPU: they see none, so they run the same on a GPU
+# host as in CI. tests/test_gpu.py runs doctor and tune on a real one (it passes its own env).
+NO_GPU = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": ""}
+# rocmfix from this checkout, ahead of whatever PYTHONPATH the runner already had.
+PYTHONPATH = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def run_cli(
     *args: str,
     env: dict[str, str] | None = None,
@@ -47,7 +54,7 @@ def run_cli(
     timeout: float = 120,
 ) -> Result:
     """The real CLI in a subprocess, the way a user runs it."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": PYTHONPATH, "COLUMNS": "200", **NO_GPU, **(env or {})}
     done = subprocess.run(
         [sys.executable, "-m", "rocmfix", *args],
         capture_output=True,
@@ -68,7 +75,7 @@ def run_cli(
 def run_cli_readonly(paths: list[Path], *args: str) -> Result:
     """Run the CLI with ``paths`` read-only: a read-only bind mount in a private mount
     namespace as root (root writes through permission bits), chmod otherwise."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    full_env = {**os.environ, "PYTHONPATH": PYTHONPATH, "COLUMNS": "200"}
     if os.geteuid() == 0:
         assert shutil.which("unshare"), "running as root needs unshare(1) for read-only mounts"
         script = (

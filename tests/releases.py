@@ -9,6 +9,7 @@ read, with HTTP range requests, the way pip's lazy wheel does.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -16,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import zipfile
@@ -51,10 +53,17 @@ def _get(url: str, headers: dict[str, str] | None = None, tries: int = 4) -> byt
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    # A unique temporary name per write: threads of one process fill the same entries.
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def index(project: str) -> dict[str, Any]:
@@ -87,8 +96,34 @@ def _wheel(project: str, version: str) -> dict[str, Any]:
     return sorted(candidates, key=lambda f: "manylinux" not in f["filename"])[0]
 
 
-def releases(project: str, *, wheels_only: bool = True) -> list[str]:
-    """Every non-yanked release with a usable wheel, oldest first."""
+# The newest release of each project the suite was last checked against. The tests and the
+# compatibility matrix take releases up to these, so a new upstream release cannot turn CI
+# red on its own; `python bench/newer_releases.py` lists what came out since (CI prints it),
+# and bumping a line here is how a new release joins the suite.
+PINNED = {
+    "vllm": "0.33.0",
+    "transformers": "5.23.0",
+    "mineru-vl-utils": "2.0.7",
+    "doclayout-yolo": "0.0.4",
+    "mineru": "4.0.12",
+}
+
+
+def releases(project: str, *, wheels_only: bool = True, pinned: bool = True) -> list[str]:
+    """Every non-yanked release with a usable wheel, oldest first; up to PINNED unless told
+    otherwise."""
+    found = _all_releases(project, wheels_only)
+    if pinned and project in PINNED:
+        found = [v for v in found if Version(v) <= Version(PINNED[project])]
+    return found
+
+
+def newer(project: str) -> list[str]:
+    """Releases published after the pinned one."""
+    return [v for v in _all_releases(project, True) if Version(v) > Version(PINNED[project])]
+
+
+def _all_releases(project: str, wheels_only: bool) -> list[str]:
     seen: set[str] = set()
     for f in index(project)["files"]:
         if f.get("yanked") or (wheels_only and not f["filename"].endswith(".whl")):

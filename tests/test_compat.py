@@ -20,6 +20,8 @@ import releases
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
+import test_doclayout
+
 import compat_matrix
 
 pytestmark = pytest.mark.network
@@ -47,8 +49,14 @@ def test_sample_is_deterministic_and_keeps_the_boundaries() -> None:
     assert len(mineru) == compat_matrix.MINERU_SAMPLE_SIZE
     newest = max(releases.releases("mineru-vl-utils"), key=Version)
     assert {"0.1.0", "0.1.13", "0.1.14", newest} <= set(mineru)
-    assert mineru == compat_matrix.sample_releases("mineru-vl-utils")
+    # Spread over the whole history: no stretch of releases longer than twice the even step
+    # goes unsampled.
+    every_mineru = compat_matrix.all_releases("mineru-vl-utils")
+    positions = [every_mineru.index(v) for v in mineru]
+    step = len(every_mineru) / compat_matrix.MINERU_SAMPLE_SIZE
+    assert max(b - a for a, b in itertools.pairwise(positions)) <= 2 * step
     assert compat_matrix.sample_releases("doclayout-yolo") == releases.releases("doclayout-yolo")
+    assert releases.releases("doclayout-yolo") == list(test_doclayout.RELEASES)
 
 
 def test_sample_has_no_failures(tmp_path: Path) -> None:

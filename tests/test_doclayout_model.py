@@ -7,10 +7,12 @@ routes ``DilatedBlock.dilated_conv``'s conv through templates/dilated_conv_phase
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -19,10 +21,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import releases
 
-sys.path.insert(0, str(releases.importable("doclayout-yolo", "0.0.4")))
-import doclayout_yolo
-from doclayout_yolo.nn.modules.g2l_crm import DilatedBlock
-from doclayout_yolo.nn.tasks import YOLOv10DetectionModel
+pytestmark = pytest.mark.network
+
+
+@pytest.fixture(scope="module")
+def yolo() -> ModuleType:
+    """doclayout-yolo 0.0.4 from PyPI (fetched once, cached), imported for this module."""
+    sys.path.insert(0, str(releases.importable("doclayout-yolo", "0.0.4")))
+    return importlib.import_module("doclayout_yolo")
+
+
+def _dilated_block() -> Any:
+    return importlib.import_module("doclayout_yolo.nn.modules.g2l_crm").DilatedBlock
+
 
 PHASE_TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "dilated_conv_phase.py"
 
@@ -54,10 +65,11 @@ def _head_maps(out: dict) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    cfg = Path(doclayout_yolo.__file__).parent / "cfg/models/v10/yolov10m-doclayout.yaml"
+def model(yolo: ModuleType) -> torch.nn.Module:
+    cfg = Path(yolo.__file__).parent / "cfg/models/v10/yolov10m-doclayout.yaml"
     torch.manual_seed(0)
-    m = YOLOv10DetectionModel(str(cfg), nc=10, verbose=False)
+    tasks = importlib.import_module("doclayout_yolo.nn.tasks")
+    m = tasks.YOLOv10DetectionModel(str(cfg), nc=10, verbose=False)
     g = torch.Generator().manual_seed(1)
     for mod in m.modules():  # non-trivial BN statistics: the kept BN must matter
         if isinstance(mod, torch.nn.BatchNorm2d):
@@ -71,7 +83,7 @@ def _run(
 ) -> tuple[list[torch.Tensor], torch.Tensor, list[int]]:
     """Each DilatedBlock's fused branch output (before the residual add, where the dilated convs
     are not yet diluted by the identity), the head maps, and the dilation of every conv run."""
-    blocks = [m for m in model.modules() if isinstance(m, DilatedBlock)]
+    blocks = [m for m in model.modules() if isinstance(m, _dilated_block())]
     taps: list[torch.Tensor] = []
     hooks = [
         b.conv1x1.register_forward_hook(lambda _m, _i, out: taps.append(out.clone()))
@@ -94,6 +106,7 @@ def test_phase_split_model_forward_matches_stock(
     model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     phase = _phase()
+    DilatedBlock = _dilated_block()
     blocks = [m for m in model.modules() if isinstance(m, DilatedBlock)]
     assert sorted({(b.k, tuple(b.dilation)) for b in blocks}) == [(3, (1, 3, 5)), (5, (1, 2, 3))]
     x = torch.rand(1, 3, 256, 192)
@@ -101,7 +114,7 @@ def test_phase_split_model_forward_matches_stock(
     assert len(ref_taps) == 8
     assert sum(d > 1 for d in dils) == 16  # 8 blocks x 2 dilated convs
 
-    def dilated_conv(self: DilatedBlock, x: torch.Tensor, dilation: int) -> torch.Tensor:
+    def dilated_conv(self: Any, x: torch.Tensor, dilation: int) -> torch.Tensor:
         w = self.dcv.conv.weight
         y = phase.dilated_conv2d(x, w, dilation, dilation * (self.k // 2))
         return self.dcv.act(self.dcv.bn(y))

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT, InstalledEnv, files_under
+from conftest import PYTHONPATH, InstalledEnv, files_under
 
 pytestmark = pytest.mark.network
 PATCH = "mineru-tokenizer"
@@ -255,7 +255,7 @@ def test_target_that_no_longer_parses(env: InstalledEnv, record: str) -> None:
 def _spawn(env: InstalledEnv, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "rocmfix", *args, "--python", str(env.python)],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "COLUMNS": "200"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd="/",
@@ -269,7 +269,6 @@ def test_apply_and_revert_racing(env: InstalledEnv) -> None:
     pristine = files_under(env.site)
     assert env.cli("apply").returncode == 0
     applied = files_under(env.site)
-    outcomes = []
     for round_ in range(6):
         procs = [
             _spawn(env, *args)
@@ -281,8 +280,9 @@ def test_apply_and_revert_racing(env: InstalledEnv) -> None:
             assert code in (0, 1), (round_, index, code, text)
             if code == 1:
                 assert "another rocmfix run" in text, text
-            outcomes.append(code)
         assert results[2][1] == 0, "status never fails because of a concurrent run"
+        # Of the four runs that write, at least one got the lock and did its work.
+        assert any(results[i][1] == 0 for i in (0, 1, 3, 4)), round_
         now = files_under(env.site)
         doc = env.cli("status", "--json").json()
         verdict = {p["id"]: p["verdict"] for p in doc["patches"]}[PATCH]
@@ -293,7 +293,6 @@ def test_apply_and_revert_racing(env: InstalledEnv) -> None:
         else:
             assert now == applied, round_
             assert verdict == "applied", round_
-    assert outcomes.count(0) >= 6, "at least one run a round does its work"
     assert env.cli("revert").returncode == 0
     assert files_under(env.site) == pristine
     assert not env.state.exists()

@@ -29,7 +29,7 @@ import releases
 from conftest import (
     DOCLAYOUT_TARGET,
     MINERU_TARGET,
-    ROOT,
+    PYTHONPATH,
     VLLM_TARGETS,
     InstalledEnv,
     Result,
@@ -580,7 +580,7 @@ def _as_nobody(*args: str) -> Result:
         capture_output=True,
         env={
             **os.environ,
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": PYTHONPATH,
             "COLUMNS": "200",
             "XDG_CACHE_HOME": "/nonexistent",
         },

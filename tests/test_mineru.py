@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from packaging.version import Version
 
 import releases
 from conftest import InstalledEnv, files_under
@@ -18,7 +17,7 @@ from conftest import InstalledEnv, files_under
 pytestmark = pytest.mark.network
 
 UNGUARDED = [f"0.1.{n}" for n in range(1, 14)]
-GUARDED = ["0.1.14", max(releases.releases("mineru-vl-utils"), key=Version)]
+GUARDED = ["0.1.14", releases.PINNED["mineru-vl-utils"]]
 PATCH = "mineru-tokenizer"
 
 

@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 import faults
-from conftest import ROOT, InstalledEnv, files_under, patch_p1, run_cli, run_cli_readonly
+from conftest import (
+    PYTHONPATH,
+    InstalledEnv,
+    files_under,
+    patch_p1,
+    run_cli,
+    run_cli_readonly,
+)
 
 pytestmark = pytest.mark.network
 PATCH = "mineru-tokenizer"
@@ -119,7 +126,7 @@ def test_second_run_fails_cleanly_while_the_lock_is_held(env: InstalledEnv) -> N
 
 def test_two_applies_racing(env: InstalledEnv) -> None:
     command = [sys.executable, "-m", "rocmfix", "apply", "--python", str(env.python)]
-    run_env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run_env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     procs = [
         subprocess.Popen(command, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for _ in range(3)
@@ -264,7 +271,7 @@ def test_internal_error_points_to_a_log(env: InstalledEnv, tmp_path: Path) -> No
         [sys.executable, "-c", program, "status", "--python", str(env.python)],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(cache)},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "XDG_CACHE_HOME": str(cache)},
         check=False,
     )
     assert done.returncode == 3

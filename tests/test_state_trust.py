@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import InstalledEnv, files_under
+from conftest import PYTHONPATH, InstalledEnv, files_under
 
 pytestmark = pytest.mark.network
 HOOKS = "ROCMFIX_UNSAFE_TEST_HOOKS"
@@ -312,9 +312,8 @@ def test_modes_follow_the_package_whatever_the_umask(
 
 
 def _cli_env() -> dict[str, str]:
-    from conftest import ROOT
 
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    return {**os.environ, "PYTHONPATH": PYTHONPATH}
 
 
 def _cli_argv(env: InstalledEnv, *args: str) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from conftest import ROOT, InstalledEnv, fake_torch
+from conftest import PYTHONPATH, InstalledEnv, fake_torch
 
 pytestmark = pytest.mark.network
 
@@ -26,7 +26,7 @@ def _at_terminal(columns: int, *args: str) -> str:
     assert shutil.which("script"), "util-linux's script(1) is needed for a pseudo-terminal"
     command = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "rocmfix", *args))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    env.update({"PYTHONPATH": str(ROOT), "TERM": "xterm-256color"})
+    env.update({"PYTHONPATH": PYTHONPATH, "TERM": "xterm-256color"})
     done = subprocess.run(
         ["script", "-qec", f"stty cols {columns} rows 60; {command}", "/dev/null"],
         capture_output=True,

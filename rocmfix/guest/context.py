@@ -79,6 +79,22 @@ class Unavailable(Exception):
     """An implementation that cannot run here (no triton, a template that did not load)."""
 
 
+def interpreter_unavailable(exc: BaseException) -> Unavailable | None:
+    """Triton's CPU interpreter up to 3.7 turns a kernel's integer argument into a one-element
+    array and indexes with ``int()`` of it, which NumPy 2.4 refuses: every kernel with a
+    runtime loop bound fails there, whatever it computes. That says nothing about the kernel
+    on a GPU, so it is reported as unavailable, never as a wrong kernel."""
+    if "only 0-dimensional arrays can be converted" not in str(exc):
+        return None
+    import numpy  # the interpreter's own dependency: present whenever this happened
+
+    triton = sys.modules.get("triton")
+    return Unavailable(
+        f"Triton {getattr(triton, '__version__', '?')}'s CPU interpreter cannot run this kernel "
+        f"with NumPy {numpy.__version__} (fixed in Triton 3.8); on a GPU the kernel compiles"
+    )
+
+
 class Context:
     def __init__(self, request: dict[str, Any], channel: Channel, gpu: bool) -> None:
         self.request = request

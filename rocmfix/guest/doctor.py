@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from . import context, harness
-from .context import Context, Unavailable, finite, one_line
+from .context import Context, Unavailable, finite, interpreter_unavailable, one_line
 from .harness.base import Case
 from .timing import poison, rel_err, time_eager
 
@@ -44,9 +44,14 @@ def measure(ctx: Context) -> None:
             result["status"] = "unavailable"
             result["message"] = str(exc)
         except Exception as exc:  # noqa: BLE001 - one implementation's error is a finding
-            result["status"] = "error"
-            result["message"] = one_line(exc)
-            result["traceback"] = traceback.format_exc()[-2000:]
+            unavailable = None if ctx.gpu else interpreter_unavailable(exc)
+            if unavailable is not None:
+                result["status"] = "unavailable"
+                result["message"] = str(unavailable)
+            else:
+                result["status"] = "error"
+                result["message"] = one_line(exc)
+                result["traceback"] = traceback.format_exc()[-2000:]
         ctx.forward(caught)
         ctx.channel.send(result)
 

@@ -34,10 +34,11 @@ def main(argv: list[str]) -> int:
         return 0
     torch = context.torch
     gpu = bool(torch.cuda.is_available()) and not request.get("interpret")
-    if mode == "check":
-        # Compiled for GPUs this machine may not have: never interpreted.
+    if mode == "check" or gpu:
+        # Compiled, for this GPU or for one this machine may not have: never interpreted,
+        # whatever the shell exported.
         os.environ.pop("TRITON_INTERPRET", None)
-    elif not gpu:
+    else:
         # Chosen before the templates import triton: the kernels then run on CPU tensors.
         os.environ["TRITON_INTERPRET"] = "1"
     overrides = {k: os.environ[k] for k in CONFIG_ENVS if os.environ.get(k)}

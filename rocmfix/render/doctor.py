@@ -13,7 +13,6 @@ from rich.table import Table
 from rocmfix import __version__, doctor, kernels
 from rocmfix.ops import Op
 from rocmfix.render.console import (
-    STYLE,
     duration,
     environment_line,
     failures,
@@ -21,7 +20,7 @@ from rocmfix.render.console import (
     warnings_block,
 )
 from rocmfix.render.kernels import check_json, tile
-from rocmfix.render.status import status_document
+from rocmfix.render.status import patches_block, status_document
 
 
 def _case_label(result: doctor.CaseResult) -> str:
@@ -129,19 +128,7 @@ def doctor_table(report: doctor.DoctorReport) -> None:
     console.print(f"[bold]Device[/]      {escape(_device_line(report))}")
     console.print(f"[bold]Packages[/]    {escape(_packages_line(report))}")
     console.print(f"[bold]Tuned[/]       {escape(_tuned_line(report))}")
-    patches = Table(show_edge=False, pad_edge=False, title=None)
-    patches.add_column("patch", no_wrap=True)
-    patches.add_column("verdict", no_wrap=True)
-    patches.add_column("scheme", no_wrap=True)
-    patches.add_column("reason", overflow="fold", ratio=1)
-    for item in report.status.patches:
-        patches.add_row(
-            item.patch.id,
-            f"[{STYLE[item.verdict]}]{item.verdict.value}[/]",
-            item.scheme or "-",
-            escape(item.reason),
-        )
-    console.print(patches)
+    patches_block(console, report.status)
     console.print()
     table = Table(show_edge=False, pad_edge=False)
     for name in ("op", "case", "implementation", "first call", "median", "vs native"):

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from rich.console import Console
 from rich.markup import escape
 
 from rocmfix import __version__
@@ -60,9 +61,19 @@ def status_table(report: StatusReport) -> None:
     under it. A distribution that is not installed is one line; rows that read alike are one
     group. In a terminal the text wraps at its width; piped, every reason stays one line."""
     console = out()
-    env = report.environment
     wrap = wrapper(console)
-    console.print(wrap(f"Environment {environment_line(env)}", "", "    ", bold=11))
+    console.print(wrap(f"Environment {environment_line(report.environment)}", "", "    ", bold=11))
+    patches_block(console, report)
+    warnings_block(console, report.warnings)
+    if report.state_problem:
+        console.print(wrap(f"rocmfix's state: {report.state_problem}", "", "    "), style="red")
+    if report.hint:
+        err().print(f"hint: {escape(report.hint)}")
+
+
+def patches_block(console: Console, report: StatusReport) -> None:
+    """The per-distribution verdicts (status's body; doctor shows it too)."""
+    wrap = wrapper(console)
     distributions: dict[str, list[PatchStatus]] = {}
     for item in report.patches:
         distributions.setdefault(item.patch.distribution, []).append(item)
@@ -86,11 +97,6 @@ def status_table(report: StatusReport) -> None:
                 console.print(wrap(f"note: {note}", "      ", "        "))
             if len(group) > 1:
                 console.print(wrap(", ".join(i.patch.id for i in group), "      ", "      "))
-    warnings_block(console, report.warnings)
-    if report.state_problem:
-        console.print(wrap(f"rocmfix's state: {report.state_problem}", "", "    "), style="red")
-    if report.hint:
-        err().print(f"hint: {escape(report.hint)}")
 
 
 def check_failures(report: StatusReport) -> None:
