@@ -27,7 +27,17 @@ EXISTS = {"flash-attn": ["flash_attn/flash_attn_triton_amd"]}
 # Extras whose code rocmfix reads (never imports): MinerU, to know which targets it runs.
 PACKAGES = {"mineru": "mineru"}
 
-_PROBE_TIMEOUT_S = 60
+# An environment on a slow network filesystem can take long to import from; the variable is
+# for those (and for the tests, which need a probe that gives up sooner).
+_PROBE_TIMEOUT_ENV = "ROCMFIX_PROBE_TIMEOUT"
+
+
+def _probe_timeout() -> float:
+    try:
+        value = float(os.environ.get(_PROBE_TIMEOUT_ENV) or 60)
+    except ValueError:
+        return 60.0
+    return value if value > 0 else 60.0
 
 
 @dataclass(frozen=True)
@@ -134,7 +144,7 @@ def _python_version(python: str) -> str | None:
         done = subprocess.run(
             [python, "-c", "import sys; sys.stdout.write('%d.%d' % sys.version_info[:2])"],
             capture_output=True,
-            timeout=_PROBE_TIMEOUT_S,
+            timeout=_probe_timeout(),
             cwd="/",
             check=False,
         )
@@ -151,14 +161,17 @@ def _run_probe(python: str, request: dict[str, Any]) -> dict[str, Any]:
         done = subprocess.run(
             argv,
             capture_output=True,
-            timeout=_PROBE_TIMEOUT_S,
+            timeout=_probe_timeout(),
             cwd=os.path.dirname(python) or "/",
             check=False,
         )
     except OSError as exc:
         raise ProbeError(f"cannot run {python}: {exc.strerror or exc}") from None
     except subprocess.TimeoutExpired:
-        raise ProbeError(f"{python} did not answer within {_PROBE_TIMEOUT_S} s") from None
+        raise ProbeError(
+            f"{python} did not answer within {_probe_timeout():g} s",
+            hint=f"a slow filesystem? ${_PROBE_TIMEOUT_ENV} sets the limit in seconds",
+        ) from None
     stderr = done.stderr.decode("utf-8", "replace")
     version = _python_version(python) if done.returncode != 0 else None
     if version is not None and tuple(map(int, version.split("."))) < (3, 8):
@@ -294,7 +307,7 @@ def compile_errors(env: Environment, sources: Mapping[str, bytes]) -> dict[str, 
             input=payload,
             capture_output=True,
             text=True,
-            timeout=_PROBE_TIMEOUT_S,
+            timeout=_probe_timeout(),
             check=False,
         )
         result = json.loads(done.stdout) if done.returncode == 0 else None

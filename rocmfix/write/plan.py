@@ -216,7 +216,13 @@ def plan_apply(
             # Pristine, reinstalled, or (forced) edited by someone else: what is there now
             # is the original this run records.
             original = current
-        patched = rewrite(env, patch, original, dist)
+        try:
+            patched = rewrite(env, patch, original, dist)
+        except AnchorNotFoundError as exc:
+            # Forced past a changed file whose code rocmfix does not recognise: refused
+            # with the others, so the run still says why for every patch at once.
+            plan.refusals.append(f"{patch.id}: {exc.message}")
+            continue
         if patched != current:
             plan.changes.append(
                 _change("target", patch.distribution, patch.path, root, current, patched)
