@@ -9,7 +9,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,6 +26,21 @@ from .registry import all_patches, scheme_names, select
 SCHEMES = "|".join(scheme_names())
 OPS_CHOICE = "|".join(op.name for op in OPS)
 DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
+
+
+def _flags_show_no_type() -> None:
+    """typer's help shows a ``<bool>`` type beside every flag, its own --help and
+    --install-completion included, where there is no value to give; show none."""
+    option = typer.core.TyperOption
+    shown = option.display_type_rich
+
+    def display_type_rich(self: typer.core.TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    option.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_show_no_type()
 
 app = typer.Typer(
     name="rocmfix",
@@ -56,9 +71,7 @@ OnlyOpt = Annotated[
 ]
 ForceOpt = Annotated[
     bool,
-    typer.Option(
-        "--force", metavar="", help="Patch or restore a file even if someone else changed it."
-    ),
+    typer.Option("--force", help="Patch or restore a file even if someone else changed it."),
 ]
 
 
@@ -118,13 +131,12 @@ def status(
     only: OnlyOpt = None,
     as_json: Annotated[
         bool,
-        typer.Option("--json", metavar="", help="Print a JSON document (schema rocmfix-status/1)."),
+        typer.Option("--json", help="Print a JSON document (schema rocmfix-status/1)."),
     ] = False,
     check: Annotated[
         bool,
         typer.Option(
             "--check",
-            metavar="",
             help="Exit 1 unless every selected patch is applied, not needed or not installed.",
         ),
     ] = False,
@@ -162,15 +174,12 @@ def apply(
     ] = None,
     dry_run: Annotated[
         bool,
-        typer.Option(
-            "--dry-run", metavar="", help="Write nothing; print a unified diff on stdout."
-        ),
+        typer.Option("--dry-run", help="Write nothing; print a unified diff on stdout."),
     ] = False,
     check: Annotated[
         bool,
         typer.Option(
             "--check",
-            metavar="",
             help="Write nothing; exit 1 if anything would change (implies --dry-run).",
         ),
     ] = False,
@@ -218,9 +227,7 @@ def revert(
 
 @app.command("list")
 def list_(
-    as_json: Annotated[
-        bool, typer.Option("--json", metavar="", help="Print a JSON document.")
-    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON document.")] = False,
 ) -> None:
     """List every patch: its target file, the versions and code shapes it knows, its schemes.
 
@@ -249,7 +256,7 @@ def doctor_(
     python: PythonOpt = None,
     as_json: Annotated[
         bool,
-        typer.Option("--json", metavar="", help="Print a JSON document (schema rocmfix-doctor/1)."),
+        typer.Option("--json", help="Print a JSON document (schema rocmfix-doctor/1)."),
     ] = False,
     time_limit: Annotated[
         float,
@@ -291,13 +298,12 @@ def tune_(
     python: PythonOpt = None,
     as_json: Annotated[
         bool,
-        typer.Option("--json", metavar="", help="Print a JSON document (schema rocmfix-tune/1)."),
+        typer.Option("--json", help="Print a JSON document (schema rocmfix-tune/1)."),
     ] = False,
     reset: Annotated[
         bool,
         typer.Option(
             "--reset",
-            metavar="",
             help="Remove the tuned-config file (every GPU's entries): the kernels go back to "
             "their shipped configs.",
         ),
@@ -315,7 +321,6 @@ def tune_(
         bool,
         typer.Option(
             "--interpret",
-            metavar="",
             hidden=True,
             help="Search in Triton's CPU interpreter on tiny shapes (tests the plumbing; the "
             "timings mean nothing).",
@@ -354,9 +359,7 @@ def kernels_(
     python: PythonOpt = None,
     as_json: Annotated[
         bool,
-        typer.Option(
-            "--json", metavar="", help="Print a JSON document (schema rocmfix-kernels/1)."
-        ),
+        typer.Option("--json", help="Print a JSON document (schema rocmfix-kernels/1)."),
     ] = False,
     arch: Annotated[
         list[str] | None,
@@ -445,9 +448,7 @@ def _main(
     ctx: typer.Context,
     version: Annotated[
         bool,
-        typer.Option(
-            "--version", metavar="", callback=_version, is_eager=True, help="Show the version."
-        ),
+        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
     ] = False,
 ) -> None:
     """With no command: a short status and the next command to run."""

@@ -127,9 +127,6 @@ class DoctorReport:
         return not self.failures
 
 
-Progress = Callable[[int, int, str], None]
-
-
 def _item_ids(ops: Sequence[Op]) -> list[dict[str, str]]:
     return [
         {"id": f"{case.id}/{impl}", "op": op.name, "case": case.id, "impl": impl}
@@ -176,7 +173,7 @@ def run(
     *,
     ops: Sequence[Op] = OPS,
     time_limit: float = DEFAULT_TIME_LIMIT_S,
-    progress: Progress | None = None,
+    progress: worker.Progress | None = None,
 ) -> DoctorReport:
     """Measure every case of ``ops`` in the target interpreter; see the module doc."""
     env = status.environment

@@ -10,7 +10,7 @@ Nothing here prints.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,9 +121,6 @@ def _check(event: Mapping[str, Any], ops: Sequence[Op]) -> KernelCheck:
     )
 
 
-Progress = Callable[[int, int, str], None]
-
-
 def _planned(ops: Sequence[Op], archs: Sequence[str]) -> int:
     return sum(
         sum(1 for s in op.schemes if s.needs_triton) * len(op.tune) * len(op.dtypes) * len(archs)
@@ -132,7 +129,7 @@ def _planned(ops: Sequence[Op], archs: Sequence[str]) -> int:
 
 
 def _supervised(
-    env: Environment, request: Mapping[str, Any], total: int, progress: Progress
+    env: Environment, request: Mapping[str, Any], total: int, progress: worker.Progress
 ) -> supervise.WorkerRun:
     done = [0]
 
@@ -169,7 +166,7 @@ def run(
     *,
     archs: Sequence[str] = ARCHS,
     ops: Sequence[Op] = OPS,
-    progress: Progress = lambda _done, _total, _label: None,
+    progress: worker.Progress = lambda _done, _total, _label: None,
 ) -> KernelsReport:
     """Every Triton scheme's kernel at MinerU's shapes, in each dtype, for each of ``archs``."""
     _needs_torch(env)

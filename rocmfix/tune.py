@@ -12,7 +12,7 @@ at inference time. Nothing here prints.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -97,9 +97,6 @@ class TuneReport:
         return not self.failures
 
 
-Progress = Callable[[int, int, str], None]
-
-
 def _candidate(raw: Mapping[str, Any]) -> Candidate:
     return Candidate(
         config=raw.get("config") or {},
@@ -160,7 +157,7 @@ def run(
     budget_s: float = DEFAULT_BUDGET_S,
     min_gain: float = MIN_GAIN,
     interpret: bool = False,
-    progress: Progress | None = None,
+    progress: worker.Progress | None = None,
 ) -> TuneReport:
     """Search, store the winners, and read them back in a fresh process."""
     if budget_s <= 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,9 @@ from ._resources import data_dir
 from .errors import RefusedError
 from .fsops import TEST_HOOKS_ENV
 from .ops import Op
+
+# done, total, label: how doctor, tune and kernels report a long run while it goes.
+Progress = Callable[[int, int, str], None]
 
 
 @dataclass(frozen=True)

@@ -200,16 +200,24 @@ def test_list_names_every_patch_with_files_versions_and_schemes() -> None:
     assert "linear" in table.stdout
 
 
-@pytest.mark.parametrize("command", ["status", "apply", "revert", "list", "env"])
-def test_every_help_has_an_example(command: str) -> None:
+@pytest.mark.parametrize(
+    "command", ["status", "apply", "revert", "list", "doctor", "tune", "kernels", "env"]
+)
+def test_every_help_has_an_example_and_names_its_choices(command: str) -> None:
     result = run_cli(command, "--help")
     assert result.returncode == 0
     assert "Example:" in result.stdout
+    # Flags take no value, so no type is shown beside them; valued options name their choices.
+    assert "<bool>" not in result.stdout and "<str>" not in result.stdout
+    choices = {"apply": "[gemm|direct|linear]", "doctor": "[patch-embed|dilated-conv]",
+               "kernels": "gfx1100|gfx1201"}  # fmt: skip
+    if command in choices:
+        assert choices[command] in result.stdout
 
 
 def test_shell_completion_is_offered() -> None:
     result = run_cli("--help")
-    assert "--install-completion" in result.stdout
+    assert "--install-completion" in result.stdout and "<bool>" not in result.stdout
     shown = run_cli("--show-completion", "bash")
     assert shown.returncode == 0
     assert "complete" in shown.stdout

@@ -75,7 +75,14 @@ def walkthrough() -> list[tuple[str, str, str]]:
 
 def test_readme_walkthrough_is_what_rocmfix_prints() -> None:
     steps = walkthrough()
-    assert [c.split()[2] for c, _, _ in steps] == ["status", "apply", "apply", "status", "revert"]
+    assert [c.split()[2] for c, _, _ in steps] == [
+        "--help",
+        "status",
+        "apply",
+        "apply",
+        "status",
+        "revert",
+    ]
     for command, shown, printed in steps:
         assert printed == shown, f"{command}: run `python tests/test_readme.py` to refresh"
 
