@@ -10,17 +10,22 @@ import json
 import os
 import stat
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rocmfix import fsops
-from rocmfix.errors import WriteError
+from rocmfix.environment import Distribution, Environment, PythonInfo, TargetFile
+from rocmfix.errors import ManifestError, WriteError
+from rocmfix.registry import all_patches
 from rocmfix.results import FileChange
-from rocmfix.state import Entry, Manifest, StateDir
+from rocmfix.state import Drop, Entry, Manifest, Pending, PendingFile, StateDir
 from rocmfix.write import transaction
 from rocmfix.write.plan import Plan
+
+PATCHES = all_patches()
 
 
 def _mode(path: Path) -> int:
@@ -392,3 +397,267 @@ def test_kept_backups_are_the_originals_and_what_forced_drops_replaced() -> None
     entry = _entry()
     assert transaction.kept_backups([entry]) == {entry.original_sha256}
     assert transaction.kept_backups([]) == set()
+
+
+# ---------------------------------------------------------------------------- edges
+
+
+def test_hooks_act_only_at_their_own_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "f"
+    target.write_bytes(b"a\n")
+    monkeypatch.setenv(fsops.TEST_HOOKS_ENV, json.dumps({"edit_at": 2}))
+    fsops.write_point(target)  # 1: not yet, and no fail_from means no failure at all
+    assert target.read_bytes() == b"a\n"
+    fsops.write_point(target)  # 2
+    fsops.write_point(target)  # 3: once only
+    assert target.read_bytes() == b"a\n# edited while rocmfix ran\n"
+
+
+def test_other_open_errors_pass_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(NotADirectoryError):  # errno below ELOOP's
+        fsops.read_regular(tmp_path / "file" / "child")
+
+    def overflow(*_args: Any, **_kwargs: Any) -> int:
+        raise OSError(errno.EOVERFLOW, "Value too large")  # errno above ELOOP's
+
+    monkeypatch.setattr(fsops.os, "open", overflow)
+    with pytest.raises(OSError, match="Value too large") as caught:
+        fsops.read_regular(tmp_path / "file")
+    assert not isinstance(caught.value, fsops.NotRegularError)
+
+
+def test_the_size_refusal_names_the_limit(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x" * ((3 << 20) + 1))
+    with pytest.raises(fsops.NotRegularError, match=r"larger than 3 MiB"):
+        fsops.read_regular(tmp_path / "f", limit=3 << 20)
+
+
+def test_remove_temp_files_never_enters_a_linked_folder(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / ".f.rocmfix-x.tmp"
+    victim.write_bytes(b"someone else's")
+    (tmp_path / "link").symlink_to(elsewhere)
+    assert fsops.remove_temp_files(tmp_path / "link") == []
+    assert victim.exists()
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (errno.EROFS, "is on a read-only file system"),
+        (errno.EACCES, "is not writable by this user (owned by "),
+        (errno.EDQUOT, "Disk quota exceeded"),
+    ],
+)
+def test_unwritable_reasons(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, reason: str
+) -> None:
+    def refuse(*_args: Any, **_kwargs: Any) -> tuple[int, str]:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fsops.tempfile, "mkstemp", refuse)
+    found = fsops.unwritable_reason(tmp_path)
+    assert found is not None and found.startswith(reason)
+
+
+def test_journal_kinds_and_digests(tmp_path: Path) -> None:
+    changes = [
+        _change(tmp_path, "RECORD", b"r0", b"r1", kind="record"),
+        _change(tmp_path, "pkg/a.py", b"a0", None),
+        _change(tmp_path, "pkg/d.py", None, b"d1", kind="drop"),
+    ]
+    journal = transaction._journal("apply", changes)
+    assert [f.kind for f in journal.files] == ["record", "file", "file"]
+    assert journal.files[1].before == fsops.sha256(b"a0") and journal.files[1].after is None
+    assert journal.files[2].before is None and journal.op == "apply"
+
+
+def test_write_drops_bytecode_of_python_files_only(tmp_path: Path) -> None:
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    (cache / "RECORD.cpython-311.pyc").write_bytes(b"")
+    (cache / "mod.cpython-311.pyc").write_bytes(b"")
+    transaction.write(tmp_path / "RECORD", b"r", None)
+    assert (cache / "RECORD.cpython-311.pyc").exists()
+    transaction.write(tmp_path / "mod.py", b"m", None)
+    assert not (cache / "mod.cpython-311.pyc").exists()
+
+
+def test_revert_writes_in_revert_order(
+    site: tuple[Path, StateDir, list[FileChange]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _root, state, changes = site
+    written: list[str] = []
+    real = transaction.write
+
+    def spy(path: Path, *args: Any, **kwargs: Any) -> None:
+        written.append(path.name)
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(transaction, "write", spy)
+    transaction.execute(state, Manifest(), Plan((), tuple(changes), {}), "revert")
+    assert written == [c.path.name for c in transaction._order(changes, reverting=True)]
+    assert written != [c.path.name for c in transaction._order(changes, reverting=False)]
+
+
+def test_kept_backups_holds_a_digest_both_kinds_need() -> None:
+    entry = replace(_entry(), drops=(Drop("pkg/d.py", "d", replaced=_entry().original_sha256),))
+    assert transaction.kept_backups([entry]) == {entry.original_sha256}
+    other = replace(_entry(), drops=(Drop("pkg/d.py", "d", replaced="r"),))
+    assert transaction.kept_backups([other]) == {other.original_sha256, "r"}
+
+
+# ---------------------------------------------------------------------------- the journal
+
+
+DIST = "doclayout-yolo"
+TARGET = "doclayout_yolo/nn/modules/g2l_crm.py"
+DROP = "doclayout_yolo/nn/modules/g2l_crm_triton.py"
+
+
+@pytest.fixture
+def journal_env(tmp_path: Path) -> tuple[Environment, StateDir, Path]:
+    root = tmp_path / "lib" / "site"
+    (root / TARGET).parent.mkdir(parents=True)
+    (root / TARGET).write_bytes(b"patched")
+    (root / DROP).write_bytes(b"kernel")
+    info = root / "doclayout_yolo-0.0.4.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_bytes(b"r1")
+    dist = Distribution(
+        name=DIST,
+        version="0.0.4",
+        dist_info=info,
+        location=root,
+        editable=False,
+        editable_url=None,
+        installer="pip",
+        record=info / "RECORD",
+        files={TARGET: TargetFile(TARGET, root / TARGET, root, None)},
+    )
+    env = Environment(
+        python=PythonInfo("python", "3.11", tmp_path, root),
+        distributions={DIST: dist},
+        installed={},
+        versions={},
+        torch=None,
+        in_process=False,
+    )
+    state = StateDir(tmp_path / "share" / "rocmfix", prefix=tmp_path)
+    state.backup(b"original")
+    state.backup(b"r0")
+    return env, state, root
+
+
+def _pending(*files: PendingFile) -> Manifest:
+    return Manifest(pending=Pending("apply", 1, "then", files))
+
+
+def _file(path: str, before: bytes | None, after: bytes | None, kind: str = "file") -> PendingFile:
+    digest = fsops.sha256
+    return PendingFile(kind, DIST, path, digest(before) if before is not None else None,
+                       digest(after) if after is not None else None)  # fmt: skip
+
+
+def test_recover_puts_every_file_back_and_clears_the_journal(
+    journal_env: tuple[Environment, StateDir, Path],
+) -> None:
+    env, state, root = journal_env
+    manifest = _pending(
+        _file(DROP, None, b"kernel"),
+        _file(TARGET, b"original", b"patched"),
+        _file("doclayout_yolo-0.0.4.dist-info/RECORD", b"r0", b"r1", kind="record"),
+    )
+    recovered, notes = transaction.recover(env, state, manifest, PATCHES)
+    assert (root / TARGET).read_bytes() == b"original"
+    assert not (root / DROP).exists()
+    assert (root / "doclayout_yolo-0.0.4.dist-info" / "RECORD").read_bytes() == b"r0"
+    assert recovered.pending is None and state.load().pending is None
+    assert notes[0].startswith("rolled back an interrupted apply")
+    assert sum(n.startswith("restored ") for n in notes) == 3
+    assert transaction.recover(env, state, recovered, PATCHES) == (recovered, ())
+
+
+def test_recover_leaves_what_someone_else_changed_and_skips_what_is_back(
+    journal_env: tuple[Environment, StateDir, Path],
+) -> None:
+    env, state, root = journal_env
+    (root / TARGET).write_bytes(b"edited by hand")
+    manifest = _pending(
+        _file(TARGET, b"original", b"patched"),  # changed since: left alone
+        _file(DROP, b"kernel", b"other"),  # already back: nothing to do
+    )
+    _recovered, notes = transaction.recover(env, state, manifest, PATCHES)
+    assert (root / TARGET).read_bytes() == b"edited by hand"
+    assert (root / DROP).read_bytes() == b"kernel"
+    assert any("changed since the interrupted run" in n for n in notes)
+    assert not any(n.startswith("restored") for n in notes)
+
+
+def test_recover_notes_a_distribution_that_is_gone(
+    journal_env: tuple[Environment, StateDir, Path],
+) -> None:
+    env, state, _root = journal_env
+    gone = replace(env, distributions={})
+    _recovered, notes = transaction.recover(gone, state, _pending(_file(TARGET, b"o", b"p")),
+                                            PATCHES)  # fmt: skip
+    assert any(f"{DIST} is gone" in n for n in notes)
+
+
+def test_a_failed_recovery_keeps_the_journal(
+    journal_env: tuple[Environment, StateDir, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env, state, _root = journal_env
+    manifest = _pending(_file(TARGET, b"original", b"patched"))
+    state.save(manifest, "test")
+
+    def dying(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fsops, "atomic_write", dying)
+    with pytest.raises(WriteError, match="journal and backups stay"):
+        transaction.recover(env, state, manifest, PATCHES)
+    assert state.load().pending is not None
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        (_file("pip/__init__.py", b"x", None), "which no patch declares"),
+        (_file(TARGET, None, b"patched"), "would delete the target"),
+        (_file("pip-24.0.dist-info/RECORD", b"x", b"y", kind="record"), "that is not"),
+        (_file("doclayout_yolo-0.0.4.dist-info/RECORD", None, b"y", kind="record"),
+         "would delete"),
+    ],
+    ids=["undeclared", "delete-target", "other-record", "delete-record"],
+)  # fmt: skip
+def test_a_tampered_journal_is_refused(
+    journal_env: tuple[Environment, StateDir, Path], item: PendingFile, message: str
+) -> None:
+    env, state, root = journal_env
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    with pytest.raises(ManifestError, match=message):
+        transaction.check_pending(env, _pending(item).pending, PATCHES)
+    with pytest.raises(ManifestError, match=message):
+        transaction.recover(env, state, _pending(item), PATCHES)
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    other = replace(env, distributions={})
+    transaction.check_pending(other, _pending(item).pending, PATCHES)  # nothing of it here
+
+
+def test_a_journal_path_through_a_linked_folder_is_refused(
+    journal_env: tuple[Environment, StateDir, Path], tmp_path: Path
+) -> None:
+    env, _state, root = journal_env
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    modules = root / "doclayout_yolo/nn/modules"
+    for child in modules.iterdir():
+        child.unlink()
+    modules.rmdir()
+    modules.symlink_to(outside)
+    with pytest.raises(ManifestError, match="leads out of the environment"):
+        transaction.check_pending(env, _pending(_file(DROP, None, b"k")).pending, PATCHES)
+    transaction.check_pending(env, None, PATCHES)

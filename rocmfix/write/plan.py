@@ -95,13 +95,14 @@ def record_change(
     after = newline.join(kept) + (newline if kept else b"")
     if after == before:
         return None
-    site = dist.location
-    rel = (
-        dist.record.relative_to(site).as_posix()
-        if dist.record.is_relative_to(site)
-        else dist.record.name
-    )
+    rel = record_rel(dist, dist.record)
     return FileChange("record", key, rel, dist.record, rel, before, after)
+
+
+def record_rel(dist: Distribution, record: Path) -> str:
+    """How a run names ``dist``'s RECORD: from site-packages (the journal checks it so)."""
+    site = dist.location
+    return record.relative_to(site).as_posix() if record.is_relative_to(site) else record.name
 
 
 def drop_owners(manifest: Manifest, dist: str, rel: str, digest: str | None = None) -> set[str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +25,7 @@ from rocmfix.errors import ManifestError, RefusedError, WriteError
 from rocmfix.patch import Patch
 from rocmfix.results import FileChange
 from rocmfix.state import Entry, Manifest, Pending, PendingFile, StateDir, now
-from rocmfix.write.plan import Plan
+from rocmfix.write.plan import Plan, record_rel
 
 
 def check_writable(changes: Sequence[FileChange], state: StateDir) -> None:
@@ -171,7 +170,7 @@ def _pending_path(dist: Distribution, item: PendingFile, patches: Sequence[Patch
     hint = "rocmfix's journal was edited; move share/rocmfix aside and reinstall the package"
     if item.kind == "record":
         record = dist.record
-        if record is None or record.name != posixpath.basename(item.path):
+        if record is None or item.path != record_rel(dist, record):
             raise ManifestError(
                 f"the journal names a RECORD {item.path} that is not {dist.name}'s", hint=hint
             )
