@@ -5,6 +5,7 @@ that a deliberate break of any line (docs/mutation.md) fails a test here first.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -18,7 +19,7 @@ import pytest
 
 from rocmfix import fsops
 from rocmfix.environment import Distribution, Environment, PythonInfo, TargetFile
-from rocmfix.errors import ManifestError, WriteError
+from rocmfix.errors import ManifestError, RefusedError, WriteError
 from rocmfix.registry import all_patches
 from rocmfix.results import FileChange
 from rocmfix.state import Drop, Entry, Manifest, Pending, PendingFile, StateDir
@@ -317,7 +318,7 @@ def test_a_failed_write_rolls_back_everything_written(
     monkeypatch.setattr(fsops, "atomic_write", failing)
     with pytest.raises(WriteError, match="every file is as it was") as caught:
         transaction.execute(state, Manifest(), Plan((), tuple(changes), {}), "apply")
-    assert "Input/output error" in caught.value.message
+    assert "failed (Input/output error); every file" in caught.value.message
     assert _files(root) == before
     assert state.load().pending is None  # the journal is cleared once all is back
 
@@ -479,8 +480,11 @@ def test_write_drops_bytecode_of_python_files_only(tmp_path: Path) -> None:
     cache.mkdir()
     (cache / "RECORD.cpython-311.pyc").write_bytes(b"")
     (cache / "mod.cpython-311.pyc").write_bytes(b"")
+    (cache / "notes.cpython-311.pyc").write_bytes(b"")
     transaction.write(tmp_path / "RECORD", b"r", None)
+    transaction.write(tmp_path / "notes.txt", b"n", None)
     assert (cache / "RECORD.cpython-311.pyc").exists()
+    assert (cache / "notes.cpython-311.pyc").exists()
     transaction.write(tmp_path / "mod.py", b"m", None)
     assert not (cache / "mod.cpython-311.pyc").exists()
 
@@ -580,30 +584,46 @@ def test_recover_puts_every_file_back_and_clears_the_journal(
     assert transaction.recover(env, state, recovered, PATCHES) == (recovered, ())
 
 
+def _edit_below(reference: bytes) -> bytes:
+    """Bytes whose digest sorts below ``reference``'s: an ordering of digests is never a
+    test of their equality."""
+    n = 0
+    while fsops.sha256(b"edited %d" % n) >= fsops.sha256(reference):
+        n += 1
+    return b"edited %d" % n
+
+
 def test_recover_leaves_what_someone_else_changed_and_skips_what_is_back(
     journal_env: tuple[Environment, StateDir, Path],
 ) -> None:
     env, state, root = journal_env
-    (root / TARGET).write_bytes(b"edited by hand")
+    edited = _edit_below(b"patched")
+    (root / TARGET).write_bytes(edited)
+    record = root / "doclayout_yolo-0.0.4.dist-info" / "RECORD"
     manifest = _pending(
-        _file(TARGET, b"original", b"patched"),  # changed since: left alone
+        _file("doclayout_yolo-0.0.4.dist-info/RECORD", b"r0", b"r1", kind="record"),
         _file(DROP, b"kernel", b"other"),  # already back: nothing to do
+        _file(TARGET, b"original", b"patched"),  # changed since: left alone
     )
     _recovered, notes = transaction.recover(env, state, manifest, PATCHES)
-    assert (root / TARGET).read_bytes() == b"edited by hand"
+    assert (root / TARGET).read_bytes() == edited
     assert (root / DROP).read_bytes() == b"kernel"
-    assert any("changed since the interrupted run" in n for n in notes)
-    assert not any(n.startswith("restored") for n in notes)
+    changed = [n for n in notes if "changed since the interrupted run" in n]
+    assert len(changed) == 1 and TARGET in changed[0]
+    # Recovery goes on past both: the RECORD (handled last) is restored.
+    assert record.read_bytes() == b"r0"
+    assert [n for n in notes if n.startswith("restored")] == [f"restored {record}"]
 
 
 def test_recover_notes_a_distribution_that_is_gone(
     journal_env: tuple[Environment, StateDir, Path],
 ) -> None:
-    env, state, _root = journal_env
-    gone = replace(env, distributions={})
-    _recovered, notes = transaction.recover(gone, state, _pending(_file(TARGET, b"o", b"p")),
-                                            PATCHES)  # fmt: skip
-    assert any(f"{DIST} is gone" in n for n in notes)
+    env, state, root = journal_env
+    elsewhere = PendingFile("file", "vllm", "vllm/model_executor/models/qwen2_vl.py", "a", "b")
+    manifest = _pending(_file(TARGET, b"original", b"patched"), elsewhere)
+    _recovered, notes = transaction.recover(env, state, manifest, PATCHES)
+    assert any("vllm is gone" in n for n in notes)
+    assert (root / TARGET).read_bytes() == b"original"  # and the rest is still rolled back
 
 
 def test_a_failed_recovery_keeps_the_journal(
@@ -661,3 +681,148 @@ def test_a_journal_path_through_a_linked_folder_is_refused(
     with pytest.raises(ManifestError, match="leads out of the environment"):
         transaction.check_pending(env, _pending(_file(DROP, None, b"k")).pending, PATCHES)
     transaction.check_pending(env, None, PATCHES)
+
+
+def test_a_journal_naming_another_packages_file_or_record_is_refused(
+    journal_env: tuple[Environment, StateDir, Path],
+) -> None:
+    env, _state, _root = journal_env
+    for item, message in (
+        (_file("vllm/model_executor/models/qwen2_vl.py", b"x", b"y"), "which no patch declares"),
+        # Sorts before the real RECORD's path: refused by equality, not by order.
+        (_file("a-0.dist-info/RECORD", b"x", b"y", kind="record"), "that is not"),
+    ):
+        with pytest.raises(ManifestError, match=message):
+            transaction.check_pending(env, _pending(item).pending, PATCHES)
+
+
+def test_recovery_refuses_a_path_that_is_no_longer_a_file(
+    journal_env: tuple[Environment, StateDir, Path],
+) -> None:
+    env, state, root = journal_env
+    (root / DROP).unlink()
+    (root / DROP).mkdir()
+    with pytest.raises(ManifestError, match=r"cannot roll back: .*not a regular file"):
+        transaction.recover(env, state, _pending(_file(DROP, None, b"kernel")), PATCHES)
+
+
+def test_inside_takes_folders_not_made_yet_and_refuses_link_loops(tmp_path: Path) -> None:
+    root = tmp_path / "env"
+    root.mkdir()
+    assert fsops.inside(root / "not-yet" / "f.py", root)
+    (root / "loop").symlink_to(root / "loop")
+    assert not fsops.inside(root / "loop" / "x" / "f.py", root)
+
+
+def _someone_else() -> int:
+    return 4242 if os.geteuid() == 0 else os.getuid()
+
+
+def test_a_replaced_file_keeps_its_owner_and_a_new_one_takes_the_folders(tmp_path: Path) -> None:
+    owner = _someone_else()  # as root, another user; as anyone else, that user themself
+    target = tmp_path / "f.py"
+    target.write_bytes(b"old")
+    with contextlib.suppress(PermissionError):
+        os.chown(target, owner, owner)
+    fsops.atomic_write(target, b"new", like=target.stat())
+    assert target.stat().st_uid == owner
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    with contextlib.suppress(PermissionError):
+        os.chown(folder, owner, owner)
+    fsops.atomic_write(folder / "drop.py", b"d")
+    made = fsops.make_dirs(folder / "sub")
+    assert (folder / "drop.py").stat().st_uid == owner and made[0].stat().st_uid == owner
+
+
+def test_unwritable_names_an_owner_without_a_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "d"
+    folder.mkdir()
+    if os.geteuid() == 0:
+        os.chown(folder, 54321, 54321)  # no account has this uid
+
+    def refuse(*_args: Any, **_kwargs: Any) -> tuple[int, str]:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(fsops.tempfile, "mkstemp", refuse)
+    reason = fsops.unwritable_reason(folder)
+    assert reason is not None and reason.endswith(")")
+    if os.geteuid() == 0:
+        assert reason == "is not writable by this user (owned by 54321)"
+
+
+def test_make_dirs_goes_on_past_a_folder_another_process_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = Path.mkdir
+
+    def racing(self: Path, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        if self.name == "a":  # made by someone else a moment before us
+            raise FileExistsError(errno.EEXIST, "File exists", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", racing)
+    made = fsops.make_dirs(tmp_path / "a" / "b" / "c")
+    assert made == [tmp_path / "a" / "b", tmp_path / "a" / "b" / "c"]
+
+
+def test_make_dirs_survives_a_folder_it_cannot_chmod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(fsops.os, "chmod", refuse)
+    assert fsops.make_dirs(tmp_path / "x" / "y") == [tmp_path / "x", tmp_path / "x" / "y"]
+
+
+def test_order_on_revert_takes_targets_before_drops_whatever_the_input(tmp_path: Path) -> None:
+    drop = _change(tmp_path, "d.py", b"1", None, kind="drop")
+    target = _change(tmp_path, "t.py", b"1", b"0")
+    assert transaction._order([drop, target], reverting=True) == [target, drop]
+    new = _change(tmp_path, "n.py", None, b"1", kind="drop")
+    assert transaction._order([target, new], reverting=False) == [new, target]
+
+
+def test_an_unwritable_folder_refuses_the_run_before_anything_is_written(
+    site: tuple[Path, StateDir, list[FileChange]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, state, changes = site
+    before = _files(root)
+    pkg = root / "pkg"
+    real = fsops.unwritable_reason
+    monkeypatch.setattr(
+        fsops, "unwritable_reason",
+        lambda d: "is on a read-only file system" if d == pkg else real(d),
+    )  # fmt: skip
+    with pytest.raises(RefusedError, match=r"nothing was changed: .*read-only"):
+        transaction.execute(state, Manifest(), Plan((), tuple(changes), {}), "apply")
+    assert _files(root) == before and not state.backups.exists()
+
+
+def test_a_journal_that_cannot_be_cleared_after_a_rollback_says_so(
+    site: tuple[Path, StateDir, list[FileChange]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, state, changes = site
+    real_write, real_save = fsops.atomic_write, state.save
+    saves = {"n": 0}
+
+    def failing(path: Path, data: bytes, **kwargs: Any) -> None:
+        if path.name == "b.py" and data == b"b1":
+            raise OSError(errno.EIO, "Input/output error")
+        real_write(path, data, **kwargs)
+
+    def second_save_fails(*args: Any, **kwargs: Any) -> None:
+        saves["n"] += 1
+        if saves["n"] > 1:
+            raise OSError(errno.EIO, "Input/output error")
+        real_save(*args, **kwargs)
+
+    monkeypatch.setattr(fsops, "atomic_write", failing)
+    monkeypatch.setattr(state, "save", second_save_fails)
+    with pytest.raises(WriteError, match="journal could not be cleared") as caught:
+        transaction.execute(state, Manifest(), Plan((), tuple(changes), {}), "apply")
+    assert "failed (Input/output error)" in caught.value.message
+    assert _files(root)["a.py"] == b"a0"
