@@ -61,7 +61,8 @@ def rewrite(env: Environment, patch: Patch, original: bytes, dist: Distribution)
     result = new.bytes
     if result == original:
         raise AnchorNotFoundError(f"cannot rewrite {patch.path}: the rewrite changed nothing")
-    again = patch.classify(cst.parse_module(result), context(env, patch, dist))
+    # Read back the way status reads it (only the focus class, where the patch has one).
+    again = patch.classify(patch.parse(result), context(env, patch, dist))
     if again.shape is not Shape.PATCHED:
         raise AnchorNotFoundError(
             f"the rewrite of {patch.path} is not recognised as rocmfix's own ({again.reason})"
