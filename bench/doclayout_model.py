@@ -165,6 +165,35 @@ def time_forward(
     return statistics.median(times)
 
 
+def alternating(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    impls: dict[str, Callable[..., torch.Tensor] | None],
+    rounds: int,
+    inner: int = 15,
+) -> dict[str, list[float]]:
+    """Wall ms per forward, eager, for each variant in turn, ``rounds`` times over: a round
+    times ``inner`` back-to-back forwards of every variant (the order rotates each round), so
+    a drift of the host or the GPU clock falls on all of them alike."""
+    names = list(impls)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    with torch.inference_mode():
+        for name in names:
+            with patched(impls[name]):
+                for _ in range(5):
+                    model(x)
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                with patched(impls[name]):
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(inner):
+                        model(x)
+                    torch.cuda.synchronize()
+                    times[name].append((time.perf_counter() - start) * 1e3 / inner)
+    return times
+
+
 def graph_forward_ms(model: torch.nn.Module, x: torch.Tensor, reps: int = 20) -> float | None:
     """GPU time of one forward: the whole forward captured in a CUDA graph and replayed."""
     try:
@@ -216,6 +245,48 @@ def profile_convs(model: torch.nn.Module, x: torch.Tensor, device: str) -> tuple
     return by_dil, table
 
 
+def alternate_report(
+    model: torch.nn.Module,
+    impls: dict[str, Callable[..., torch.Tensor] | None],
+    args: argparse.Namespace,
+) -> None:
+    import triton
+
+    h, w = args.size
+    lines = [
+        f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name()} · torch "
+        f"{torch.__version__} · triton {triton.__version__} · {h}x{w}, fp32 with TF32, "
+        f"eager, inference_mode · {args.alternate} alternating rounds of 15 forwards",
+        "",
+        "| batch | " + " | ".join(f"{n} ms" for n in impls) + " | "
+        + " | ".join(f"{n}/stock (median, min)" for n in impls if n != "stock") + " |",
+        "|---" * (1 + 2 * len(impls) - 1) + "|",
+    ]  # fmt: skip
+    g = torch.Generator(device="cpu").manual_seed(1)
+    results = {}
+    for n in args.batches:
+        x = torch.rand(n, 3, h, w, generator=g).to("cuda")
+        times = alternating(model, x, impls, args.alternate)
+        results[f"b{n}"] = times
+        med = {k: statistics.median(v) for k, v in times.items()}
+        ratios = [
+            statistics.median(a / b for a, b in zip(times[k], times["stock"], strict=True))
+            for k in impls
+            if k != "stock"
+        ]
+        lows = [min(times[k]) / min(times["stock"]) for k in impls if k != "stock"]
+        lines.append(
+            f"| {n} | " + " | ".join(f"{med[k]:.2f}" for k in impls) + " | "
+            + " | ".join(f"{r:.3f}, {lo:.3f}" for r, lo in zip(ratios, lows, strict=True))
+            + " |"
+        )  # fmt: skip
+        print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (args.out / "doclayout_alternating.md").write_text(text)
+    (args.out / "doclayout_alternating.json").write_text(json.dumps(results, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
@@ -223,6 +294,12 @@ def main() -> None:
     ap.add_argument("--size", type=int, nargs=2, default=(1280, 928), metavar=("H", "W"))
     ap.add_argument("--batches", type=int, nargs="+", default=(1, 4))
     ap.add_argument("--nc", type=int, default=10)
+    ap.add_argument(
+        "--alternate",
+        type=int,
+        metavar="ROUNDS",
+        help="only the eager whole-forward table from ROUNDS alternating rounds (GPU)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = args.device
@@ -237,6 +314,9 @@ def main() -> None:
         impls.pop("triton")
     model = build_model(dev, args.nc)
     h, w = args.size
+    if args.alternate:
+        alternate_report(model, impls, args)
+        return
     g = torch.Generator(device="cpu").manual_seed(1)
     md = [f"# DocLayout-YOLO whole-model check ({time.strftime('%Y-%m-%d')})", ""]
     if dev == "cuda":

@@ -691,7 +691,8 @@ def dilated_conv2d(
     co, _, kh, kw = weight.shape
     oh = h + 2 * pad_h - dilation * (kh - 1)
     ow = w + 2 * pad_w - dilation * (kw - 1)
-    span = 1 + sum((x.shape[i] - 1) * x.stride(i) for i in range(4))
+    (sn, sc, sh, sw) = x.stride()
+    span = 1 + (n - 1) * sn + (c - 1) * sc + (h - 1) * sh + (w - 1) * sw
     if (
         pad_h < 0
         or pad_w < 0
@@ -709,7 +710,7 @@ def dilated_conv2d(
     if config:  # explicit configs (tests, `rocmfix tune`) skip the plan cache
         cfg = _explicit(x, c, co, max(kh, kw), config)
         kernel, grid, args, kwargs, out = prepare_launch(x, weight, dilation, (pad_h, pad_w), cfg)
-        _launch(x, kernel, grid, args, kwargs)
+        _launch(x, kc.Launcher(kernel, grid, kwargs, volatile=()), args)
         return out
     # DocLayout-YOLO calls this 24 times per page and is launch-bound at batch 1, so the
     # per-call host work is cached: everything but the input, the output and the launch.
@@ -738,29 +739,22 @@ def dilated_conv2d(
     if plan is None:
         cfg = resolve_config(x.device, c, co, max(kh, kw), x.dtype)
         kernel, grid, args, kwargs, out = prepare_launch(x, weight, dilation, (pad_h, pad_w), cfg)
+        # The input (maybe a channels-last copy) and the output are new each call.
+        launcher = kc.Launcher(kernel, grid, kwargs, volatile=(0, 2))
         if version is not None:
             if len(_PLANS) >= PLAN_CACHE_SIZE:
                 _PLANS.clear()
-            # args[0] may be a channels-last copy of x; args[1] is the packed weight (kept
-            # alive by the plan, which also holds `weight`, so id() and data_ptr() stay valid).
-            _PLANS[key] = (
-                kernel,
-                grid,
-                kwargs,
-                args[0] is not x,
-                args[1],
-                args[3:],
-                weight,
-                out.shape,
-            )
-        _launch(x, kernel, grid, args, kwargs)
+            # args[1] is the packed weight (kept alive by the plan, which also holds
+            # `weight`, so id() and data_ptr() stay valid).
+            _PLANS[key] = (launcher, args[0] is not x, args[1], args[3:], weight, out.shape)
+        _launch(x, launcher, args)
         return out
-    kernel, grid, kwargs, to_cl, packed, tail, _weight, out_shape = plan
-    if kernel is _TMA_KERNEL:
+    launcher, to_cl, packed, tail, _weight, out_shape = plan
+    if launcher.kernel is _TMA_KERNEL:
         _ensure_allocator()  # per thread: a plan made in one thread may run in another
     xin = x.contiguous(memory_format=torch.channels_last) if to_cl else x
     out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    _launch(x, kernel, grid, (xin, packed, out, *tail), kwargs)
+    _launch(x, launcher, (xin, packed, out, *tail))
     return out
 
 
@@ -768,11 +762,9 @@ _PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 PLAN_CACHE_SIZE = 256
 
 
-def _launch(
-    x: torch.Tensor, kernel: Any, grid: tuple[int], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> None:
+def _launch(x: torch.Tensor, launcher: kc.Launcher, args: tuple[Any, ...]) -> None:
     if x.device.type == "cuda" and x.device.index not in (None, torch.cuda.current_device()):
         with torch.cuda.device(x.device):
-            kernel[grid](*args, **kwargs)
+            launcher(*args)
     else:
-        kernel[grid](*args, **kwargs)
+        launcher(*args)

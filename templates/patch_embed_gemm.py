@@ -158,6 +158,9 @@ _W_DESC_CACHE_SIZE = 8
 # device, version counter): see _packed_weight. Each entry holds its source tensor too.
 _packed_cache: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 _PACKED_CACHE_SIZE = 8
+# Prepared launches of the pointer kernel, by everything but the tensors' addresses: see _launch.
+_launches: OrderedDict[tuple[Any, ...], tuple[kc.Launcher, tuple[Any, ...]]] = OrderedDict()
+_LAUNCH_CACHE_SIZE = 64
 PACK_ROW_BYTES = 128
 
 
@@ -168,6 +171,7 @@ def clear_config_cache() -> None:
         _plan_cache.clear()
         _w_desc_cache.clear()
         _packed_cache.clear()
+        _launches.clear()
 
 
 def precision_class(dtype: torch.dtype) -> str:
@@ -465,10 +469,47 @@ Launch = tuple[Any, tuple[int], tuple[Any, ...], dict[str, Any]]
 
 
 def _launch(
-    a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, plan: _Plan
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    plan: _Plan,
+    keep: bool = True,
 ) -> None:
-    kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
-    kernel[grid](*args, **kwargs)
+    if plan.tma or not keep:
+        # The descriptor route (NVIDIA sm_90 only) makes new descriptors each call; a plan
+        # made for one call (an explicit config: tune, doctor) is not worth keeping.
+        kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
+        kernel[grid](*args, **kwargs)
+        return
+    # Everything prepare_launch and Triton's specialisation read, but the tensors' addresses
+    # (their 16-byte alignment is part of it): vision towers see a new M per image, so a
+    # few launches per model stay cached.
+    key = (
+        plan,
+        a.shape,
+        a.stride(),
+        a.data_ptr() % 16,
+        w.shape,
+        w.stride(),
+        w.data_ptr() % 16,
+        None if bias is None else bias.data_ptr() % 16,
+        a.dtype,
+        a.device,
+    )
+    hit = _launches.get(key)
+    if hit is None:
+        kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
+        launcher = kc.Launcher(kernel, grid, kwargs, volatile=(0, 1, 2, 3))
+        launcher(*args)  # a config that does not fit raises here, before it is kept
+        with _lock:
+            # The sizes and strides after the four tensors are fixed by the key.
+            _launches[key] = (launcher, args[4:])
+            while len(_launches) > _LAUNCH_CACHE_SIZE:
+                _launches.popitem(last=False)
+        return
+    launcher, sizes = hit
+    launcher(a, w, bias if bias is not None else out, out, *sizes)
 
 
 def prepare_launch(
@@ -559,6 +600,7 @@ def _run(
     bias: torch.Tensor | None,
     plan: _Plan,
     out: torch.Tensor | None,
+    keep: bool = True,
 ) -> torch.Tensor:
     _check(a, w, bias)
     if w.dtype != a.dtype:
@@ -574,7 +616,7 @@ def _run(
         raise ValueError(f"patch embed: out must be contiguous {shape} {a.dtype}")
     if shape[0] > 0 and shape[1] > 0:
         try:
-            _launch(a, w, bias, out, plan)
+            _launch(a, w, bias, out, plan, keep)
         except _OUT_OF_RESOURCES as exc:
             # A tile config too big for this GPU or triton build (a tuned file from elsewhere,
             # a compiler that needs more shared memory than the one measured): one stage less
@@ -586,7 +628,7 @@ def _run(
             )
             for smaller in _smaller_plans(plan, a):
                 try:
-                    _launch(a, w, bias, out, smaller)
+                    _launch(a, w, bias, out, smaller, keep)
                 except _OUT_OF_RESOURCES:
                     continue
                 with _lock:
@@ -647,7 +689,7 @@ def patchify_gemm(
         cfg = resolve_config(a.device, a.dtype)
         cfg.update(CONFIG.validate(config))
         plan = _Plan(cfg, a.device)
-    return _run(a, w, bias, plan, out)
+    return _run(a, w, bias, plan, out, keep=config is None)
 
 
 def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

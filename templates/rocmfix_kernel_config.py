@@ -356,14 +356,19 @@ OP_NAMESPACE = "rocmfix"
 Impl = Callable[..., torch.Tensor]
 
 
+def _process_holder() -> types.ModuleType:
+    holder = sys.modules.get(_REGISTRY_MODULE)
+    if holder is None:
+        holder = types.ModuleType(_REGISTRY_MODULE)
+        sys.modules[_REGISTRY_MODULE] = holder
+    return holder
+
+
 def register_op(name: str, schema: str, cuda: Impl, cpu: Impl, fake: Impl) -> Any:
     """Define ``rocmfix::name`` once per process; its default overload, looked up once (resolving
     ``torch.ops.<ns>.<name>`` costs host time on every call)."""
     with _lock:
-        holder = sys.modules.get(_REGISTRY_MODULE)
-        if holder is None:
-            holder = types.ModuleType(_REGISTRY_MODULE)
-            sys.modules[_REGISTRY_MODULE] = holder
+        holder = _process_holder()
         if getattr(holder, name, None) is None:
             lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
             lib.define(f"{name}{schema}")
@@ -385,3 +390,131 @@ if _compiler is not None and hasattr(_compiler, "is_compiling"):
     is_compiling: Callable[[], bool] = _compiler.is_compiling
 else:  # torch < 2.3
     is_compiling = torch._dynamo.is_compiling
+
+
+# ------------------------------------------------------------------------------ launches
+
+# Triton's JITFunction.run (3.5 to 3.8 at least) ends in these calls; Launcher makes the last
+# one itself. The launcher's arguments are no public API, so they are read from the code.
+_RUN_CALLS = (
+    "bound_args, specialization, options = binder(*args, **kwargs)",
+    "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata,",
+    "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound_args.values())",
+)
+# What _direct_launch_path found, once per process: it is a fact of the process's Triton, and
+# every import of a kernel module shares it.
+with _lock:
+    _launch_path: list[Any] = _process_holder().__dict__.setdefault("launch_path", [])
+
+
+def _direct_launch_path() -> Any:
+    """Triton's runtime pieces a direct launch needs, or None where this Triton's launch path
+    is not the one :class:`Launcher` knows (then every call goes through ``kernel[grid]``)."""
+    if not _launch_path:
+        found: Any = None
+        try:
+            import inspect
+
+            from triton import knobs
+            from triton.runtime.driver import driver
+            from triton.runtime.jit import JITFunction
+
+            source = " ".join(inspect.getsource(JITFunction.run).split())
+            if all(" ".join(call.split()) in source for call in _RUN_CALLS):
+                found = (knobs, driver)
+        except Exception:  # noqa: BLE001 - no triton, or one laid out otherwise
+            found = None
+        _launch_path.append(found)
+    return _launch_path[0]
+
+
+def _no_hooks(chain: Any) -> bool:
+    # Triton >= 3.5 keeps launch hooks in a HookChain, empty unless a profiler added one.
+    return chain is None or (type(chain).__name__ == "HookChain" and not chain.calls)
+
+
+class Launcher:
+    """``kernel[grid](*args, **kwargs)`` for a call that repeats with new tensors.
+
+    Triton's ``kernel[grid](...)`` binds, specialises and hashes every argument on every call:
+    ~18 us of host time on an H200 host, against ~5 us for the compiled kernel's own launcher,
+    which it ends in (bench/eager_host.py). A Launcher makes its first call through
+    ``kernel[grid]`` and keeps the compiled kernel that Triton picked; later calls go straight
+    to that kernel's launcher. The caller keeps one Launcher per key that fixes everything
+    Triton specialises on (the dtypes, shapes and strides of the tensors, the integers, the
+    constexprs); the tensors at ``volatile`` positions are new each call and must keep the
+    16-byte alignment they had at the first (checked on every call). A launch hook or
+    pre-run hook (profilers), another current device, a changed debug setting or a Triton
+    whose launch path is not the known one take ``kernel[grid]``, as before.
+    """
+
+    __slots__ = ("aligned", "compiled", "debug", "device", "grid", "kernel", "kwargs", "tail",
+                 "volatile")  # fmt: skip
+
+    def __init__(
+        self, kernel: Any, grid: Sequence[int], kwargs: Mapping[str, Any], volatile: Sequence[int]
+    ) -> None:
+        self.kernel = kernel
+        self.grid = (*grid, 1, 1)[:3]
+        self.kwargs = dict(kwargs)
+        self.volatile = tuple(volatile)
+        self.compiled: Any = None
+        self.tail: tuple[Any, ...] = ()
+        self.aligned: tuple[bool, ...] = ()
+        self.device: Any = None
+        self.debug: Any = None
+
+    def __call__(self, *args: Any) -> None:
+        compiled = self.compiled
+        if compiled is not None:
+            path = _launch_path[0]
+            knobs, driver = path
+            runtime = knobs.runtime
+            device = driver.active.get_current_device()
+            if (
+                device == self.device
+                and _no_hooks(runtime.launch_enter_hook)
+                and _no_hooks(runtime.launch_exit_hook)
+                and runtime.debug == self.debug
+                and getattr(runtime, "add_stages_inspection_hook", None) is None
+                and not getattr(self.kernel, "pre_run_hooks", None)
+                and tuple(args[i].data_ptr() % 16 == 0 for i in self.volatile) == self.aligned
+            ):
+                compiled.run(
+                    *self.grid,
+                    driver.active.get_current_stream(device),
+                    compiled.function,
+                    compiled.packed_metadata,
+                    None,
+                    None,
+                    None,
+                    *args,
+                    *self.tail,
+                )
+                return
+        result = self.kernel[self.grid](*args, **self.kwargs)
+        if compiled is None and result is not None and _direct_launch_path() is not None:
+            self._adopt(result, args)
+
+    def _adopt(self, compiled: Any, args: tuple[Any, ...]) -> None:
+        """Keep ``compiled`` if the calls after the positional ``args`` are all constexprs
+        or defaults, which is how Triton orders the launcher's arguments."""
+        import inspect
+
+        knobs, driver = _launch_path[0]
+        params = list(inspect.signature(self.kernel.fn).parameters.values())
+        if len(args) > len(params) or any(p.name in self.kwargs for p in params[: len(args)]):
+            return
+        tail = []
+        for param in params[len(args) :]:
+            if param.name in self.kwargs:
+                tail.append(self.kwargs[param.name])
+            elif param.default is not inspect.Parameter.empty:
+                tail.append(param.default)
+            else:
+                return
+        self.tail = tuple(tail)
+        self.aligned = tuple(args[i].data_ptr() % 16 == 0 for i in self.volatile)
+        self.device = driver.active.get_current_device()
+        self.debug = knobs.runtime.debug
+        self.compiled = compiled

@@ -10,13 +10,16 @@ They run where torch sees a GPU and skip elsewhere: CI has none by design. On th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import run_cli
+from conftest import load_template, run_cli
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible to torch")
@@ -65,3 +68,138 @@ def test_tune_screens_times_and_stores_for_this_gpu(tmp_path: Path) -> None:
         assert kernel["verified"] is True
         stored = json.loads(path.read_text())
         assert doc["device"]["arch"] in stored["kernels"]["patch_embed_gemm"]
+
+
+# ---------------------------------------------------------------------------- direct launches
+
+
+class Counting:
+    """A kernel that counts the launches made through ``kernel[grid]`` (Triton's own path)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.runs = 0
+
+    def __getitem__(self, grid: Any) -> Any:
+        self.runs += 1
+        return self.kernel[grid]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kernel, name)
+
+
+def _count(launchers: Any) -> list[Any]:
+    """Count, from now on, the Triton launches of every launcher not counted yet."""
+    counted = []
+    for launcher in launchers:
+        if not isinstance(launcher.kernel, Counting):
+            launcher.kernel = Counting(launcher.kernel)
+            counted.append(launcher)
+    return counted
+
+
+def _gemm() -> Any:
+    module = load_template("patch_embed_gemm", interpret=False)
+    portable = module.CONFIG.shipped_config("gfx942", ("any", "f16"))
+    os.environ[module.CONFIG_ENV] = json.dumps(portable)  # the pointer kernel ROCm runs
+    try:
+        module._plan_for(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16)
+    finally:
+        del os.environ[module.CONFIG_ENV]
+    return module
+
+
+@contextlib.contextmanager
+def triton_only(module: Any) -> Iterator[None]:
+    """Every launch through Triton's ``kernel[grid]`` while it holds (the launch path is
+    one per process, shared by every import of the templates)."""
+    saved = list(module.kc._launch_path)
+    module.kc._launch_path[:] = [None]
+    try:
+        yield
+    finally:
+        module.kc._launch_path[:] = saved
+
+
+@pytest.mark.parametrize("m", [1, 7, 64, 1000, 5476])
+@pytest.mark.parametrize("misaligned", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_direct_launches_match_triton_launches(m: int, misaligned: bool, bias: bool) -> None:
+    """The cached launcher gives the bytes Triton's own launch gives, for every M and
+    alignment, on every call after the first; a weight changed in place is read."""
+    direct, plain = _gemm(), _gemm()
+    counted: list[Any] = []
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    weight = torch.randn(1280, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(1280, device="cuda", dtype=torch.bfloat16, generator=gen) if bias else None
+    for step in range(4):
+        buffer = torch.randn(m * 1176 + 1, device="cuda", dtype=torch.bfloat16, generator=gen)
+        x = buffer[1 if misaligned else 0 :][: m * 1176].view(m, 3, 2, 14, 14)
+        if step == 2:
+            with torch.no_grad():
+                weight.mul_(-0.5)
+        got = direct.triton_conv3d_patchify(x, weight, b)
+        counted += _count(launcher for launcher, _sizes in direct._launches.values())
+        with triton_only(plain):
+            want = plain.triton_conv3d_patchify(x, weight, b)
+        assert torch.equal(got, want), (m, misaligned, bias, step)
+    # One launch for every call: the first through kernel[grid], the rest direct.
+    assert len(direct._launches) == 1 and len(counted) == 1
+    assert counted[0].kernel.runs == 0 and counted[0].compiled is not None
+
+
+def test_direct_launches_pick_the_kernel_triton_picks() -> None:
+    module = _gemm()
+    weight = torch.randn(1280, 1176, device="cuda", dtype=torch.bfloat16)
+    for m in (1, 16, 17, 5476):
+        a = torch.randn(m, 1176, device="cuda", dtype=torch.bfloat16)
+        module.patchify_gemm(a, weight)
+        module.patchify_gemm(a, weight)
+    plan = module._plan_for(a.device, a.dtype)
+    for key, (launcher, _sizes) in module._launches.items():
+        m = key[1][0]
+        a = torch.randn(m, 1176, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(m, 1280, device="cuda", dtype=torch.bfloat16)
+        kernel, grid, args, kwargs = module.prepare_launch(a, module._packed_weight(weight), None,
+                                                           out, plan)  # fmt: skip
+        assert kernel[grid](*args, **kwargs) is launcher.compiled, m
+
+
+def test_direct_launches_replay_in_a_cuda_graph() -> None:
+    module = _gemm()
+    weight = torch.randn(1280, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1024, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16)
+    module.triton_conv3d_patchify(x, weight)  # the first call compiles; the next are direct
+    module.triton_conv3d_patchify(x, weight)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        out = module.triton_conv3d_patchify(x, weight)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = torch.nn.functional.linear(x.flatten(1).float(), weight.flatten(1).float())
+    assert ((out.float() - want).abs().max() / want.abs().max()).item() < 1e-2
+
+
+def test_dilated_direct_launches_match_triton_launches() -> None:
+    direct = load_template("dilated_conv_triton", interpret=False)
+    plain = load_template("dilated_conv_triton", interpret=False)
+    counted: list[Any] = []
+    for c, k, d, h, w in ((96, 5, 2, 160, 116), (192, 3, 5, 80, 58), (96, 5, 3, 9, 7)):
+        weight = torch.randn(c, c, k, k, device="cuda")
+        for step in range(4):
+            x = torch.randn(1, c, h, w, device="cuda")
+            if step == 2:
+                with torch.no_grad():
+                    weight.mul_(-0.5)
+            pad = d * (k - 1) // 2
+            got = direct.dilated_conv2d(x, weight, d, pad)
+            counted += _count(plan[0] for plan in direct._PLANS.values())
+            with triton_only(plain):
+                want = plain.dilated_conv2d(x, weight, d, pad)
+            assert torch.equal(got, want), (c, k, d, step)
+    # Per shape, a plan for the first call and one after the weight changed; every later
+    # call direct.
+    assert len(counted) == 3 * 2
+    assert all(ln.kernel.runs == 0 and ln.compiled is not None for ln in counted)

@@ -523,11 +523,11 @@ def test_too_many_stages_step_down_once(gemm: ModuleType, monkeypatch: pytest.Mo
     real = gemm._launch
     stages: list[int] = []
 
-    def four_stages_do_not_fit(a: Any, w: Any, bias: Any, out: Any, plan: Any) -> None:
+    def four_stages_do_not_fit(a: Any, w: Any, bias: Any, out: Any, plan: Any, *rest: Any) -> None:
         stages.append(plan.opts["num_stages"])
         if plan.opts["num_stages"] >= 4:
             raise gemm._OUT_OF_RESOURCES[0](235000, 232448, "shared memory")
-        real(a, w, bias, out, plan)
+        real(a, w, bias, out, plan, *rest)
 
     monkeypatch.setattr(gemm, "_launch", four_stages_do_not_fit)
     monkeypatch.setenv(
