@@ -179,6 +179,11 @@ def kill_loop(
             summary.problems.append(f"{where}: exited {killed.returncode}: {killed.stderr[-300:]}")
             break
         summary.points += 1
+        if fault == "io-error":
+            # A failing disk is still one clear line, however far the rollback got.
+            errors = [ln for ln in killed.stderr.splitlines() if ln.startswith("error:")]
+            if len(errors) != 1:
+                summary.problems.append(f"{where}: {len(errors)} error lines: {killed.stderr}")
         summary.problems += _check_state(cli, site, pristine, finished, where)
         if nested is True or (not isinstance(nested, bool) and point in nested):
             summary.nested_points += _nested_reverts(

@@ -1,9 +1,11 @@
-"""SIGKILL at every write point of apply and revert on a vllm release: three target files,
-the dropped kernels module and RECORD change in one run (tests/faults.py has the checks).
+"""SIGKILL at every write point of apply and revert on a vllm release, and EIO from every
+write point of apply on: three target files, the dropped kernels module and RECORD change in
+one run (tests/faults.py has the checks).
 
-The two loops run at once on two environments (each run is a subprocess that mostly waits
-on the disk and the target interpreter), which keeps them within CI's time budget. The full
-matrix run (bench/compat_matrix.py) also kills the scheme switch and every recovery.
+The loops run two at a time on environments of their own (each run is a subprocess that
+mostly waits on the disk and the target interpreter), which keeps them within CI's time
+budget. The full matrix run (bench/compat_matrix.py) also kills the scheme switch and every
+recovery, and fails the disk under revert and the scheme switch.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ def summaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, faults.Summ
             fault=fault,
         )
 
-    runs = ("apply:kill", "revert:kill", "apply:io-error", "revert:io-error")
+    # A failing disk during revert is swept by the full matrix (bench/compat_matrix.py) and,
+    # in-process, by tests/test_fsops_units.py; here apply's, whose rollback fails too.
+    runs = ("apply:kill", "revert:kill", "apply:io-error")
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         done = dict(zip(runs, pool.map(loop, runs), strict=True))
     for summary in done.values():
@@ -79,7 +83,7 @@ def test_killed_vllm_run_is_recovered_at_every_write_point(
     assert summary.files_left == 0
 
 
-@pytest.mark.parametrize("command", ["apply", "revert"])
+@pytest.mark.parametrize("command", ["apply"])
 def test_io_errors_from_every_write_point_on_lose_nothing(
     summaries: dict[str, faults.Summary], command: str
 ) -> None:

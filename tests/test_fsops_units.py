@@ -412,6 +412,12 @@ def test_hooks_act_only_at_their_own_point(tmp_path: Path, monkeypatch: pytest.M
     fsops.write_point(target)  # 2
     fsops.write_point(target)  # 3: once only
     assert target.read_bytes() == b"a\n# edited while rocmfix ran\n"
+    monkeypatch.setenv(fsops.TEST_HOOKS_ENV, json.dumps({"fail_from": -1}))
+    fsops.write_point(target)  # a point before the first is no point at all
+    monkeypatch.setattr(fsops, "_write_points", 0)
+    monkeypatch.setenv(fsops.TEST_HOOKS_ENV, json.dumps({"fail_from": 1}))
+    with pytest.raises(OSError):
+        fsops.write_point(target)  # the very first point fails
 
 
 def test_other_open_errors_pass_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -569,11 +575,17 @@ def test_recover_puts_every_file_back_and_clears_the_journal(
     journal_env: tuple[Environment, StateDir, Path],
 ) -> None:
     env, state, root = journal_env
-    manifest = _pending(
-        _file(DROP, None, b"kernel"),
-        _file(TARGET, b"original", b"patched"),
-        _file("doclayout_yolo-0.0.4.dist-info/RECORD", b"r0", b"r1", kind="record"),
+    # Read back from disk as the next run reads it: its strings are the JSON decoder's, not
+    # the interned literals of this file.
+    state.save(
+        _pending(
+            _file(DROP, None, b"kernel"),
+            _file(TARGET, b"original", b"patched"),
+            _file("doclayout_yolo-0.0.4.dist-info/RECORD", b"r0", b"r1", kind="record"),
+        ),
+        "test",
     )
+    manifest = state.load()
     recovered, notes = transaction.recover(env, state, manifest, PATCHES)
     assert (root / TARGET).read_bytes() == b"original"
     assert not (root / DROP).exists()
@@ -584,20 +596,21 @@ def test_recover_puts_every_file_back_and_clears_the_journal(
     assert transaction.recover(env, state, recovered, PATCHES) == (recovered, ())
 
 
-def _edit_below(reference: bytes) -> bytes:
-    """Bytes whose digest sorts below ``reference``'s: an ordering of digests is never a
-    test of their equality."""
+def _edit(reference: bytes, below: bool) -> bytes:
+    """Bytes whose digest sorts below (or above) ``reference``'s: an ordering of digests is
+    never a test of their equality, whichever side the edit lands on."""
     n = 0
-    while fsops.sha256(b"edited %d" % n) >= fsops.sha256(reference):
+    while (fsops.sha256(b"edited %d" % n) < fsops.sha256(reference)) != below:
         n += 1
     return b"edited %d" % n
 
 
+@pytest.mark.parametrize("below", [True, False], ids=["digest-below", "digest-above"])
 def test_recover_leaves_what_someone_else_changed_and_skips_what_is_back(
-    journal_env: tuple[Environment, StateDir, Path],
+    journal_env: tuple[Environment, StateDir, Path], below: bool
 ) -> None:
     env, state, root = journal_env
-    edited = _edit_below(b"patched")
+    edited = _edit(b"patched", below)
     (root / TARGET).write_bytes(edited)
     record = root / "doclayout_yolo-0.0.4.dist-info" / "RECORD"
     manifest = _pending(
@@ -694,6 +707,10 @@ def test_a_journal_naming_another_packages_file_or_record_is_refused(
     ):
         with pytest.raises(ManifestError, match=message):
             transaction.check_pending(env, _pending(item).pending, PATCHES)
+    # A path DocLayout-YOLO's patch declares, in a journal entry of another distribution.
+    item = replace(_file(TARGET, b"x", b"y"), distribution="vllm")
+    with pytest.raises(ManifestError, match="which no patch declares"):
+        transaction._pending_path(env.distributions[DIST], item, PATCHES)
 
 
 def test_recovery_refuses_a_path_that_is_no_longer_a_file(

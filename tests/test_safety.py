@@ -83,9 +83,10 @@ def test_apply_refuses_a_file_modified_since_install(env: InstalledEnv) -> None:
     assert b"# local" in env.target.read_bytes(), "revert restores what was there before"
 
 
-@pytest.mark.parametrize("command", ["apply", "revert"])
+@pytest.mark.parametrize("command", ["apply"])
 def test_killed_run_is_recovered_at_every_write_point(env: InstalledEnv, command: str) -> None:
-    """The one-file case of tests/test_faults.py (vllm: three targets, a drop, RECORD)."""
+    """The one-file case of tests/test_faults.py (vllm: three targets, a drop, RECORD, killed
+    in apply and in revert), for a patch with no scheme and no drop."""
     summary = faults.kill_loop(
         env.cli, site=env.site, state=env.state, command=command, label="mineru-vl-utils"
     )

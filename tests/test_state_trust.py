@@ -89,29 +89,6 @@ def test_a_rollback_that_fails_keeps_the_journal_and_backups(
     assert not env.state.exists()
 
 
-def test_io_errors_at_every_write_point_lose_nothing(
-    vllm_env: Callable[..., InstalledEnv],
-) -> None:
-    """From each write point on, every write fails; whatever is left, a later revert (the
-    disk healthy again) brings back every pristine byte and leaves no file behind."""
-    env = vllm_env("0.11.0")
-    pristine = files_under(env.site)
-    point = 1
-    while True:
-        result = env.cli("apply", "--only", "vllm", env=_hooks(fail_from=point))
-        if result.returncode == 0:
-            break
-        assert result.returncode == 1, result.stderr
-        _one_error_line(result.stderr)
-        assert env.cli("revert").returncode == 0
-        assert files_under(env.site) == pristine, point
-        assert not env.state.exists(), point
-        point += 1
-    assert point > 10
-    assert env.cli("revert").returncode == 0
-    assert files_under(env.site) == pristine
-
-
 def test_a_file_edited_during_the_run_is_not_overwritten(env: InstalledEnv) -> None:
     # Somewhere a write point lands just before the target's replace: the edit made there
     # must survive, and the run roll back.
