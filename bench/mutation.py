@@ -131,7 +131,7 @@ def main() -> int:
     for (module, outcome), n in sorted(counts.items()):
         print(f"{module}: {outcome}: {n}")
     for r in rows:
-        if r["test"] == "survived":
+        if (r["test"] or "").lower().endswith("survived"):
             print(f"SURVIVED {r['module']}:{r['line']} {r['operator']}\n{r['diff']}")
     return 0
 
