@@ -1,5 +1,6 @@
-"""doctor and tune on a real GPU: the paths the CPU suite cannot reach (CUDA-graph timing, the
-GPU's own arch in the tuned file, the ahead-of-time compile for the device's arch).
+"""doctor, tune and the kernels' direct launches on a real GPU: the paths the CPU suite cannot
+reach (CUDA-graph timing, the GPU's own arch in the tuned file, the ahead-of-time compile for
+the device's arch, the compiled kernel's own launcher against Triton's launches).
 
 They run where torch sees a GPU and skip elsewhere: CI has none by design. On the device:
 

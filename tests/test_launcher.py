@@ -1,0 +1,176 @@
+"""The kernels' direct launch path (``Launcher`` in templates/rocmfix_kernel_config.py), on
+the CPU: a stand-in kernel and launcher record what would reach the GPU, so every fallback
+and the order of the launcher's arguments are checked here; tests/test_gpu.py checks the same
+path against Triton's own launches on a real GPU.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from conftest import load_template
+
+pytest.importorskip("torch")
+
+
+class Compiled:
+    """What Triton's ``kernel[grid](...)`` returns: a compiled kernel with its launcher."""
+
+    def __init__(self) -> None:
+        self.function = "function"
+        self.packed_metadata = "metadata"
+        self.calls: list[tuple[Any, ...]] = []
+
+    def run(self, *args: Any) -> None:
+        self.calls.append(args)
+
+
+def _kernel_fn(
+    a: Any, b: Any, out: Any, n: int, BLOCK: int, EVEN: bool, SCALE: float = 2.0
+) -> None:
+    """The signature of a kernel: four arguments, two constexprs, one with a default."""
+
+
+class Kernel:
+    """A JITFunction stand-in: ``fn``'s signature, ``kernel[grid](...)`` counted."""
+
+    def __init__(self) -> None:
+        self.fn = _kernel_fn
+        self.compiled = Compiled()
+        self.runs: list[tuple[Any, ...]] = []
+        self.pre_run_hooks: list[Any] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Compiled:
+            self.runs.append((grid, args, kwargs))
+            return self.compiled
+
+        return launch
+
+
+class Tensor:
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+class HookChain:
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+
+@pytest.fixture
+def kc() -> Iterator[types.ModuleType]:
+    module = load_template("rocmfix_kernel_config", interpret=True)
+    runtime = types.SimpleNamespace(
+        launch_enter_hook=HookChain(), launch_exit_hook=HookChain(), debug=False
+    )
+    driver = types.SimpleNamespace(
+        active=types.SimpleNamespace(
+            device=0,
+            get_current_device=lambda: driver.active.device,
+            get_current_stream=lambda device: f"stream{device}",
+        )
+    )
+    saved = list(module._launch_path)
+    module._launch_path[:] = [(types.SimpleNamespace(runtime=runtime), driver)]
+    try:
+        yield module
+    finally:
+        module._launch_path[:] = saved
+
+
+def _args(address: int = 1024) -> tuple[Any, ...]:
+    return (Tensor(address), Tensor(2048), Tensor(address + 4096), 7)
+
+
+def test_the_first_call_goes_through_triton_and_the_rest_straight_to_its_launcher(
+    kc: types.ModuleType,
+) -> None:
+    kernel = Kernel()
+    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True, "num_warps": 4}, (0, 2))
+    first, second = _args(), _args(4096)
+    launcher(*first)
+    launcher(*second)
+    assert len(kernel.runs) == 1 and kernel.runs[0][1] == first
+    # The grid padded to three, the stream, the kernel, no launch metadata or hooks, then
+    # every parameter in signature order: positional, constexprs, defaults (not num_warps).
+    assert kernel.compiled.calls == [
+        (5, 1, 1, "stream0", "function", "metadata", None, None, None, *second, 64, True, 2.0)
+    ]
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["misaligned", "enter-hook", "exit-hook", "debug", "device", "pre-run-hook", "unknown-triton"],
+)
+def test_anything_triton_would_see_otherwise_goes_through_triton(
+    kc: types.ModuleType, change: str
+) -> None:
+    kernel = Kernel()
+    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True}, (0, 2))
+    launcher(*_args())
+    knobs, driver = kc._launch_path[0]
+    args = _args()
+    if change == "misaligned":
+        args = _args(1032)  # 8 bytes off: Triton specialises on 16-byte alignment
+    elif change == "enter-hook":
+        knobs.runtime.launch_enter_hook.calls.append(print)
+    elif change == "exit-hook":
+        knobs.runtime.launch_exit_hook = print
+    elif change == "debug":
+        knobs.runtime.debug = True
+    elif change == "device":
+        driver.active.device = 1
+    elif change == "pre-run-hook":
+        kernel.pre_run_hooks.append(print)
+    launcher(*args)
+    if change == "unknown-triton":
+        fresh = Kernel()
+        kc._launch_path[:] = [None]
+        other = kc.Launcher(fresh, (5,), {"BLOCK": 64, "EVEN": True}, (0, 2))
+        other(*args)
+        other(*args)
+        assert len(fresh.runs) == 2 and fresh.compiled.calls == []
+        return
+    assert len(kernel.runs) == 2 and kernel.compiled.calls == []
+
+
+def test_parameters_passed_by_keyword_reach_the_launcher_in_signature_order(
+    kc: types.ModuleType,
+) -> None:
+    kernel = Kernel()
+    launcher = kc.Launcher(kernel, (5, 2), {"EVEN": False, "n": 9, "BLOCK": 32}, (0,))
+    args = _args()[:3]
+    launcher(*args)
+    launcher(*args)
+    assert kernel.compiled.calls == [
+        (5, 2, 1, "stream0", "function", "metadata", None, None, None, *args, 9, 32, False, 2.0)
+    ]
+
+
+def test_a_missing_constexpr_is_never_adopted(kc: types.ModuleType) -> None:
+    kernel = Kernel()
+    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64}, (0,))  # EVEN has no default
+    launcher(*_args())
+    assert launcher.compiled is None
+
+
+def test_this_tritons_launch_path_is_the_known_one() -> None:
+    """The dev and CI Triton (the test extra pins torch, and with it Triton) ends
+    ``JITFunction.run`` in the call Launcher makes: a Triton that changes it is noticed here,
+    not only on a GPU."""
+    triton = pytest.importorskip("triton")
+    module = load_template("rocmfix_kernel_config", interpret=False)
+    saved = list(module._launch_path)
+    module._launch_path[:] = []
+    try:
+        assert module._direct_launch_path() is not None, triton.__version__
+    finally:
+        module._launch_path[:] = saved
