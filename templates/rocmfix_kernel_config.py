@@ -497,14 +497,14 @@ class Launcher:
             self._adopt(result, args)
 
     def _adopt(self, compiled: Any, args: tuple[Any, ...]) -> None:
-        """Keep ``compiled`` if the calls after the positional ``args`` are all constexprs
-        or defaults, which is how Triton orders the launcher's arguments."""
+        """Keep ``compiled`` if the parameters after the positional ``args`` all come from
+        the keywords or their defaults: the launcher takes every parameter in signature order.
+        (Too many arguments, or a keyword naming a positional one, never get here: the
+        first call raised.)"""
         import inspect
 
         knobs, driver = _launch_path[0]
         params = list(inspect.signature(self.kernel.fn).parameters.values())
-        if len(args) > len(params) or any(p.name in self.kwargs for p in params[: len(args)]):
-            return
         tail = []
         for param in params[len(args) :]:
             if param.name in self.kwargs:
