@@ -25,10 +25,6 @@ def template_bytes(name: str) -> bytes:
     return (data_dir("templates") / name).read_bytes()
 
 
-def template_path(name: str) -> Path:
-    return data_dir("templates") / name
-
-
 def patches_package() -> ModuleType:
     """Import the patch modules as ``rocmfix.patches``, wherever the folder is."""
     try:

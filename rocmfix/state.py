@@ -18,7 +18,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -83,9 +83,6 @@ class Manifest:
     rocmfix_version: str = ""
     entries: Mapping[str, Entry] = field(default_factory=dict)
     pending: Pending | None = None
-
-    def with_entries(self, entries: Mapping[str, Entry]) -> Manifest:
-        return replace(self, entries=dict(entries))
 
 
 def now() -> str:

@@ -467,8 +467,7 @@ class Launcher:
     def __call__(self, *args: Any) -> None:
         compiled = self.compiled
         if compiled is not None:
-            path = _launch_path[0]
-            knobs, driver = path
+            knobs, driver = _launch_path[0]
             runtime = knobs.runtime
             device = driver.active.get_current_device()
             if (
