@@ -443,16 +443,26 @@ class Launcher:
     to that kernel's launcher. The caller keeps one Launcher per key that fixes everything
     Triton specialises on (the dtypes, shapes and strides of the tensors, the integers, the
     constexprs); the tensors at ``volatile`` positions are new each call and must keep the
-    16-byte alignment they had at the first (checked on every call). A launch hook or
-    pre-run hook (profilers), another current device, a changed debug setting or a Triton
-    whose launch path is not the known one take ``kernel[grid]``, as before.
+    16-byte alignment they had at the first (checked on every call; a caller whose key holds
+    the alignment passes none). A launch hook or pre-run hook (profilers), another current
+    device, a changed debug setting or a Triton whose launch path is not the known one take
+    ``kernel[grid]``, as before.
+
+    ``device`` is the index of the GPU the tensors are on: Triton launches on the current
+    device, so a call made while another one is current goes through ``kernel[grid]`` under a
+    device guard, as torch's own ops switch device for their inputs.
     """
 
-    __slots__ = ("aligned", "compiled", "debug", "device", "grid", "kernel", "kwargs", "tail",
-                 "volatile")  # fmt: skip
+    __slots__ = ("aligned", "compiled", "debug", "device", "grid", "kernel", "kwargs",
+                 "launched_on", "tail", "volatile")  # fmt: skip
 
     def __init__(
-        self, kernel: Any, grid: Sequence[int], kwargs: Mapping[str, Any], volatile: Sequence[int]
+        self,
+        kernel: Any,
+        grid: Sequence[int],
+        kwargs: Mapping[str, Any],
+        volatile: Sequence[int],
+        device: int | None = None,
     ) -> None:
         self.kernel = kernel
         self.grid = (*grid, 1, 1)[:3]
@@ -461,7 +471,9 @@ class Launcher:
         self.compiled: Any = None
         self.tail: tuple[Any, ...] = ()
         self.aligned: tuple[bool, ...] = ()
-        self.device: Any = None
+        # None: the tensors are not on a GPU (the interpreter), or the caller does not say.
+        self.device = device
+        self.launched_on: Any = None  # the current device when the compiled kernel was adopted
         self.debug: Any = None
 
     def __call__(self, *args: Any) -> None:
@@ -471,13 +483,16 @@ class Launcher:
             runtime = knobs.runtime
             device = driver.active.get_current_device()
             if (
-                device == self.device
+                device == self.launched_on
                 and _no_hooks(runtime.launch_enter_hook)
                 and _no_hooks(runtime.launch_exit_hook)
                 and runtime.debug == self.debug
                 and getattr(runtime, "add_stages_inspection_hook", None) is None
                 and not getattr(self.kernel, "pre_run_hooks", None)
-                and tuple(args[i].data_ptr() % 16 == 0 for i in self.volatile) == self.aligned
+                and (
+                    not self.volatile
+                    or tuple(args[i].data_ptr() % 16 == 0 for i in self.volatile) == self.aligned
+                )
             ):
                 compiled.run(
                     *self.grid,
@@ -491,9 +506,21 @@ class Launcher:
                     *self.tail,
                 )
                 return
+        if self.device is not None and torch.cuda.current_device() != self.device:
+            self.launch_once(*args)
+            return
         result = self.kernel[self.grid](*args, **self.kwargs)
         if compiled is None and result is not None and _direct_launch_path() is not None:
             self._adopt(result, args)
+
+    def launch_once(self, *args: Any) -> None:
+        """``kernel[grid](*args, **kwargs)`` on the tensors' device, adopting nothing: for a
+        launch made once (an explicit config), where adopting would cost more than it saves."""
+        if self.device is not None and torch.cuda.current_device() != self.device:
+            with torch.cuda.device(self.device):
+                self.kernel[self.grid](*args, **self.kwargs)
+        else:
+            self.kernel[self.grid](*args, **self.kwargs)
 
     def _adopt(self, compiled: Any, args: tuple[Any, ...]) -> None:
         """Keep ``compiled`` if the parameters after the positional ``args`` all come from
@@ -514,6 +541,6 @@ class Launcher:
                 return
         self.tail = tuple(tail)
         self.aligned = tuple(args[i].data_ptr() % 16 == 0 for i in self.volatile)
-        self.device = driver.active.get_current_device()
+        self.launched_on = driver.active.get_current_device()
         self.debug = knobs.runtime.debug
         self.compiled = compiled

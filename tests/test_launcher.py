@@ -174,3 +174,41 @@ def test_this_tritons_launch_path_is_the_known_one() -> None:
         assert module._direct_launch_path() is not None, triton.__version__
     finally:
         module._launch_path[:] = saved
+
+
+def test_a_call_from_another_current_device_launches_on_the_tensors_device(
+    kc: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Triton launches on the current device; torch's ops follow their inputs. A Launcher
+    for tensors on GPU 1 called while GPU 0 is current goes through ``kernel[grid]`` inside a
+    device guard, and adopts nothing there."""
+    import contextlib
+
+    torch = pytest.importorskip("torch")
+    _knobs, driver = kc._launch_path[0]
+    entered: list[int] = []
+
+    @contextlib.contextmanager
+    def guard(index: int) -> Iterator[None]:
+        entered.append(index)
+        saved, driver.active.device = driver.active.device, index
+        try:
+            yield
+        finally:
+            driver.active.device = saved
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: driver.active.device)
+    monkeypatch.setattr(torch.cuda, "device", guard)
+    kernel = Kernel()
+    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True}, (), device=1)
+    launcher(*_args())
+    assert entered == [1] and len(kernel.runs) == 1 and launcher.compiled is None
+    driver.active.device = 1
+    launcher(*_args())  # adopted here, where the tensors are
+    launcher(*_args())
+    assert len(kernel.runs) == 2 and len(kernel.compiled.calls) == 1
+    driver.active.device = 0
+    launcher(*_args())
+    assert entered == [1, 1] and len(kernel.runs) == 3 and len(kernel.compiled.calls) == 1
+    launcher.launch_once(*_args())
+    assert entered == [1, 1, 1] and len(kernel.runs) == 4
