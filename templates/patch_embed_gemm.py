@@ -21,6 +21,7 @@ module, dropped beside this one, merges them with the tuned file and
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -158,9 +159,10 @@ _W_DESC_CACHE_SIZE = 8
 # device, version counter): see _packed_weight. Each entry holds its source tensor too.
 _packed_cache: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 _PACKED_CACHE_SIZE = 8
-# Prepared launches of the pointer kernel, by everything but the tensors' addresses: see _launch.
-_launches: OrderedDict[tuple[Any, ...], tuple[kc.Launcher, tuple[Any, ...]]] = OrderedDict()
-_LAUNCH_CACHE_SIZE = 64
+# Prepared calls, by everything that fixes a call's launch but the addresses of x, bias and the
+# output (see _call_key). Vision towers see a new M per image, so a few entries per model.
+_calls: dict[tuple[Any, ...], _Call] = {}
+_CALL_CACHE_SIZE = 64
 PACK_ROW_BYTES = 128
 
 
@@ -171,7 +173,7 @@ def clear_config_cache() -> None:
         _plan_cache.clear()
         _w_desc_cache.clear()
         _packed_cache.clear()
-        _launches.clear()
+        _calls.clear()
 
 
 def precision_class(dtype: torch.dtype) -> str:
@@ -475,41 +477,123 @@ def _launch(
     out: torch.Tensor,
     plan: _Plan,
     keep: bool = True,
-) -> None:
-    if plan.tma or not keep:
-        # The descriptor route (NVIDIA sm_90 only) makes new descriptors each call; a plan
-        # made for one call (an explicit config: tune, doctor) is not worth keeping.
-        kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
-        kernel[grid](*args, **kwargs)
-        return
-    # Everything prepare_launch and Triton's specialisation read, but the tensors' addresses
-    # (their 16-byte alignment is part of it): vision towers see a new M per image, so a
-    # few launches per model stay cached.
-    key = (
-        plan,
-        a.shape,
-        a.stride(),
-        a.data_ptr() % 16,
-        w.shape,
-        w.stride(),
-        w.data_ptr() % 16,
-        None if bias is None else bias.data_ptr() % 16,
-        a.dtype,
-        a.device,
+) -> tuple[kc.Launcher, tuple[Any, ...]] | None:
+    """Launch one call; with ``keep``, return the Launcher and arguments it used, which a
+    later call with the same key (see :func:`_call_key`) repeats with its own tensors."""
+    kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
+    # Alignment is part of every key that keeps a Launcher, so it checks none per call.
+    launcher = kc.Launcher(kernel, grid, kwargs, volatile=(), device=_device_index(a))
+    if not keep:
+        launcher.launch_once(*args)
+        return None
+    launcher(*args)  # a config that does not fit raises here, before anything is kept
+    return launcher, args
+
+
+def _device_index(t: torch.Tensor) -> int | None:
+    return t.get_device() if t.is_cuda else None
+
+
+if TensorDescriptor is not None and not hasattr(TensorDescriptor, "__slots__"):
+
+    def _rebase(desc: Any, base: torch.Tensor) -> Any:
+        # A descriptor is a record read at launch (base address, shape, strides, block):
+        # copying the first call's record skips from_tensor's checks, which that call made
+        # and the call key holds (shape, strides, 16-byte alignment).
+        clone = object.__new__(TensorDescriptor)
+        clone.__dict__.update(desc.__dict__)
+        clone.base = base
+        return clone
+
+else:
+
+    def _rebase(desc: Any, base: torch.Tensor) -> Any:
+        return dataclasses.replace(desc, base=base)
+
+
+class _Call:
+    """A call's launch made once: the Launcher that Triton's first call adopted, the weight as
+    the kernel reads it (packed) and every argument after the per-call tensors. For the
+    descriptor kernel, the first call's x and output descriptors, rebased each call."""
+
+    __slots__ = ("a_desc", "c_desc", "device", "dtype", "launcher", "shape", "source", "tail",
+                 "weight")  # fmt: skip
+
+    def __init__(
+        self, launcher: kc.Launcher, args: tuple[Any, ...], source: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        self.launcher = launcher
+        tma = launcher.kernel is _gemm_tma_kernel
+        self.a_desc = args[0] if tma else None
+        self.c_desc = args[2] if tma else None
+        self.weight = args[1]
+        self.tail = args[4:]
+        # Holds the caller's weight, so its address (in the key) is not reused while this lives.
+        self.source = source
+        self.shape, self.dtype, self.device = out.shape, out.dtype, out.device
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        if self.a_desc is None:
+            self.launcher(x, self.weight, out if bias is None else bias, out, *self.tail)
+        else:
+            a_desc, c_desc = _rebase(self.a_desc, x), _rebase(self.c_desc, out)
+            self.launcher(a_desc, self.weight, c_desc, out if bias is None else bias, *self.tail)
+        return out
+
+
+def _call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """Everything Triton specialises on and prepare_launch reads, but addresses: shapes,
+    strides, dtypes, device, 16-byte alignment; the weight by address and version (an
+    in-place update makes a new key, and a new packed copy)."""
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor: no counter, and it is used unpacked
+        version = None
+    return (
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.get_device(),
+        x.data_ptr() % 16,
+        weight.data_ptr(),
+        version,
+        weight.shape,
+        weight.stride(),
+        weight.dtype,
+        None if bias is None else (bias.data_ptr() % 16, bias.shape, bias.stride(), bias.dtype),
     )
-    hit = _launches.get(key)
-    if hit is None:
-        kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
-        launcher = kc.Launcher(kernel, grid, kwargs, volatile=(0, 1, 2, 3))
-        launcher(*args)  # a config that does not fit raises here, before it is kept
+
+
+def _cached_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x.flatten(1) @ weight.flatten(1).T (+ bias)`` on a GPU, its launch prepared once per
+    key. Eager callers pay Triton's and torch's per-call costs on the host (bench/eager_host.py):
+    a repeat call is one key, one torch.empty and the compiled kernel's own launch; even the
+    two flatten views are left out, since the kernel reads x's rows by address and stride."""
+    key = _call_key(x, weight, bias)
+    hit = _calls.get(key)
+    if hit is not None:
+        return hit(x, bias)
+    a = x.flatten(1)
+    w = weight.flatten(1)
+    out, used = _run(a, w, bias, _plan_for(a.device, a.dtype), None)
+    if (
+        used is not None
+        # Views, not copies: a later call passes x and reads the weight through this entry.
+        and a.data_ptr() == x.data_ptr()
+        and w.data_ptr() == weight.data_ptr()
+        # Anything converted or copied per call stays on this path.
+        and weight.dtype == x.dtype
+        and (bias is None or (bias.dtype == x.dtype and bias.stride(0) == 1))
+        # A capture leaves the weight unpacked for this call only (see _packed_weight).
+        and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+    ):
+        launcher, args = used
         with _lock:
-            # The sizes and strides after the four tensors are fixed by the key.
-            _launches[key] = (launcher, args[4:])
-            while len(_launches) > _LAUNCH_CACHE_SIZE:
-                _launches.popitem(last=False)
-        return
-    launcher, sizes = hit
-    launcher(a, w, bias if bias is not None else out, out, *sizes)
+            if len(_calls) >= _CALL_CACHE_SIZE:
+                _calls.pop(next(iter(_calls)))
+            _calls[key] = _Call(launcher, args, weight, out)
+    return out
 
 
 def prepare_launch(
@@ -601,7 +685,8 @@ def _run(
     plan: _Plan,
     out: torch.Tensor | None,
     keep: bool = True,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, tuple[kc.Launcher, tuple[Any, ...]] | None]:
+    """The output, and with ``keep`` the launch made (None where nothing was launched)."""
     _check(a, w, bias)
     if w.dtype != a.dtype:
         w = w.to(a.dtype)
@@ -609,14 +694,17 @@ def _run(
         w = _packed_weight(w)
     if bias is not None and bias.dtype != a.dtype:
         bias = bias.to(a.dtype)
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()  # the kernel reads bias[n] at bias_ptr + n
     shape = (a.shape[0], w.shape[0])
     if out is None:
         out = torch.empty(shape, dtype=a.dtype, device=a.device)
     elif tuple(out.shape) != shape or out.dtype != a.dtype or not out.is_contiguous():
         raise ValueError(f"patch embed: out must be contiguous {shape} {a.dtype}")
+    used = None
     if shape[0] > 0 and shape[1] > 0:
         try:
-            _launch(a, w, bias, out, plan, keep)
+            used = _launch(a, w, bias, out, plan, keep)
         except _OUT_OF_RESOURCES as exc:
             # A tile config too big for this GPU or triton build (a tuned file from elsewhere,
             # a compiler that needs more shared memory than the one measured): one stage less
@@ -628,7 +716,7 @@ def _run(
             )
             for smaller in _smaller_plans(plan, a):
                 try:
-                    _launch(a, w, bias, out, smaller, keep)
+                    used = _launch(a, w, bias, out, smaller, keep)
                 except _OUT_OF_RESOURCES:
                     continue
                 with _lock:
@@ -638,7 +726,7 @@ def _run(
                 break
             else:
                 raise
-    return out
+    return out, used
 
 
 def prepare(
@@ -689,7 +777,7 @@ def patchify_gemm(
         cfg = resolve_config(a.device, a.dtype)
         cfg.update(CONFIG.validate(config))
         plan = _Plan(cfg, a.device)
-    return _run(a, w, bias, plan, out, keep=config is None)
+    return _run(a, w, bias, plan, out, keep=False)[0]
 
 
 def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -700,12 +788,12 @@ def _impl_cuda(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     if not _HAS_TRITON:
         kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
         return _linear_fallback(a, w, bias)
-    return _run(a, w, bias, _plan_for(a.device, a.dtype), None)
+    return _cached_call(a, w, bias)
 
 
 def _impl_cpu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if _INTERPRETING:
-        return _run(a, w, bias, _plan_for(a.device, a.dtype), None)
+        return _run(a, w, bias, _plan_for(a.device, a.dtype), None, keep=False)[0]
     if not _HAS_TRITON:
         kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
     return _linear_fallback(a, w, bias)
@@ -730,13 +818,12 @@ def triton_conv3d_patchify(
     if not x.is_cuda and not _INTERPRETING:
         # CPU inputs keep the stock op, bit for bit.
         return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
-    # flatten(1), not reshape(L, -1): the latter is ambiguous for an empty batch.
-    a = x.flatten(1)
-    w = weight.flatten(1)
-    if a.is_cuda and not kc.is_compiling():
+    if _HAS_TRITON and not kc.is_compiling():
         # Eager: call the implementation directly; the dispatcher round trip to a Python
-        # kernel is several microseconds of host time per call.
-        return _impl_cuda(a, w, bias)
-    # torch.compile sees one opaque op with a fake-tensor rule.
-    out: torch.Tensor = _OP(a, w, bias)
+        # kernel is several microseconds of host time per call. (The interpreter takes this
+        # path too, so the CPU tests cover it.)
+        return _cached_call(x, weight, bias)
+    # torch.compile sees one opaque op with a fake-tensor rule. flatten(1), not
+    # reshape(L, -1): the latter is ambiguous for an empty batch.
+    out: torch.Tensor = _OP(x.flatten(1), weight.flatten(1), bias)
     return out

@@ -99,10 +99,14 @@ def _count(launchers: Any) -> list[Any]:
     return counted
 
 
-def _gemm() -> Any:
+def _gemm(tiles: str = "gfx942") -> Any:
+    """The gemm template with the tiles of ``tiles``: gfx942's are the pointer kernel ROCm
+    runs; "shipped" is this GPU's own (the descriptor kernel on an H100/H200)."""
     module = load_template("patch_embed_gemm", interpret=False)
-    portable = module.CONFIG.shipped_config("gfx942", ("any", "f16"))
-    os.environ[module.CONFIG_ENV] = json.dumps(portable)  # the pointer kernel ROCm runs
+    if tiles == "shipped":
+        return module
+    portable = module.CONFIG.shipped_config(tiles, ("any", "f16"))
+    os.environ[module.CONFIG_ENV] = json.dumps(portable)
     try:
         module._plan_for(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16)
     finally:
@@ -122,13 +126,19 @@ def triton_only(module: Any) -> Iterator[None]:
         module.kc._launch_path[:] = saved
 
 
-@pytest.mark.parametrize("m", [1, 7, 64, 1000, 5476])
+@pytest.mark.parametrize(
+    ("tiles", "m"),
+    [*(("gfx942", m) for m in (1, 7, 64, 1000, 5476)), ("shipped", 7), ("shipped", 5476)],
+)
 @pytest.mark.parametrize("misaligned", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-def test_direct_launches_match_triton_launches(m: int, misaligned: bool, bias: bool) -> None:
+def test_direct_launches_match_triton_launches(
+    tiles: str, m: int, misaligned: bool, bias: bool
+) -> None:
     """The cached launcher gives the bytes Triton's own launch gives, for every M and
-    alignment, on every call after the first; a weight changed in place is read."""
-    direct, plain = _gemm(), _gemm()
+    alignment, on every call after the first; a weight changed in place is read. The
+    shipped tiles take the descriptor kernel where x is 16-byte aligned."""
+    direct, plain = _gemm(tiles), _gemm(tiles)
     counted: list[Any] = []
     gen = torch.Generator(device="cuda").manual_seed(m)
     weight = torch.randn(1280, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -140,13 +150,14 @@ def test_direct_launches_match_triton_launches(m: int, misaligned: bool, bias: b
             with torch.no_grad():
                 weight.mul_(-0.5)
         got = direct.triton_conv3d_patchify(x, weight, b)
-        counted += _count(launcher for launcher, _sizes in direct._launches.values())
+        counted += _count(call.launcher for call in direct._calls.values())
         with triton_only(plain):
             want = plain.triton_conv3d_patchify(x, weight, b)
         assert torch.equal(got, want), (m, misaligned, bias, step)
     # One launch for every call: the first through kernel[grid], the rest direct.
-    assert len(direct._launches) == 1 and len(counted) == 1
-    assert counted[0].kernel.runs == 0 and counted[0].compiled is not None
+    # (The weight update of step 2 is a new key: a second entry, its own first launch.)
+    assert len(direct._calls) == 2 and len(counted) == 2
+    assert all(c.kernel.runs == 0 and c.compiled is not None for c in counted)
 
 
 def test_direct_launches_pick_the_kernel_triton_picks() -> None:
@@ -154,11 +165,12 @@ def test_direct_launches_pick_the_kernel_triton_picks() -> None:
     weight = torch.randn(1280, 1176, device="cuda", dtype=torch.bfloat16)
     for m in (1, 16, 17, 5476):
         a = torch.randn(m, 1176, device="cuda", dtype=torch.bfloat16)
-        module.patchify_gemm(a, weight)
-        module.patchify_gemm(a, weight)
+        module._cached_call(a, weight, None)
+        module._cached_call(a, weight, None)
     plan = module._plan_for(a.device, a.dtype)
-    for key, (launcher, _sizes) in module._launches.items():
-        m = key[1][0]
+    for key, call in module._calls.items():
+        launcher = call.launcher
+        m = key[0][0]
         a = torch.randn(m, 1176, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, 1280, device="cuda", dtype=torch.bfloat16)
         kernel, grid, args, kwargs = module.prepare_launch(a, module._packed_weight(weight), None,
@@ -166,8 +178,9 @@ def test_direct_launches_pick_the_kernel_triton_picks() -> None:
         assert kernel[grid](*args, **kwargs) is launcher.compiled, m
 
 
-def test_direct_launches_replay_in_a_cuda_graph() -> None:
-    module = _gemm()
+@pytest.mark.parametrize("tiles", ["gfx942", "shipped"])
+def test_direct_launches_replay_in_a_cuda_graph(tiles: str) -> None:
+    module = _gemm(tiles)
     weight = torch.randn(1280, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(1024, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16)
     module.triton_conv3d_patchify(x, weight)  # the first call compiles; the next are direct

@@ -211,6 +211,43 @@ def test_weight_modified_in_place_is_seen(mods: dict[str, ModuleType]) -> None:
         assert _rel_err(second, _reference(x, w, b)) < 1e-5, scheme
 
 
+def test_gemm_repeat_calls_reuse_one_prepared_launch(gemm: ModuleType) -> None:
+    """Eager calls keep one prepared launch per key (bench/eager_host.py's host-cost cut):
+    a repeat call gives the bytes a fresh launch gives, and everything the key leaves out of
+    the entry (in-place weight updates, alignment, layouts that need a copy) is still seen."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(24, 3, 2, 4, 4, generator=gen)
+    bias_store = torch.randn(48, generator=gen)
+    bias = bias_store[:24]
+
+    def fresh(m: int, offset: int = 0) -> torch.Tensor:
+        flat = torch.randn(m * 96 + offset, generator=gen)
+        return flat[offset:].view(m, 3, 2, 4, 4)
+
+    def check(x: torch.Tensor, b: torch.Tensor | None) -> None:
+        got = gemm.triton_conv3d_patchify(x, w, b)
+        uncached = gemm.patchify_gemm(x.reshape(x.shape[0], -1), w.reshape(24, -1), b)
+        assert torch.equal(got, uncached)
+        assert _rel_err(got, _reference(x, w, b)) < 1e-5
+
+    with torch.no_grad():
+        for _ in range(3):
+            check(fresh(5), bias)
+        check(fresh(5), None)
+        assert len(gemm._calls) == 2  # one per key: with and without bias
+        w.mul_(-0.5)  # a new version: a new key, a fresh packed copy
+        check(fresh(5), bias)
+        check(fresh(5, offset=1), bias)  # 4 bytes off: Triton specialises on alignment
+        assert len(gemm._calls) == 4
+        # A layout whose flatten is a copy runs, but is never kept: the entry would read x.
+        check(fresh(5).transpose(3, 4), bias)
+        # A strided bias is made contiguous per call (the kernel reads bias_ptr + n).
+        check(fresh(5), bias_store[::2])
+        assert len(gemm._calls) == 4
+    gemm.clear_config_cache()
+    assert not gemm._calls
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemm_packs_weight_rows_to_128_bytes(gemm: ModuleType, dtype: torch.dtype) -> None:
     # K = 1176 rows are 2352 bytes; the kernel must run on a cached copy whose rows start on
