@@ -226,12 +226,20 @@ def test_triton_plan_cache(tri: ModuleType, monkeypatch: pytest.MonkeyPatch) -> 
                 w.mul_(0.5)
             _check(tri.dilated_conv2d(x, w, 2, 2), _ref(x, w.detach(), 2, 2), torch.float32)
         assert len(tri._PLANS) == 3  # the weight update (new version) and the new shape
+        # The environment is read when a key is first seen, and again after a clear.
         monkeypatch.setenv("ROCMFIX_DILATED_CONV_CONFIG", json.dumps({**TEST_CFG, "nhwc": 0}))
         x = torch.randn(2, 8, 7, 9)
         _check(tri.dilated_conv2d(x, w, 2, 2), _ref(x, w.detach(), 2, 2), torch.float32)
-    assert len(tri._PLANS) == 4
-    tri.clear_config_cache()
-    assert not tri._PLANS
+        assert len(tri._PLANS) == 3
+        assert all(plan[0].kwargs["NHWC"] for plan in tri._PLANS.values())
+        tri.clear_config_cache()
+        assert not tri._PLANS
+        _check(tri.dilated_conv2d(x, w, 2, 2), _ref(x, w.detach(), 2, 2), torch.float32)
+        ((launcher, to_channels_last, *_),) = tri._PLANS.values()
+        assert launcher.kwargs["NHWC"] is False and not to_channels_last
+        # A list is no key: such calls run, uncached.
+        _check(tri.dilated_conv2d(x, w, 2, [2, 2]), _ref(x, w.detach(), 2, 2), torch.float32)
+        assert len(tri._PLANS) == 1
 
 
 def test_triton_missing_falls_back_with_one_warning() -> None:
