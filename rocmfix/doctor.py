@@ -30,6 +30,9 @@ WORTH = 1.2
 DEFAULT_TIME_LIMIT_S = 10.0
 # A Triton item's first call compiles the kernel; that is not the hang the limit is for.
 TRITON_LIMIT_S = 180.0
+# Eager time over this many times the kernel's: the call waits on the host, not the GPU
+# (back-to-back calls overlap host and GPU, so a GPU-bound call's ratio is near 1).
+LAUNCH_BOUND = 1.25
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,10 @@ class Measurement:
     impl: str
     status: str
     first_ms: float | None = None
+    # Eager: back-to-back Python calls, as MinerU makes them. What doctor's advice compares.
     ms: float | None = None
+    # The kernel alone (CUDA-graph replay, no host cost); None where a graph cannot record it.
+    kernel_ms: float | None = None
     rel_err: float | None = None
     tolerance: float | None = None
     config: Mapping[str, Any] | None = None
@@ -52,6 +58,13 @@ class Measurement:
     @property
     def checked(self) -> bool:
         return self.impl != "native"
+
+    @property
+    def launch_bound(self) -> bool:
+        """The host's per-call cost, not the kernel, sets the eager time."""
+        if self.status != "ok" or not self.ms or not self.kernel_ms:
+            return False
+        return self.ms > LAUNCH_BOUND * self.kernel_ms
 
     @property
     def failed(self) -> bool:
@@ -272,6 +285,7 @@ def _measurement(
         status=str(event.get("status", "error")),
         first_ms=event.get("first_ms"),
         ms=event.get("ms"),
+        kernel_ms=event.get("kernel_ms"),
         rel_err=event.get("rel_err"),
         tolerance=event.get("tolerance"),
         config=event.get("config"),

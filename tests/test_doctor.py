@@ -320,3 +320,28 @@ class _Device:
     def __init__(self, torch: str, triton: str) -> None:
         self.torch = torch
         self.triton = triton
+
+
+def test_eager_and_kernel_times_side_by_side_and_launch_bound_marked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The advice follows the eager time (what MinerU gets), even where a scheme's kernel
+    alone is faster: a launch-bound call is marked, and the JSON says so."""
+    from rocmfix.render.doctor import doctor_document, doctor_table
+
+    env = _env(hip="7.1")
+    items = _embed({"status": "ok", "ms": 0.05, "kernel_ms": 0.045}, gemm_ms=0.04, linear_ms=0.06)
+    items["patch-embed/gemm"]["kernel_ms"] = 0.01  # host-bound: 4x its kernel
+    items["patch-embed/linear"]["kernel_ms"] = 0.055
+    report = _report(env, {}, items)
+    op = report.ops[0]
+    assert op.recommended == "gemm"  # 40 us eager beats 60 us, whatever the kernels
+    by_impl = {m.impl: m for m in (op.cases[0].native, *op.cases[0].schemes)}
+    assert by_impl["gemm"].launch_bound and not by_impl["linear"].launch_bound
+    assert not by_impl["native"].launch_bound and not by_impl["direct"].launch_bound
+    doctor_table(report)
+    text = capsys.readouterr().out
+    assert "10.0 µs*" in text and "55.0 µs*" not in text and "* launch-bound" in text
+    rows = doctor_document(report)["ops"][0]["cases"][0]
+    gemm = next(m for m in rows["schemes"] if m["impl"] == "gemm")
+    assert gemm["kernel_ms"] == 0.01 and gemm["launch_bound"] is True

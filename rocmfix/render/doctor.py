@@ -131,7 +131,7 @@ def doctor_table(report: doctor.DoctorReport) -> None:
     patches_block(console, report.status)
     console.print()
     table = Table(show_edge=False, pad_edge=False)
-    for name in ("op", "case", "implementation", "first call", "median", "vs native"):
+    for name in ("op", "case", "implementation", "first call", "eager", "kernel", "vs native"):
         table.add_column(name, no_wrap=True, justify="right" if name != "op" else "left")
     table.columns[1].justify = table.columns[2].justify = "left"
     table.add_column("rel err", no_wrap=True, justify="right")
@@ -146,12 +146,19 @@ def doctor_table(report: doctor.DoctorReport) -> None:
                     _impl_label(report, op.op, m.impl),
                     duration(m.first_ms),
                     duration(m.ms if result.timed else None),
+                    _kernel_time(m, result.timed),
                     "-" if ratio is None else f"{ratio:.1f}x",
                     _err_text(m.rel_err),
                     _check(m),
                 )
         table.add_section()
     console.print(table)
+    if any(m.launch_bound for op in report.ops for r in op.cases for m in (r.native, *r.schemes)):
+        console.print(
+            f"* launch-bound: the eager time per call is over {doctor.LAUNCH_BOUND:g}x the "
+            "kernel's, so the host's per-call cost sets it. Eager times decide the advice: "
+            "they are what MinerU gets."
+        )
     _compiled_block(console, report)
     for op in report.ops:
         console.print(f"[bold]{escape(op.op.title)}[/]")
@@ -167,12 +174,20 @@ def doctor_table(report: doctor.DoctorReport) -> None:
     failures(report.failures, report.worker_log)
 
 
+def _kernel_time(m: doctor.Measurement, timed: bool) -> str:
+    if not timed:
+        return duration(None)
+    return duration(m.kernel_ms) + ("*" if m.launch_bound else "")
+
+
 def _measurement_json(m: doctor.Measurement, result: doctor.CaseResult) -> dict[str, Any]:
     return {
         "impl": m.impl,
         "status": m.status,
         "first_ms": m.first_ms,
         "ms": m.ms,
+        "kernel_ms": m.kernel_ms,
+        "launch_bound": m.launch_bound,
         "speedup": result.speedup(m) if m.checked else None,
         "rel_err": m.rel_err,
         "tolerance": m.tolerance,
