@@ -348,7 +348,7 @@ def run_sweep(
         if time.time() - t_start > SWEEP_BUDGET_S:
             print(f"  sweep budget of {SWEEP_BUDGET_S}s spent: skipping {cfg_name(cfg)}")
             continue
-        full = dict(gemm.PATCH_EMBED_CONFIGS["default"])
+        full = dict(gemm.PATCH_EMBED_CONFIGS["default"]["any"])
         full.update(cfg)
         row: dict[str, Any] = {"config": full, "name": cfg_name(full)}
         t0 = time.time()
@@ -765,7 +765,7 @@ def main() -> int:
 
     extra: list[tuple[str, dict]] = []
     for text in args.config:
-        cfg = {**gemm.PATCH_EMBED_CONFIGS["default"], **json.loads(text)}
+        cfg = {**gemm.PATCH_EMBED_CONFIGS["default"]["any"], **json.loads(text)}
         extra.append((f"[{cfg_name(cfg)}]", cfg))
     if args.sweep:
         print("== sweep", flush=True)
