@@ -234,3 +234,23 @@ def test_grids_follow_the_gpu() -> None:
     packed = config_text({**shipped, "pack_weight": True})
     unpacked = config_text({**shipped, "pack_weight": False})
     assert "unpacked" in unpacked and "unpacked" not in packed
+
+
+def test_a_winner_must_be_faster_for_users_and_no_slower_as_a_kernel() -> None:
+    """Candidates rank by eager time through the patched entry point (what MinerU gets);
+    where the host's launch cost sets that time, tiles tie and noise would pick one, so a
+    winner's kernel (graph replay) must be no slower than the shipped one's either."""
+    from rocmfix import tune as tune_mod
+
+    def event(eager: float, kernel: float) -> dict[str, Any]:
+        shipped = {"config": {"BLOCK_M": 64}, "role": "shipped", "status": "ok", "ms": 0.050,
+                   "kernel_ms": 0.030}  # fmt: skip
+        other = {"config": {"BLOCK_M": 128}, "role": "grid", "status": "ok", "ms": eager,
+                 "kernel_ms": kernel}  # fmt: skip
+        return {"id": "t", "status": "ok", "method": "user", "candidates": [shipped, other]}
+
+    assert tune_mod._result(event(0.040, 0.029), 0.03).tuned
+    slower_kernel = tune_mod._result(event(0.040, 0.040), 0.03)
+    assert not slower_kernel.tuned and slower_kernel.best is not None
+    assert slower_kernel.best.config == {"BLOCK_M": 64}
+    assert not tune_mod._result(event(0.049, 0.010), 0.03).tuned  # under 3% for users

@@ -53,6 +53,11 @@ class Kernel:
     def calls(self, config: dict[str, Any]) -> list[Callable[[], Any]]:
         raise NotImplementedError
 
+    def user_calls(self) -> list[Callable[[], Any]]:
+        """The calls the patched model makes, through the template's entry point and its
+        own config resolution (tune installs each candidate as the config it resolves)."""
+        raise NotImplementedError
+
     def check(self, config: dict[str, Any]) -> float:
         raise NotImplementedError
 

@@ -92,6 +92,10 @@ class Kernel(base.Kernel):
         m = self.module
         return [lambda: m.patchify_gemm(self.a, self.w, None, config=config, out=self.out)]
 
+    def user_calls(self) -> list[Callable[[], Any]]:
+        m = self.module
+        return [lambda: m.triton_conv3d_patchify(self.a, self.w, None)]
+
     def check(self, config: dict[str, Any]) -> float:
         self.out.fill_(float("nan"))
         out = self.module.patchify_gemm(self.a, self.w, None, config=config, out=self.out)
