@@ -194,6 +194,47 @@ def alternating(
     return times
 
 
+def in_context_host(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    impls: dict[str, Callable[..., torch.Tensor] | None],
+    forwards: int = 30,
+) -> dict[str, dict[str, float]]:
+    """Median host µs of one ``DilatedBlock.dilated_conv`` call (conv, BN and act) inside the
+    whole forward, per variant and for d = 1 and d > 1: a call among 500 others runs with
+    cold caches, which a back-to-back micro-benchmark (bench/eager_host.py) does not see."""
+    from doclayout_yolo.nn.modules.g2l_crm import DilatedBlock
+
+    result = {}
+    with torch.inference_mode():
+        for name, impl in impls.items():
+            with patched(impl):
+                inner = DilatedBlock.dilated_conv
+                samples: dict[str, list[float]] = {"d=1": [], "d>1": []}
+
+                def timed(self: Any, x: torch.Tensor, d: int, inner: Any = inner,
+                          samples: dict[str, list[float]] = samples) -> torch.Tensor:  # fmt: skip
+                    start = time.perf_counter()
+                    y = inner(self, x, d)
+                    samples["d=1" if d == 1 else "d>1"].append(time.perf_counter() - start)
+                    return y
+
+                DilatedBlock.dilated_conv = timed
+                try:
+                    for _ in range(5):
+                        model(x)
+                    torch.cuda.synchronize()
+                    for values in samples.values():
+                        values.clear()
+                    for _ in range(forwards):
+                        model(x)
+                    torch.cuda.synchronize()
+                finally:
+                    DilatedBlock.dilated_conv = inner
+            result[name] = {k: statistics.median(v) * 1e6 for k, v in samples.items() if v}
+    return result
+
+
 def graph_forward_ms(model: torch.nn.Module, x: torch.Tensor, reps: int = 20) -> float | None:
     """GPU time of one forward: the whole forward captured in a CUDA graph and replayed."""
     try:
@@ -281,6 +322,14 @@ def alternate_report(
             + " |"
         )  # fmt: skip
         print(lines[-1], flush=True)
+    if args.in_context:
+        x = torch.rand(1, 3, h, w, generator=g).to("cuda")
+        host = in_context_host(model, x, impls)
+        lines += ["", "Host µs per `DilatedBlock.dilated_conv` call inside the batch-1 forward "
+                  "(conv, BN, act; median of 30 forwards):", "",
+                  "| variant | d = 1 | d > 1 |", "|---|---:|---:|"]  # fmt: skip
+        for name, row in host.items():
+            lines.append(f"| {name} | {row.get('d=1', 0):.1f} | {row.get('d>1', 0):.1f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     (args.out / "doclayout_alternating.md").write_text(text)
@@ -299,6 +348,11 @@ def main() -> None:
         type=int,
         metavar="ROUNDS",
         help="only the eager whole-forward table from ROUNDS alternating rounds (GPU)",
+    )
+    ap.add_argument(
+        "--in-context",
+        action="store_true",
+        help="with --alternate: also each variant's host time per dilated call in the forward",
     )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
