@@ -722,7 +722,7 @@ def dilated_conv2d(
         return F.conv2d(x, weight, None, 1, padding, dilation)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         raise RuntimeError(_NO_BACKWARD_MSG)
-    device = x.get_device() if x.is_cuda else None
+    device = kc.device_index(x)
     if config:  # explicit configs (tests, `rocmfix tune`) skip the plan cache
         cfg = _explicit(x, c, co, max(kh, kw), config)
         kernel, grid, args, kwargs, out = prepare_launch(x, weight, dilation, (pad_h, pad_w), cfg)
@@ -761,11 +761,7 @@ def _plan_key(
     ):
         return None
     return (
-        x.shape,
-        x.stride(),
-        x.dtype,
-        x.get_device(),
-        x.data_ptr() % 16,
+        kc.layout_key(x),
         id(weight),
         weight.data_ptr(),
         version,

@@ -482,16 +482,12 @@ def _launch(
     later call with the same key (see :func:`_call_key`) repeats with its own tensors."""
     kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
     # Alignment is part of every key that keeps a Launcher, so it checks none per call.
-    launcher = kc.Launcher(kernel, grid, kwargs, volatile=(), device=_device_index(a))
+    launcher = kc.Launcher(kernel, grid, kwargs, volatile=(), device=kc.device_index(a))
     if not keep:
         launcher.launch_once(*args)
         return None
     launcher(*args)  # a config that does not fit raises here, before anything is kept
     return launcher, args
-
-
-def _device_index(t: torch.Tensor) -> int | None:
-    return t.get_device() if t.is_cuda else None
 
 
 if TensorDescriptor is not None and not hasattr(TensorDescriptor, "__slots__"):
@@ -551,11 +547,7 @@ def _call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     except RuntimeError:  # an inference tensor: no counter, and it is used unpacked
         version = None
     return (
-        x.shape,
-        x.stride(),
-        x.dtype,
-        x.get_device(),
-        x.data_ptr() % 16,
+        kc.layout_key(x),
         weight.data_ptr(),
         version,
         weight.shape,

@@ -428,6 +428,18 @@ def _direct_launch_path() -> Any:
     return _launch_path[0]
 
 
+def layout_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """What Triton specialises on for a tensor argument, and what a launch prepared for it
+    depends on, but its address: shape, strides, dtype, device and 16-byte alignment."""
+    return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16)
+
+
+def device_index(t: torch.Tensor) -> int | None:
+    """The GPU ``t`` is on, for :class:`Launcher`; None for a CPU tensor (the interpreter)."""
+    index = t.get_device()
+    return index if index >= 0 else None
+
+
 def _no_hooks(chain: Any) -> bool:
     # Triton >= 3.5 keeps launch hooks in a HookChain, empty unless a profiler added one.
     return chain is None or (type(chain).__name__ == "HookChain" and not chain.calls)
