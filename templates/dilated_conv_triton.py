@@ -390,10 +390,31 @@ def _arch_has_tf32(arch: str) -> bool:
     return False
 
 
+def _conv_precision_reader() -> Any:
+    """torch >= 2.9's getter behind ``torch.backends.cudnn.conv.fp32_precision``, bound to its
+    scope: the attribute goes through a failed lookup and ``__getattr__`` first, ~1 us of
+    host time on every call that asks (every fp32 call, as cuDNN asks too). None elsewhere."""
+    try:
+        getter = torch._C._get_fp32_precision_getter  # type: ignore[attr-defined]
+        scope = torch.backends.cudnn.conv  # type: ignore[attr-defined]
+        backend, op = scope.backend, scope.op
+        if getter(backend, op) != scope.fp32_precision:
+            return None
+    except Exception:  # noqa: BLE001  # torch < 2.9, or laid out otherwise
+        return None
+    return lambda: getter(backend, op)
+
+
+_read_conv_precision = _conv_precision_reader()
+
+
 def torch_allows_tf32() -> bool:
     """Whether torch lets cuDNN/MIOpen convolutions use TF32 for fp32 (torch's default: yes)."""
     try:
-        prec = torch.backends.cudnn.conv.fp32_precision  # type: ignore[attr-defined]  # torch >= 2.9
+        if _read_conv_precision is not None:
+            prec = _read_conv_precision()
+        else:
+            prec = torch.backends.cudnn.conv.fp32_precision  # type: ignore[attr-defined]  # torch >= 2.9
         if prec == "none":  # inherit from the parent scopes
             prec = getattr(torch.backends.cudnn, "fp32_precision", "none")
             if prec == "none":

@@ -421,7 +421,9 @@ def test_config_bad_env_and_precision(tri: ModuleType, monkeypatch: pytest.Monke
     assert cfg == shipped
     monkeypatch.delenv("ROCMFIX_DILATED_CONV_CONFIG")
 
-    # fp32 follows torch's cuDNN TF32 switch, and only where the arch has TF32.
+    # fp32 follows torch's cuDNN TF32 switch, and only where the arch has TF32. (torch >= 2.9
+    # has the switch's getter, which the template reads directly: every fp32 call asks.)
+    assert tri._read_conv_precision is not None, torch.__version__
     prec = torch.backends.cudnn.conv.fp32_precision
     try:
         torch.backends.cudnn.conv.fp32_precision = "tf32"
