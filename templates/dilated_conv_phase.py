@@ -79,12 +79,28 @@ def dilated_conv2d(
     f_w, b_w, l_w, q_w, ow = _phase_geometry(w, pad_w, d, kw)
     if f_h or b_h or f_w or b_w:
         x = F.pad(x, (f_w, b_w, f_h, b_h))
-    # [N, C, Lh*d, Lw*d] -> [d(a), d(b), N, C, Lh, Lw] -> batch of d*d*N phase images (one copy).
+    # Each torch call costs host time, and DocLayout-YOLO's batch-1 forward is launch-bound:
+    # a strided view, a copy and a view each way (reshape of a view it cannot keep costs
+    # twice contiguous() on the host; a reshape/permute/reshape chain more).
+    # Phase (a, b) holds x[n, c, i*d + a, j*d + b]: [d(a), d(b), N, C, Lh, Lw], then one copy
+    # into a batch of d*d*N phase images.
+    sn, sc, sh, sw = x.stride()
     phases = (
-        x.reshape(n, c, l_h, d, l_w, d).permute(3, 5, 0, 1, 2, 4).reshape(d * d * n, c, l_h, l_w)
+        x.as_strided((d, d, n, c, l_h, l_w), (sh, sw, sn, sc, sh * d, sw * d), x.storage_offset())
+        .contiguous()
+        .view(d * d * n, c, l_h, l_w)
     )
     y = F.conv2d(phases, weight, None, 1, (q_h, q_w), 1)
-    ph, pw = y.shape[-2:]
-    # Phase (a, b) output i, j lands at row i*d + a, column j*d + b.
-    y = y.reshape(d, d, n, co, ph, pw).permute(2, 3, 4, 0, 5, 1).reshape(n, co, ph * d, pw * d)
+    _, _, ph, pw = y.shape
+    # Phase (a, b)'s output (i, j) lands at row i*d + a, column j*d + b.
+    yn, yc, yh, yw = y.stride()
+    y = (
+        y.as_strided(
+            (n, co, ph, d, pw, d), (yn, yc, yh, d * n * yn, yw, n * yn), y.storage_offset()
+        )
+        .contiguous()
+        .view(n, co, ph * d, pw * d)
+    )
+    if oh == ph * d and ow == pw * d:
+        return y
     return y[:, :, :oh, :ow]
