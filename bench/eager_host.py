@@ -15,8 +15,9 @@ Rows:
   ``triton_conv3d_patchify`` as shipped for this GPU and with the portable pointer tiles that
   ROCm runs (``gfx942``), and, for that last, Triton's ``kernel[grid]`` and the compiled launcher
   with the arguments already prepared (what the template's own code adds is the rest);
-* dilated conv (fp32 with TF32, as MinerU runs DocLayout-YOLO): ``F.conv2d`` and the
-  dropped-in ``dilated_conv2d`` at a tiny size and at MinerU's batch-1 sizes.
+* dilated conv (fp32 with TF32, as MinerU runs DocLayout-YOLO): ``F.conv2d``, the
+  dropped-in Triton ``dilated_conv2d`` and the phase split (the ``linear`` scheme) at a tiny
+  size and at MinerU's batch-1 sizes.
 
     python bench/eager_host.py [--bursts 21] [--calls 50]
 
@@ -188,6 +189,7 @@ def patch_embed(bursts: int, calls: int) -> list[dict[str, Any]]:
 def dilated(bursts: int, calls: int) -> list[dict[str, Any]]:
     rows = []
     module = _load.template("dilated_conv_triton")
+    phase = _load.template("dilated_conv_phase")
     for label, c, k, h, w, d in DILATED:
         x = torch.randn(1, c, h, w, device="cuda")
         weight = torch.randn(c, c, k, k, device="cuda")
@@ -195,6 +197,7 @@ def dilated(bursts: int, calls: int) -> list[dict[str, Any]]:
         fns = [
             ("F.conv2d (cuDNN)", partial(F.conv2d, x, weight, None, 1, pad, d)),
             ("dilated_conv2d (dropped in)", partial(module.dilated_conv2d, x, weight, d, pad)),
+            ("phase split (`linear`, no Triton)", partial(phase.dilated_conv2d, x, weight, d, pad)),
         ]
         rows += group(label, fns, bursts, calls)
     return rows
