@@ -100,7 +100,7 @@ def compiled_launcher(
     the templates' Launcher adopts it, and its per-call checks are left out here (the floor).
     None where this Triton's launch path is not the one the Launcher knows."""
     kc = _load.template("rocmfix_kernel_config")
-    launcher = kc.Launcher(kernel, grid, kwargs, volatile=())
+    launcher = kc.Launcher(kernel, grid, kwargs)
     launcher(*args)
     compiled = launcher.compiled
     if compiled is None:

@@ -481,8 +481,7 @@ def _launch(
     """Launch one call; with ``keep``, return the Launcher and arguments it used, which a
     later call with the same key (see :func:`_call_key`) repeats with its own tensors."""
     kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
-    # Alignment is part of every key that keeps a Launcher, so it checks none per call.
-    launcher = kc.Launcher(kernel, grid, kwargs, volatile=(), device=kc.device_index(a))
+    launcher = kc.Launcher(kernel, grid, kwargs, device=kc.device_index(a))
     if not keep:
         launcher.launch_once(*args)
         return None

@@ -453,11 +453,10 @@ class Launcher:
     which it ends in (bench/eager_host.py). A Launcher makes its first call through
     ``kernel[grid]`` and keeps the compiled kernel that Triton picked; later calls go straight
     to that kernel's launcher. The caller keeps one Launcher per key that fixes everything
-    Triton specialises on (the dtypes, shapes and strides of the tensors, the integers, the
-    constexprs); the tensors at ``volatile`` positions are new each call and must keep the
-    16-byte alignment they had at the first (checked on every call; a caller whose key holds
-    the alignment passes none). A launch hook or pre-run hook (profilers), another current
-    device, a changed debug setting or a Triton whose launch path is not the known one take
+    Triton specialises on (the dtypes, shapes, strides and 16-byte alignment of the tensors,
+    the integers, the constexprs: see :func:`layout_key`); only the tensors' addresses change
+    between calls. A launch hook or pre-run hook (profilers), another current device, a
+    changed debug setting or a Triton whose launch path is not the known one take
     ``kernel[grid]``, as before.
 
     ``device`` is the index of the GPU the tensors are on: Triton launches on the current
@@ -465,24 +464,21 @@ class Launcher:
     device guard, as torch's own ops switch device for their inputs.
     """
 
-    __slots__ = ("aligned", "compiled", "debug", "device", "grid", "kernel", "kwargs",
-                 "launched_on", "tail", "volatile")  # fmt: skip
+    __slots__ = ("compiled", "debug", "device", "grid", "kernel", "kwargs", "launched_on",
+                 "tail")  # fmt: skip
 
     def __init__(
         self,
         kernel: Any,
         grid: Sequence[int],
         kwargs: Mapping[str, Any],
-        volatile: Sequence[int],
         device: int | None = None,
     ) -> None:
         self.kernel = kernel
         self.grid = (*grid, 1, 1)[:3]
         self.kwargs = dict(kwargs)
-        self.volatile = tuple(volatile)
         self.compiled: Any = None
         self.tail: tuple[Any, ...] = ()
-        self.aligned: tuple[bool, ...] = ()
         # None: the tensors are not on a GPU (the interpreter), or the caller does not say.
         self.device = device
         self.launched_on: Any = None  # the current device when the compiled kernel was adopted
@@ -501,10 +497,6 @@ class Launcher:
                 and runtime.debug == self.debug
                 and getattr(runtime, "add_stages_inspection_hook", None) is None
                 and not getattr(self.kernel, "pre_run_hooks", None)
-                and (
-                    not self.volatile
-                    or tuple(args[i].data_ptr() % 16 == 0 for i in self.volatile) == self.aligned
-                )
             ):
                 compiled.run(
                     *self.grid,
@@ -552,7 +544,6 @@ class Launcher:
             else:
                 return
         self.tail = tuple(tail)
-        self.aligned = tuple(args[i].data_ptr() % 16 == 0 for i in self.volatile)
         self.launched_on = driver.active.get_current_device()
         self.debug = knobs.runtime.debug
         self.compiled = compiled

@@ -94,7 +94,7 @@ def test_the_first_call_goes_through_triton_and_the_rest_straight_to_its_launche
     kc: types.ModuleType,
 ) -> None:
     kernel = Kernel()
-    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True, "num_warps": 4}, (0, 2))
+    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True, "num_warps": 4})
     first, second = _args(), _args(4096)
     launcher(*first)
     launcher(*second)
@@ -108,19 +108,17 @@ def test_the_first_call_goes_through_triton_and_the_rest_straight_to_its_launche
 
 @pytest.mark.parametrize(
     "change",
-    ["misaligned", "enter-hook", "exit-hook", "debug", "device", "pre-run-hook", "unknown-triton"],
+    ["enter-hook", "exit-hook", "debug", "device", "pre-run-hook", "unknown-triton"],
 )
 def test_anything_triton_would_see_otherwise_goes_through_triton(
     kc: types.ModuleType, change: str
 ) -> None:
     kernel = Kernel()
-    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True}, (0, 2))
+    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True})
     launcher(*_args())
     knobs, driver = kc._launch_path[0]
     args = _args()
-    if change == "misaligned":
-        args = _args(1032)  # 8 bytes off: Triton specialises on 16-byte alignment
-    elif change == "enter-hook":
+    if change == "enter-hook":
         knobs.runtime.launch_enter_hook.calls.append(print)
     elif change == "exit-hook":
         knobs.runtime.launch_exit_hook = print
@@ -134,7 +132,7 @@ def test_anything_triton_would_see_otherwise_goes_through_triton(
     if change == "unknown-triton":
         fresh = Kernel()
         kc._launch_path[:] = [None]
-        other = kc.Launcher(fresh, (5,), {"BLOCK": 64, "EVEN": True}, (0, 2))
+        other = kc.Launcher(fresh, (5,), {"BLOCK": 64, "EVEN": True})
         other(*args)
         other(*args)
         assert len(fresh.runs) == 2 and fresh.compiled.calls == []
@@ -146,7 +144,7 @@ def test_parameters_passed_by_keyword_reach_the_launcher_in_signature_order(
     kc: types.ModuleType,
 ) -> None:
     kernel = Kernel()
-    launcher = kc.Launcher(kernel, (5, 2), {"EVEN": False, "n": 9, "BLOCK": 32}, (0,))
+    launcher = kc.Launcher(kernel, (5, 2), {"EVEN": False, "n": 9, "BLOCK": 32})
     args = _args()[:3]
     launcher(*args)
     launcher(*args)
@@ -157,7 +155,7 @@ def test_parameters_passed_by_keyword_reach_the_launcher_in_signature_order(
 
 def test_a_missing_constexpr_is_never_adopted(kc: types.ModuleType) -> None:
     kernel = Kernel()
-    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64}, (0,))  # EVEN has no default
+    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64})  # EVEN has no default
     launcher(*_args())
     assert launcher.compiled is None
 
@@ -200,7 +198,7 @@ def test_a_call_from_another_current_device_launches_on_the_tensors_device(
     monkeypatch.setattr(torch.cuda, "current_device", lambda: driver.active.device)
     monkeypatch.setattr(torch.cuda, "device", guard)
     kernel = Kernel()
-    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True}, (), device=1)
+    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True}, device=1)
     launcher(*_args())
     assert entered == [1] and len(kernel.runs) == 1 and launcher.compiled is None
     driver.active.device = 1

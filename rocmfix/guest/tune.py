@@ -329,7 +329,6 @@ def tune(ctx: Context, info: dict[str, Any]) -> None:
                 except Exception:  # noqa: BLE001 - a backend without graph capture
                     kernel_how = None
             result["method"] = how
-            result["kernel_method"] = kernel_how
             rows = [
                 _candidate(ctx, kernel, target, index, cfg, shipped, current, deadline, hooks,
                            (how, kernel_how), len(configs), compiled[index])
