@@ -2,8 +2,8 @@
 
 Builds the released architecture from the installed ``doclayout-yolo`` package's
 ``yolov10m-doclayout.yaml`` (random weights, fixed seed, eval, fp32), then compares the stock
-forward with ``DilatedBlock.dilated_conv`` monkeypatched (in this process only) to route the conv
-through each template while keeping ``act(bn(...))``:
+forward with ``DilatedBlock.dilated_conv`` monkeypatched (in this process only) to call each
+template as rocmfix's rewrite does (with the block's ``bn`` and ``act``):
 
 * outputs and top-k detections, patched vs stock (strict IEEE fp32 and TF32);
 * ms per forward at 1280x928 (an A4 page letterboxed by MinerU), batch 1 and 4;
@@ -61,7 +61,8 @@ def build_model(device: str, nc: int = 10, seed: int = 0) -> torch.nn.Module:
 
 @contextlib.contextmanager
 def patched(impl: Callable[..., torch.Tensor] | None) -> Iterator[None]:
-    """Route DilatedBlock.dilated_conv's conv through ``impl`` (GPU inputs), keeping act(bn())."""
+    """Route DilatedBlock.dilated_conv through ``impl`` (GPU inputs) as rocmfix's rewrite does:
+    ``impl(x, weight, dilation, padding, bn=bn, act=act)``."""
     from doclayout_yolo.nn.modules.g2l_crm import DilatedBlock
 
     original = DilatedBlock.dilated_conv
@@ -75,10 +76,8 @@ def patched(impl: Callable[..., torch.Tensor] | None) -> Iterator[None]:
         weight = self.dcv.conv.weight
         padding = dilation * (self.k // 2)
         if x.is_cuda or impl_on_cpu:
-            y = impl(x, weight, dilation, padding)
-        else:
-            y = F.conv2d(x, weight, stride=1, padding=padding, dilation=dilation)
-        return act(bn(y))
+            return impl(x, weight, dilation, padding, bn=bn, act=act)
+        return act(bn(F.conv2d(x, weight, stride=1, padding=padding, dilation=dilation)))
 
     impl_on_cpu = getattr(impl, "__module__", "").endswith("dilated_conv_phase")
     DilatedBlock.dilated_conv = dilated_conv
@@ -86,6 +85,12 @@ def patched(impl: Callable[..., torch.Tensor] | None) -> Iterator[None]:
         yield
     finally:
         DilatedBlock.dilated_conv = original
+
+
+def _stock_line(
+    x: torch.Tensor, weight: torch.Tensor, dilation: int, padding: int, *, bn: Any, act: Any
+) -> torch.Tensor:
+    return act(bn(F.conv2d(x, weight, None, 1, padding, dilation)))
 
 
 class ConvSpy(TorchDispatchMode):
@@ -369,6 +374,13 @@ def main() -> None:
     model = build_model(dev, args.nc)
     h, w = args.size
     if args.alternate:
+        # The stock ops through the rewrite's route (what the route alone costs), and the
+        # Triton conv with the modules called after it (what the fused store saves).
+        def unfused(x: Any, w: Any, d: int, p: int, *, bn: Any, act: Any) -> Any:
+            return act(bn(tri.dilated_conv2d(x, w, d, p)))
+
+        impls = {"stock": None, "route": _stock_line, "unfused": unfused,
+                 **{k: impls[k] for k in ("triton", "phase")}}  # fmt: skip
         alternate_report(model, impls, args)
         return
     g = torch.Generator(device="cpu").manual_seed(1)

@@ -17,7 +17,9 @@ Rows:
   with the arguments already prepared (what the template's own code adds is the rest);
 * dilated conv (fp32 with TF32, as MinerU runs DocLayout-YOLO): ``F.conv2d``, the
   dropped-in Triton ``dilated_conv2d`` and the phase split (the ``linear`` scheme) at a tiny
-  size and at MinerU's batch-1 sizes.
+  size and at MinerU's batch-1 sizes; then at those sizes the whole line the rewrite replaces,
+  ``act(bn(conv))`` with an eval BatchNorm and SiLU, against the dropped-in call that takes both
+  modules (the Triton kernel applies them as it stores).
 
     python bench/eager_host.py [--bursts 21] [--calls 50]
 
@@ -190,6 +192,7 @@ def dilated(bursts: int, calls: int) -> list[dict[str, Any]]:
     rows = []
     module = _load.template("dilated_conv_triton")
     phase = _load.template("dilated_conv_phase")
+    act = torch.nn.SiLU()
     for label, c, k, h, w, d in DILATED:
         x = torch.randn(1, c, h, w, device="cuda")
         weight = torch.randn(c, c, k, k, device="cuda")
@@ -200,6 +203,19 @@ def dilated(bursts: int, calls: int) -> list[dict[str, Any]]:
             ("phase split (`linear`, no Triton)", partial(phase.dilated_conv2d, x, weight, d, pad)),
         ]
         rows += group(label, fns, bursts, calls)
+        if label.startswith("tiny"):
+            continue
+        # The whole line the rewrite replaces: act(bn(conv)) with DocLayout-YOLO's modules.
+        bn = torch.nn.BatchNorm2d(c).cuda().eval()
+        fns = [
+            ("F.conv2d, bn, act (the stock line)",
+             lambda x=x, w=weight, d=d, p=pad, bn=bn: act(bn(F.conv2d(x, w, None, 1, p, d)))),
+            ("dilated_conv2d(bn=, act=) (dropped in)",
+             partial(module.dilated_conv2d, x, weight, d, pad, bn=bn, act=act)),
+            ("phase split, bn, act",
+             partial(phase.dilated_conv2d, x, weight, d, pad, bn=bn, act=act)),
+        ]  # fmt: skip
+        rows += group(f"{label} +BN+SiLU", fns, bursts, calls)
     return rows
 
 

@@ -3,9 +3,10 @@
 ``DilatedBlock.dilated_conv`` runs ``act(bn(F.conv2d(x, w, padding=d*(k//2), dilation=d)))``
 with one weight for every dilation. MIOpen has no fast solver for dilation > 1 and falls
 back to a naive kernel (layout at 1.6 it/s instead of 15+ on a 7900 XTX). The rewrite adds a
-guarded import of a dropped module and, for GPU inputs only, calls it inside the same
-``act(bn(...))``: inference keeps BN unfused here because the weight is shared. CPU inputs
-take the stock line, unchanged.
+guarded import of a dropped module and, for GPU inputs only, calls it with the block's ``bn``
+and ``act``: the Triton kernel applies an eval-mode BatchNorm and SiLU as it stores (BN cannot
+be folded into the weight, which every dilation shares; the phase split calls the modules
+after its conv). CPU inputs take the stock line, unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rocmfix.ops import DILATED_CONV
 from rocmfix.patch import Classification, MinerUUse, Patch, Shape, TargetContext
 from rocmfix.rewrite import (
     calls,
+    dotted,
     find_class,
     find_method,
     insert_after_last_import,
@@ -51,6 +53,23 @@ def _kwarg(call: cst.Call, name: str) -> cst.BaseExpression:
     value = kwarg(call, name)
     assert value is not None, name  # _conv_call checked both keywords
     return value
+
+
+def _act_bn(
+    line: cst.SimpleStatementLine, conv: cst.Call
+) -> tuple[cst.Call, cst.BaseExpression, cst.BaseExpression] | None:
+    """(the outer call, act, bn) where ``line`` is ``return act(bn(<conv>))`` with plain names
+    or attributes for act and bn, else None."""
+    ret = line.body[0]
+    outer = ret.value if isinstance(ret, cst.Return) else None
+    if not (isinstance(outer, cst.Call) and len(outer.args) == 1 and not outer.args[0].keyword):
+        return None
+    inner = outer.args[0].value
+    if not (isinstance(inner, cst.Call) and len(inner.args) == 1 and not inner.args[0].keyword):
+        return None
+    if inner.args[0].value is not conv or dotted(outer.func) is None or dotted(inner.func) is None:
+        return None
+    return outer, outer.func, inner.func
 
 
 def classify(module: cst.Module, ctx: TargetContext) -> Classification:
@@ -102,14 +121,22 @@ def transform(module: cst.Module) -> cst.Module:
     assert conv is not None
     x, weight = (a.value for a in conv.args if a.keyword is None)
     code = module.code_for_node
-    replacement = cst.parse_expression(
+    call = (
         f"{LOCAL}({code(x)}, {code(weight)}, {code(_kwarg(conv, 'dilation'))}, "
-        f"{code(_kwarg(conv, 'padding'))})"
+        f"{code(_kwarg(conv, 'padding'))}"
+    )
+    wrapped = _act_bn(original, conv)
+    # `return act(bn(conv))`, as every release writes it: the dropped kernel gets both modules
+    # and runs an eval-mode BatchNorm and SiLU in its store (it calls any other module
+    # itself). Any other line keeps its wrapping and routes the conv alone.
+    target: cst.BaseExpression = wrapped[0] if wrapped else conv
+    replacement = cst.parse_expression(
+        f"{call}, bn={code(wrapped[2])}, act={code(wrapped[1])})" if wrapped else f"{call})"
     )
 
     class _Swap(cst.CSTTransformer):
         def leave_Call(self, old: cst.Call, new: cst.Call) -> cst.BaseExpression:
-            return replacement if old is conv else new
+            return replacement if old is target else new
 
     routed = original.visit(_Swap())
     assert isinstance(routed, cst.SimpleStatementLine)

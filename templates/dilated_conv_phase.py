@@ -1,8 +1,9 @@
 """Dilated conv2d as one dense conv over the input's phases (rocmfix template, no Triton).
 
 rocmfix dropped this file into ``doclayout_yolo/nn/modules/`` as ``g2l_crm_triton.py`` and rewrote
-``DilatedBlock.dilated_conv`` to call :func:`dilated_conv2d` for GPU inputs, keeping the block's
-``act(bn(...))`` around it.  ``rocmfix revert`` removes this file and restores the original method.
+``DilatedBlock.dilated_conv`` to call :func:`dilated_conv2d` for GPU inputs with the block's
+``bn`` and ``act``, which it calls on the conv's output.  ``rocmfix revert`` removes this file
+and restores the original method.
 
 Why: on ROCm, MIOpen has no fast solver for dilation > 1 and falls back to a naive kernel, while
 its dense (dilation 1) kernels are fast.  A conv with dilation ``d`` equals a dense conv over the
@@ -13,6 +14,8 @@ fast dense kernels do the work.  Plain torch ops: works on any device, and autog
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -51,12 +54,25 @@ def dilated_conv2d(
     weight: torch.Tensor,
     dilation: int,
     padding: int | tuple[int, int],
+    *,
+    bn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    act: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``F.conv2d(x, weight, None, stride=1, padding=padding, dilation=dilation)`` computed
-    through a single dilation-1 ``F.conv2d`` over the ``dilation**2`` phases of ``x``.
+    through a single dilation-1 ``F.conv2d`` over the ``dilation**2`` phases of ``x``, then
+    ``act(bn(...))`` where they are given (the block's own modules, called as it calls them).
 
     The result may be a non-contiguous view (a crop of the interleaved phases).
     """
+    y = _conv(x, weight, dilation, padding)
+    if bn is not None:
+        y = bn(y)
+    return y if act is None else act(y)
+
+
+def _conv(
+    x: torch.Tensor, weight: torch.Tensor, dilation: int, padding: int | tuple[int, int]
+) -> torch.Tensor:
     d = dilation
     if isinstance(d, (tuple, list)):
         if len(set(d)) != 1:

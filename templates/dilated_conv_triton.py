@@ -1,12 +1,14 @@
 """Triton dilated conv2d for DocLayout-YOLO's ``DilatedBlock.dilated_conv`` (rocmfix template).
 
 rocmfix dropped this file into ``doclayout_yolo/nn/modules/`` as ``g2l_crm_triton.py`` and rewrote
-``DilatedBlock.dilated_conv`` to call :func:`dilated_conv2d` for GPU inputs, keeping the block's
-``act(bn(...))`` around it.  ``rocmfix revert`` removes this file and restores the original method.
+``DilatedBlock.dilated_conv`` to call :func:`dilated_conv2d` for GPU inputs with the block's
+``bn`` and ``act``, which the kernel applies as it stores (an eval-mode BatchNorm and SiLU; other
+modules are called on its output).  ``rocmfix revert`` removes this file and restores the
+original method.
 
 Why: on ROCm, MIOpen has no fast solver for dilation > 1 and falls back to a naive kernel.  This
 module computes the same thing as ``F.conv2d(x, w, None, stride=1, padding=p, dilation=d)``
-(convolution only: no bias, no BN) with a Triton kernel:
+(then, where the block passes them, its BatchNorm and SiLU) with a Triton kernel:
 
 * the ``dot`` kernel (the default): implicit GEMM.  Output pixels (N*OH*OW) x output channels
   are tiled, the C*KH*KW reduction runs through ``tl.dot`` with an fp32 accumulator, and no
@@ -27,12 +29,17 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from . import rocmfix_kernel_config as kc
+
+if TYPE_CHECKING:
+    # (scale, shift, code): code 1 applies y * scale + shift per output channel, 2 then SiLU.
+    Epilogue = tuple[torch.Tensor, torch.Tensor, int]
 
 try:
     import triton
@@ -159,7 +166,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=_DNS)
     def _dconv_gemm_kernel(
-        x_ptr, w_ptr, y_ptr,
+        x_ptr, w_ptr, y_ptr, s_ptr, t_ptr,
         N, H, W, OH, OW, M,
         sxn, sxc, sxh, sxw,
         pad_h, pad_w, dil,
@@ -168,7 +175,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         X_W_UNIT: tl.constexpr, X_C_UNIT: tl.constexpr,
         DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAPS_INNER: tl.constexpr,
-        NHWC: tl.constexpr, W_KMAJOR: tl.constexpr,
+        NHWC: tl.constexpr, W_KMAJOR: tl.constexpr, EPILOGUE: tl.constexpr,
     ):  # fmt: skip
         # Output-channel tiles of one pixel tile are neighbours in launch order, so they run
         # together and share the input tile through L2.
@@ -239,6 +246,15 @@ if triton is not None:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        if EPILOGUE > 0:
+            # Eval-mode BatchNorm as a per-channel scale and shift, then SiLU (EPILOGUE 2):
+            # the block's act(bn(conv)) in the store instead of two passes over the output.
+            n_ok = offs_n < CO
+            scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
+            shift = tl.load(t_ptr + offs_n, mask=n_ok, other=0.0)
+            acc = acc * scale[None, :] + shift[None, :]
+            if EPILOGUE == 2:
+                acc = acc / (1.0 + tl.exp(-acc))  # builtins only (*): tl.sigmoid is @jit
         y_row = n_idx * (CO * ohw) + pix
         y_ptrs = y_ptr + y_row[:, None] + offs_n[None, :] * ohw
         y_mask = m_ok[:, None] & (offs_n < CO)[None, :]
@@ -246,7 +262,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=_DNS)
     def _dconv_fma_kernel(
-        x_ptr, w_ptr, y_ptr,
+        x_ptr, w_ptr, y_ptr, s_ptr, t_ptr,
         N, H, W, OH, OW, M,
         sxn, sxc, sxh, sxw,
         pad_h, pad_w, dil,
@@ -255,7 +271,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         X_W_UNIT: tl.constexpr, X_C_UNIT: tl.constexpr,
         DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAPS_INNER: tl.constexpr,
-        NHWC: tl.constexpr, W_KMAJOR: tl.constexpr,
+        NHWC: tl.constexpr, W_KMAJOR: tl.constexpr, EPILOGUE: tl.constexpr,
     ):  # fmt: skip
         # Same tiling as the GEMM kernel, but rank-1 fp32 FMA updates instead of tl.dot.
         pid = tl.program_id(0)
@@ -289,6 +305,15 @@ if triton is not None:
                 a = tl.load(a_ptrs + (c if X_C_UNIT else c * sxc), mask=row_ok, other=0.0)
                 b = tl.load(w_ptrs + (c if W_KMAJOR else c * CO_PAD))
                 acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]
+        if EPILOGUE > 0:
+            # Eval-mode BatchNorm as a per-channel scale and shift, then SiLU (EPILOGUE 2):
+            # the block's act(bn(conv)) in the store instead of two passes over the output.
+            n_ok = offs_n < CO
+            scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
+            shift = tl.load(t_ptr + offs_n, mask=n_ok, other=0.0)
+            acc = acc * scale[None, :] + shift[None, :]
+            if EPILOGUE == 2:
+                acc = acc / (1.0 + tl.exp(-acc))  # builtins only (*): tl.sigmoid is @jit
         y_row = n_idx * (CO * ohw) + pix
         y_ptrs = y_ptr + y_row[:, None] + offs_n[None, :] * ohw
         y_mask = m_ok[:, None] & (offs_n < CO)[None, :]
@@ -296,7 +321,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=_DNS)
     def _dconv_gemm_tma_kernel(
-        x_ptr, w_ptr, y_ptr,
+        x_ptr, w_ptr, y_ptr, s_ptr, t_ptr,
         N, H, W, OH, OW, M,
         sxn, sxc, sxh, sxw,
         pad_h, pad_w, dil,
@@ -305,7 +330,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         X_W_UNIT: tl.constexpr, X_C_UNIT: tl.constexpr,
         DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAPS_INNER: tl.constexpr,
-        NHWC: tl.constexpr, W_KMAJOR: tl.constexpr,
+        NHWC: tl.constexpr, W_KMAJOR: tl.constexpr, EPILOGUE: tl.constexpr,
     ):  # fmt: skip
         # Implicit GEMM fed by tensor descriptors (TMA on Hopper) over the channels-last input:
         # a program owns BLOCK_M pixels of one output row, so every (tap, channel block) operand
@@ -353,6 +378,15 @@ if triton is not None:
             acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
         offs_m = ow0 + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if EPILOGUE > 0:
+            # Eval-mode BatchNorm as a per-channel scale and shift, then SiLU (EPILOGUE 2):
+            # the block's act(bn(conv)) in the store instead of two passes over the output.
+            n_ok = offs_n < CO
+            scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
+            shift = tl.load(t_ptr + offs_n, mask=n_ok, other=0.0)
+            acc = acc * scale[None, :] + shift[None, :]
+            if EPILOGUE == 2:
+                acc = acc / (1.0 + tl.exp(-acc))  # builtins only (*): tl.sigmoid is @jit
         ohw = OH * OW
         y_ptrs = y_ptr + (n * (CO * ohw) + oh * OW + offs_m)[:, None] + offs_n[None, :] * ohw
         y_mask = (offs_m < OW)[:, None] & (offs_n < CO)[None, :]
@@ -445,11 +479,12 @@ def shape_class(c_in: int, c_out: int, k: int) -> str:
 
 
 def clear_config_cache() -> None:
-    """Forget the cached tuned file, env parse, resolved configs and launch plans (for
-    ``rocmfix tune``)."""
+    """Forget the cached tuned file, env parse, resolved configs, launch plans and folded
+    BatchNorms (for ``rocmfix tune`` and tests)."""
     CONFIG.clear()
     with _LOCK:
         _PLANS.clear()
+        _FOLDED.clear()
 
 
 def resolve_config(
@@ -571,6 +606,7 @@ def prepare_launch(
     padding: int | tuple[int, int],
     config: dict[str, Any],
     out: torch.Tensor | None = None,
+    epilogue: Epilogue | None = None,
 ) -> tuple[Any, tuple[int], tuple[Any, ...], dict[str, Any], torch.Tensor]:
     """Kernel, grid, positional args, launch kwargs and output for one call (no launch).
 
@@ -598,14 +634,18 @@ def prepare_launch(
         out = torch.empty((n, co, oh, ow), dtype=x.dtype, device=x.device)
     m = n * oh * ow
     sxn, sxc, sxh, sxw = x.stride()
-    args = (x, packed, out, n, h, w, oh, ow, m, sxn, sxc, sxh, sxw, pad_h, pad_w, dilation)
+    # Without an epilogue the scale and shift pointers are never read: the packed weight
+    # stands in, so that every launch passes tensors of one layout there.
+    scale, shift, code = epilogue if epilogue is not None else (packed, packed, 0)
+    args = (x, packed, out, scale, shift,
+            n, h, w, oh, ow, m, sxn, sxc, sxh, sxw, pad_h, pad_w, dilation)  # fmt: skip
     kwargs: dict[str, Any] = dict(
         C=c, CO=co, C_PAD=c_pad, CO_PAD=co_pad, KH=kh, KW=kw,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=max(bk, 16),
         X_W_UNIT=sxw == 1, X_C_UNIT=sxc == 1,
         DOT_PRECISION=config["input_precision"], UPCAST=interp_low,
         TAPS_INNER=bool(config.get("taps_inner", False)), NHWC=nhwc, W_KMAJOR=kmajor,
-        **kc.launch_options(config),
+        EPILOGUE=code, **kc.launch_options(config),
     )  # fmt: skip
     if tma and _tma_ok(x, packed, c):
         _ensure_allocator()
@@ -621,17 +661,23 @@ def prepare(
     dilation: int,
     padding: int | tuple[int, int],
     config: dict[str, Any] | None = None,
+    epilogue: int = 0,
 ) -> tuple[Any, tuple[int], tuple[Any, ...], dict[str, Any]]:
     """What one call of :func:`dilated_conv2d` would launch, from the same config resolution
     and preparation, without launching: rocmfix's ahead-of-time compile check compiles it for
-    GPUs it does not have."""
+    GPUs it does not have. ``epilogue`` 2 is the kernel a block with an eval BatchNorm and
+    SiLU runs (1: BatchNorm alone)."""
     c_out, c_in, kh, kw = weight.shape
     cfg = (
         _explicit(x, c_in, c_out, max(kh, kw), config)
         if config
         else (resolve_config(x.device, c_in, c_out, max(kh, kw), x.dtype))
     )
-    kernel, grid, args, kwargs, _ = prepare_launch(x, weight, dilation, padding, cfg)
+    fold = None
+    if epilogue:
+        zeros = torch.zeros(c_out, dtype=torch.float32, device=x.device)
+        fold = (zeros, zeros, epilogue)
+    kernel, grid, args, kwargs, _ = prepare_launch(x, weight, dilation, padding, cfg, epilogue=fold)
     return kernel, grid, args, kwargs
 
 
@@ -680,34 +726,67 @@ def dilated_conv2d(
     dilation: int,
     padding: int | tuple[int, int],
     *,
+    bn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    act: Callable[[torch.Tensor], torch.Tensor] | None = None,
     config: dict[str, Any] | None = None,
 ) -> torch.Tensor:
-    """``F.conv2d(x, weight, None, stride=1, padding=padding, dilation=dilation)``.
+    """``F.conv2d(x, weight, None, stride=1, padding=padding, dilation=dilation)``, then
+    ``act(bn(...))`` where they are given (the block's own modules).
 
     Runs the Triton kernel for fp32/fp16/bf16 GPU tensors (CPU tensors only under
-    ``TRITON_INTERPRET=1``) at dilation > 1, and ``F.conv2d`` otherwise.  ``config``
+    ``TRITON_INTERPRET=1``) at dilation > 1, and ``F.conv2d`` otherwise.  An eval-mode
+    ``nn.BatchNorm2d`` and an ``nn.SiLU`` or ``nn.Identity`` without hooks run in the kernel's
+    store; any other module is called on the output, as the block would call it.  ``config``
     overrides the resolved launch config field by field (``rocmfix tune`` uses it); it is not
     validated against the hardware.  Output is NCHW-contiguous.
     """
+    epilogue = None
     if dilation == 1 and config is None:
         # A dense conv: the vendor libraries run it fast (MIOpen leaves out its GEMM solvers
         # only for dilation > 1), and DocLayout-YOLO's blocks make a third of their calls at
         # d = 1. Explicit configs (tests, tune) still run the kernel.
-        return F.conv2d(x, weight, None, 1, padding, 1)
+        y = F.conv2d(x, weight, None, 1, padding, 1)
+    else:
+        if bn is not None:
+            epilogue = _epilogue(bn, act)
+        out = _conv(x, weight, dilation, padding, config, epilogue)
+        if out is None:  # the kernel did not run: the modules see a plain conv
+            epilogue = None
+            out = _conv(x, weight, dilation, padding, config, None)
+            assert out is not None
+        y = out
+    if epilogue is None:
+        if bn is not None:
+            y = bn(y)
+        if act is not None:
+            y = act(y)
+    return y
+
+
+def _conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: Any,
+    padding: Any,
+    config: dict[str, Any] | None,
+    epilogue: Epilogue | None,
+) -> torch.Tensor | None:
+    """The conv, with ``epilogue`` applied when it is given; None when it is given but the
+    kernel does not run (the caller then calls the modules on a plain conv)."""
     key = None
     if config is None:
         # DocLayout-YOLO calls this 16 times per page at d > 1 and is launch-bound at batch 1,
         # so a call whose key was seen before skips straight to the launch: the checks below
         # passed for that key, and only the input, the output and autograd are new.
-        key = _plan_key(x, weight, dilation, padding)
+        key = _plan_key(x, weight, dilation, padding, epilogue)
         plan = _PLANS.get(key) if key is not None else None
         if plan is not None and not (
             torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         ):
-            return _replay(x, plan)
+            return _replay(x, plan, epilogue)
     if isinstance(dilation, (tuple, list)):
         if len(set(dilation)) != 1:
-            return F.conv2d(x, weight, None, 1, padding, dilation)
+            return None if epilogue else F.conv2d(x, weight, None, 1, padding, dilation)
         dilation = dilation[0]
     dilation = int(dilation)
     if (
@@ -720,8 +799,9 @@ def dilated_conv2d(
         or weight.shape[1] != x.shape[1]
         or x.shape[0] == 0
         or dilation < 1
+        or (epilogue is not None and not _epilogue_fits(epilogue, x, weight))
     ):
-        return F.conv2d(x, weight, None, 1, padding, dilation)
+        return None if epilogue else F.conv2d(x, weight, None, 1, padding, dilation)
     pad_h, pad_w = _pair(padding, "padding")
     n, c, h, w = x.shape
     co, _, kh, kw = weight.shape
@@ -740,21 +820,26 @@ def dilated_conv2d(
         or n * co * oh * ow > _INT32_MAX
     ):
         # Let torch raise its own error or handle what 32-bit indexing cannot.
-        return F.conv2d(x, weight, None, 1, padding, dilation)
+        return None if epilogue else F.conv2d(x, weight, None, 1, padding, dilation)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         raise RuntimeError(_NO_BACKWARD_MSG)
     device = kc.device_index(x)
     if config:  # explicit configs (tests, `rocmfix tune`) skip the plan cache
         cfg = _explicit(x, c, co, max(kh, kw), config)
-        kernel, grid, args, kwargs, out = prepare_launch(x, weight, dilation, (pad_h, pad_w), cfg)
+        kernel, grid, args, kwargs, out = prepare_launch(
+            x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
+        )
         kc.Launcher(kernel, grid, kwargs, device).launch_once(*args)
         return out
     # The tuned file and the environment are read here, when a key is first seen (and again
     # after clear_config_cache()), not per call: each lookup is host time.
     cfg = resolve_config(x.device, c, co, max(kh, kw), x.dtype)
-    kernel, grid, args, kwargs, out = prepare_launch(x, weight, dilation, (pad_h, pad_w), cfg)
-    # Every tensor's alignment is fixed by the key (the input is keyed; its channels-last copy
-    # and the output are fresh allocations), as the Launcher needs.
+    kernel, grid, args, kwargs, out = prepare_launch(
+        x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
+    )
+    # Every tensor's alignment is fixed by the key (the input is keyed; its channels-last copy,
+    # the output and the epilogue's scale and shift are fresh allocations), as the Launcher
+    # needs.
     launcher = kc.Launcher(kernel, grid, kwargs, device)
     launcher(*args)
     if key is not None:
@@ -763,12 +848,12 @@ def dilated_conv2d(
                 _PLANS.clear()
             # args[1] is the packed weight; the plan also holds `weight`, so its id() and
             # data_ptr() in the key stay its own.
-            _PLANS[key] = (launcher, args[0] is not x, args[1], args[3:], weight, out.shape)
+            _PLANS[key] = (launcher, args[0] is not x, args[1], args[5:], weight, out.shape)
     return out
 
 
 def _plan_key(
-    x: torch.Tensor, weight: torch.Tensor, dilation: Any, padding: Any
+    x: torch.Tensor, weight: torch.Tensor, dilation: Any, padding: Any, epilogue: Epilogue | None
 ) -> tuple[Any, ...] | None:
     """Everything a call's launch depends on but its tensors' addresses, or None for a call
     that is not cached (an inference-tensor weight has no version to see updates by, a
@@ -792,18 +877,109 @@ def _plan_key(
         padding,
         # TF32 or IEEE is read from torch per call, as cuDNN reads it (fp32 only).
         torch_allows_tf32() if x.dtype == torch.float32 else None,
+        # The fold's kind, device and length: the first call of a key checked them against
+        # x's device and the weight's output channels.
+        (epilogue[2], epilogue[0].get_device(), epilogue[0].shape) if epilogue else None,
     )
 
 
-def _replay(x: torch.Tensor, plan: tuple[Any, ...]) -> torch.Tensor:
+def _replay(x: torch.Tensor, plan: tuple[Any, ...], epilogue: Epilogue | None) -> torch.Tensor:
     launcher, to_cl, packed, tail, _weight, out_shape = plan
     if launcher.kernel is _TMA_KERNEL:
         _ensure_allocator()  # per thread: a plan made in one thread may run in another
     xin = x.contiguous(memory_format=torch.channels_last) if to_cl else x
     out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    launcher(xin, packed, out, *tail)
+    if epilogue is None:
+        launcher(xin, packed, out, packed, packed, *tail)
+    else:
+        launcher(xin, packed, out, epilogue[0], epilogue[1], *tail)
     return out
 
 
 _PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 PLAN_CACHE_SIZE = 256
+
+# --------------------------------------------------------------------------------------------
+# The block's BatchNorm and activation, folded into the kernel's store
+# --------------------------------------------------------------------------------------------
+
+_ACTS = {torch.nn.Identity: 1, torch.nn.SiLU: 2}
+_FOLDED: dict[int, tuple[Any, ...]] = {}
+FOLDED_CACHE_SIZE = 256
+
+
+def _epilogue(bn: Any, act: Any) -> Epilogue | None:
+    """``act(bn(y))`` as a per-channel scale and shift (and SiLU), for an ``nn.BatchNorm2d`` in
+    eval mode with running statistics and an ``nn.SiLU``/``nn.Identity``/None activation;
+    None for anything else, or where a hook would see the modules called (a subclass, a
+    forward hook, train mode: the block calls them itself).
+
+    The fold is computed once per module and reused while its statistics, affine parameters
+    and eps are the same tensors at the same addresses and versions (an in-place update, a
+    ``load_state_dict`` or a ``.to()`` moves one of them).
+    """
+    code = 1 if act is None else _ACTS.get(type(act))
+    if (
+        code is None
+        or type(bn) is not torch.nn.BatchNorm2d
+        or bn.training
+        or bn._forward_hooks
+        or bn._forward_pre_hooks
+        or (act is not None and (act._forward_hooks or act._forward_pre_hooks))
+        or _global_hooks()
+    ):
+        return None
+    buffers, params = bn._buffers, bn._parameters
+    tensors = (
+        buffers.get("running_mean"),
+        buffers.get("running_var"),
+        params.get("weight"),
+        params.get("bias"),
+    )
+    if tensors[0] is None or tensors[1] is None:
+        return None  # no running statistics: BatchNorm uses the batch's, even in eval
+    state = tuple((t, t.data_ptr(), t._version) if t is not None else None for t in tensors)
+    folded = _FOLDED.get(id(bn))
+    if folded is None or folded[0] != bn.eps or not _same(folded[1], state):
+        scale, shift = _fold(tensors, bn.eps)
+        folded = (bn.eps, state, scale, shift)
+        with _LOCK:
+            if len(_FOLDED) >= FOLDED_CACHE_SIZE:
+                _FOLDED.clear()
+            _FOLDED[id(bn)] = folded
+    return folded[2], folded[3], code
+
+
+def _same(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    # The fold holds the tensors it was made from, so `is` cannot match a new tensor that
+    # reuses a freed one's id.
+    return all(
+        (a is None and b is None)
+        or (a is not None and b is not None and a[0] is b[0] and a[1:] == b[1:])
+        for a, b in zip(seen, now)
+    )
+
+
+def _fold(tensors: tuple[Any, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    mean, var, gamma, beta = tensors
+    with torch.no_grad():
+        scale = torch.rsqrt(var.float() + eps)
+        if gamma is not None:
+            scale = scale * gamma.float()
+        shift = -mean.float() * scale
+        if beta is not None:
+            shift = shift + beta.float()
+    return scale.contiguous(), shift.contiguous()
+
+
+def _epilogue_fits(epilogue: Epilogue, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    scale = epilogue[0]
+    return scale.device == x.device and scale.numel() == weight.shape[0]
+
+
+def _global_hooks() -> bool:
+    module = torch.nn.modules.module
+    return bool(
+        getattr(module, "_global_forward_hooks", None)
+        or getattr(module, "_global_forward_pre_hooks", None)
+    )

@@ -242,6 +242,79 @@ def test_triton_plan_cache(tri: ModuleType, monkeypatch: pytest.MonkeyPatch) -> 
         assert len(tri._PLANS) == 1
 
 
+def _bn(c: int, seed: int) -> torch.nn.BatchNorm2d:
+    gen = torch.Generator().manual_seed(seed)
+    bn = torch.nn.BatchNorm2d(c, eps=1e-3).eval()
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(c, generator=gen))
+        bn.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
+        bn.weight.copy_(torch.randn(c, generator=gen))
+        bn.bias.copy_(torch.randn(c, generator=gen))
+    return bn
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float16])
+@pytest.mark.parametrize("act", ["silu", "identity", None])
+def test_bn_and_act_run_in_the_store(
+    tri: ModuleType, monkeypatch: pytest.MonkeyPatch, dt: torch.dtype, act: str | None
+) -> None:
+    """act(bn(conv)) from the kernel's store matches the modules called on F.conv2d, on the
+    cached plan too, and follows the BatchNorm's statistics when they are updated in place."""
+    monkeypatch.setenv("ROCMFIX_DILATED_CONV_CONFIG", json.dumps(TEST_CFG))
+    tri.clear_config_cache()
+    module = {"silu": torch.nn.SiLU(), "identity": torch.nn.Identity(), None: None}[act]
+    bn = _bn(12, 0).to(dt)
+    w = torch.randn(12, 8, 3, 3, dtype=dt)
+
+    def want(x: torch.Tensor) -> torch.Tensor:
+        y = bn.double()(F.conv2d(x.double(), w.double(), None, 1, 2, 2))
+        bn.to(dt)
+        return y if module is None else module(y)
+
+    with torch.no_grad():
+        for step in range(3):
+            x = torch.randn(2, 8, 7, 9, dtype=dt)
+            if step == 2:
+                bn.running_var.mul_(2.0)
+                bn.bias.add_(1.0)
+            _check(tri.dilated_conv2d(x, w, 2, 2, bn=bn, act=module), want(x), dt)
+    (launcher,) = (plan[0] for plan in tri._PLANS.values())
+    assert launcher.kwargs["EPILOGUE"] == (2 if act == "silu" else 1)
+    assert len(tri._FOLDED) == 1
+
+
+def test_other_modules_are_called_as_the_block_calls_them(
+    tri: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BatchNorm in train mode, a hooked or subclassed module, another activation or
+    dilation 1: no fold; the modules see the plain conv and their hooks fire."""
+    monkeypatch.setenv("ROCMFIX_DILATED_CONV_CONFIG", json.dumps(TEST_CFG))
+    tri.clear_config_cache()
+    w = torch.randn(12, 8, 3, 3)
+    x = torch.randn(1, 8, 7, 9)
+    seen: list[str] = []
+    hooked = _bn(12, 1)
+    hooked.register_forward_hook(lambda *_: seen.append("bn"))
+
+    class Swish(torch.nn.SiLU):
+        pass
+
+    cases = [
+        (_bn(12, 2).train(), torch.nn.SiLU(), 2),
+        (hooked, torch.nn.SiLU(), 2),
+        (_bn(12, 3), torch.nn.ReLU(), 3),
+        (_bn(12, 4), Swish(), 2),
+        (_bn(12, 5), torch.nn.SiLU(), 1),
+    ]
+    with torch.no_grad():
+        for bn, act, d in cases:
+            ref = act(bn(F.conv2d(x, w, None, 1, d, d)))
+            _check(tri.dilated_conv2d(x, w, d, d, bn=bn, act=act), ref.double(), torch.float32)
+    assert seen == ["bn", "bn"]  # the reference call, then ours
+    assert not tri._FOLDED
+    assert all(plan[0].kwargs["EPILOGUE"] == 0 for plan in tri._PLANS.values())
+
+
 def test_triton_missing_falls_back_with_one_warning() -> None:
     mod = load_template("dilated_conv_triton", interpret=True, block_triton=True)
     assert mod.triton is None

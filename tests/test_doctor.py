@@ -87,7 +87,7 @@ def test_table_says_there_is_no_gpu(tmp_path: Path) -> None:
     assert "no GPU visible to torch" in out and "Triton's CPU interpreter" in out
     assert f"{tuned} (not used without a GPU)" in out
     for text in (
-        "F.conv2d (CPU)",
+        "act(bn(F.conv2d)) (CPU)",
         "gemm (Triton)",
         "linear (phase split)",
         "16ch 3x3 d=5",

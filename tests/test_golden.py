@@ -104,6 +104,7 @@ CASES = [
     Case("transformers_patch_embed", TRANSFORMERS.id, NEEDS, "Golden-VL: nn.Conv3d patch embed"),
     Case("transformers_video", TRANSFORMERS.id, UNKNOWN, "not run self.proj on patches viewed"),
     Case("doclayout_block", "doclayout-dilated-conv", NEEDS, "naive kernel"),
+    Case("doclayout_block_scaled", "doclayout-dilated-conv", NEEDS, "naive kernel"),
     Case("doclayout_hand_hook", "doclayout-dilated-conv", UNKNOWN, "forum's Triton hook"),
     Case("doclayout_no_method", "doclayout-dilated-conv", UNKNOWN, "no DilatedBlock.dilated_conv"),
     Case("mineru_unguarded", "mineru-tokenizer", NEEDS, "unguarded"),

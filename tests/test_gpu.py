@@ -223,3 +223,36 @@ def test_dilated_direct_launches_match_triton_launches() -> None:
     # call direct.
     assert len(counted) == 3 * 2
     assert all(ln.kernel.runs == 0 and ln.compiled is not None for ln in counted)
+
+
+def test_dilated_bn_and_act_in_the_store_on_the_gpu() -> None:
+    """The rewrite's call with the block's modules: the kernel's store applies the eval
+    BatchNorm and SiLU, on the first and the cached launches, a CUDA-graph replay included."""
+    module = load_template("dilated_conv_triton", interpret=False)
+    for c, k, d, h, w in ((96, 5, 2, 160, 116), (192, 3, 5, 80, 58)):
+        weight = torch.randn(c, c, k, k, device="cuda") / (c * k)
+        bn = torch.nn.BatchNorm2d(c).cuda().eval()
+        with torch.no_grad():
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 1.5)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+        act = torch.nn.SiLU()
+        pad = d * (k - 1) // 2
+        with torch.inference_mode():
+            for _ in range(3):
+                x = torch.randn(1, c, h, w, device="cuda")
+                got = module.dilated_conv2d(x, weight, d, pad, bn=bn, act=act)
+                want = act(bn(module.dilated_conv2d(x, weight, d, pad)))
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.cuda.graph(graph):
+                out = module.dilated_conv2d(x, weight, d, pad, bn=bn, act=act)
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            want = act(bn(module.dilated_conv2d(x, weight, d, pad)))
+            torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        assert {plan[0].kwargs["EPILOGUE"] for plan in module._PLANS.values()} == {0, 2}

@@ -98,7 +98,7 @@ def label(s: Shape) -> str:
 OP = Op(
     name="dilated-conv",
     title="dilated conv",
-    native="F.conv2d",
+    native="act(bn(F.conv2d))",
     schemes=(
         Scheme(
             "gemm",

@@ -24,7 +24,7 @@ class DilatedBlock(nn.Module):
         padding = dilation * (self.k // 2)
         # rocmfix: MIOpen runs dilation > 1 on a naive kernel; GPU inputs go around it
         if _rocmfix_dilated_conv2d is not None and x.is_cuda:
-            return act(bn(_rocmfix_dilated_conv2d(x, weight, dilation, padding)))
+            return _rocmfix_dilated_conv2d(x, weight, dilation, padding, bn=bn, act=act)
         return act(bn(F.conv2d(x, weight, stride=1, padding=padding, dilation=dilation)))
 
     def forward(self, x):

@@ -1,5 +1,6 @@
-"""The dilated conv: ``F.conv2d(x, w, padding=d*(k//2), dilation=d)`` with one weight shared by
-several dilations, as DocLayout-YOLO's ``DilatedBlock`` runs it."""
+"""The dilated conv as DocLayout-YOLO's ``DilatedBlock.dilated_conv`` runs it: one line,
+``act(bn(F.conv2d(x, w, padding=d*(k//2), dilation=d)))``, with one weight, BatchNorm (eval)
+and SiLU shared by several dilations. The schemes get the modules as the rewrite passes them."""
 
 from __future__ import annotations
 
@@ -31,15 +32,32 @@ def reference(x: Any, w: Any, d: int, p: int) -> Any:
     return out.reshape(n, co, oh, ow)
 
 
-def _inputs(ctx: Context, s: dict[str, Any]) -> tuple[Any, Any]:
+def _inputs(ctx: Context, s: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """x, the shared weight, an eval BatchNorm with random statistics and the SiLU."""
     torch = context.torch
     generator = torch.Generator(device=ctx.device)
     # Fresh inputs each run: a kernel must compute the function, not one lucky input.
     generator.manual_seed(int(time.time() * 1e6) % (2**31))
-    x = torch.randn(s["n"], s["c"], s["h"], s["w"], generator=generator, device=ctx.device)
-    fan_in = s["c"] * s["k"] * s["k"]
-    w = torch.randn(s["c"], s["c"], s["k"], s["k"], generator=generator, device=ctx.device)
-    return x.to(dtype(s["dtype"])), (w / math.sqrt(fan_in)).to(dtype(s["dtype"]))
+    c, kind = s["c"], dtype(s["dtype"])
+    x = torch.randn(s["n"], c, s["h"], s["w"], generator=generator, device=ctx.device)
+    fan_in = c * s["k"] * s["k"]
+    w = torch.randn(c, c, s["k"], s["k"], generator=generator, device=ctx.device)
+    bn = torch.nn.BatchNorm2d(c).to(ctx.device).eval()
+    with torch.no_grad():
+        for t, low, high in ((bn.running_mean, -0.5, 0.5), (bn.running_var, 0.5, 1.5),
+                             (bn.weight, 0.5, 1.5), (bn.bias, -0.5, 0.5)):  # fmt: skip
+            t.copy_(torch.rand(c, generator=generator, device=ctx.device) * (high - low) + low)
+    return x.to(kind), (w / math.sqrt(fan_in)).to(kind), bn.to(kind), torch.nn.SiLU()
+
+
+def line_reference(conv: Any, bn: Any) -> Any:
+    """``act(bn(conv))`` in fp64 from the fp64 conv: eval BatchNorm, then SiLU."""
+    torch = context.torch
+    stats = [t.double().view(1, -1, 1, 1) for t in (bn.running_mean, bn.running_var,
+                                                    bn.weight, bn.bias)]  # fmt: skip
+    mean, var, gamma, beta = stats
+    y = (conv - mean) / torch.sqrt(var + bn.eps) * gamma + beta
+    return y * torch.sigmoid(y)
 
 
 def _precision(ctx: Context, op: dict[str, Any], s: dict[str, Any]) -> str:
@@ -56,15 +74,15 @@ class Case(base.Case):
         self.ctx = ctx
         self.op = op
         self.shape = shape
-        self.x, self.w = _inputs(ctx, shape)
+        self.x, self.w, self.bn, self.act = _inputs(ctx, shape)
         self.d = int(shape["d"])
         self.p = self.d * (int(shape["k"]) // 2)
-        self.ref = reference(self.x, self.w, self.d, self.p)
+        self.ref = line_reference(reference(self.x, self.w, self.d, self.p), self.bn)
         self.out_bytes = int(self.ref.numel()) * self.x.element_size()
 
     def native(self) -> Callable[[], Any]:
-        x, w, d, p = self.x, self.w, self.d, self.p
-        return lambda: context.F.conv2d(x, w, None, 1, p, d)
+        x, w, d, p, bn, act = self.x, self.w, self.d, self.p, self.bn, self.act
+        return lambda: act(bn(context.F.conv2d(x, w, None, 1, p, d)))
 
     def scheme(self, module: Any) -> tuple[Callable[[], Any], dict[str, Any] | None]:
         x, w, d, p = self.x, self.w, self.d, self.p
@@ -74,7 +92,8 @@ class Case(base.Case):
             config = self.ctx.with_warnings(
                 lambda: module.resolve_config(self.ctx.device, c, c, k, x.dtype)
             )
-        return (lambda: module.dilated_conv2d(x, w, d, p)), config
+        bn, act = self.bn, self.act
+        return (lambda: module.dilated_conv2d(x, w, d, p, bn=bn, act=act)), config
 
     def tolerance(self) -> float:
         return TOLERANCE[_precision(self.ctx, self.op, self.shape)]
@@ -91,7 +110,8 @@ def launch(
     x = torch.zeros(shape["n"], shape["c"], shape["h"], shape["w"], dtype=kind)
     w = torch.zeros(shape["c"], shape["c"], shape["k"], shape["k"], dtype=kind)
     d = int(shape["d"]) if "d" in shape else max(shape["dilations"])  # a case, or a tune target
-    kernel, _grid, args, kwargs = module.prepare(x, w, d, d * (shape["k"] // 2), config)
+    # The kernel the block runs: BatchNorm and SiLU in its store.
+    kernel, _grid, args, kwargs = module.prepare(x, w, d, d * (shape["k"] // 2), config, epilogue=2)
     operands = module.precision_class(kind, module.device_arch(x.device))
     return kernel, args, kwargs, operands
 
@@ -100,13 +120,16 @@ class Kernel(base.Kernel):
     def __init__(self, ctx: Context, module: Any, shape: dict[str, Any]) -> None:
         super().__init__(ctx, module, shape)
         self.c, self.k = int(shape["c"]), int(shape["k"])
-        self.x, self.w = _inputs(ctx, shape)
+        self.x, self.w, self.bn, self.act = _inputs(ctx, shape)
         self.dtype = self.x.dtype
         dilations = [int(d) for d in shape["dilations"]]
         # Calls at d = 1 go to the vendor's dense conv whatever the config: timing them would
         # add the same to every candidate.
         self.dilations = [d for d in dilations if d > 1] or dilations
-        self.refs = {d: reference(self.x, self.w, d, d * (self.k // 2)) for d in self.dilations}
+        self.refs = {
+            d: line_reference(reference(self.x, self.w, d, d * (self.k // 2)), self.bn)
+            for d in self.dilations
+        }
         self.precision = str(module.precision_class(self.dtype, module.device_arch(ctx.device)))
         self.key = str(module.shape_class(self.c, self.c, self.k)) + "_" + self.precision
         self.tolerance = TOLERANCE[self.precision]
@@ -127,25 +150,22 @@ class Kernel(base.Kernel):
 
     def calls(self, config: dict[str, Any]) -> list[Callable[[], Any]]:
         cfg = self.stored(config)
-        return [
-            functools.partial(
-                self.module.dilated_conv2d, self.x, self.w, d, d * (self.k // 2), config=cfg
-            )
-            for d in self.dilations
-        ]
+        return [functools.partial(self._line, d, config=cfg) for d in self.dilations]
 
     def user_calls(self) -> list[Callable[[], Any]]:
-        return [
-            functools.partial(self.module.dilated_conv2d, self.x, self.w, d, d * (self.k // 2))
-            for d in self.dilations
-        ]
+        return [functools.partial(self._line, d) for d in self.dilations]
+
+    def _line(self, d: int, config: dict[str, Any] | None = None) -> Any:
+        return self.module.dilated_conv2d(
+            self.x, self.w, d, d * (self.k // 2), bn=self.bn, act=self.act, config=config
+        )
 
     def check(self, config: dict[str, Any]) -> float:
         worst = 0.0
         cfg = self.stored(config)
         for d in self.dilations:
             poison(self.ctx, int(self.refs[d].numel()) * self.x.element_size())
-            out = self.module.dilated_conv2d(self.x, self.w, d, d * (self.k // 2), config=cfg)
+            out = self._line(d, config=cfg)
             self.ctx.sync()
             err = rel_err(out, self.refs[d])
             if not err <= worst:
