@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ import pytest
 # are made interpreted or compiled when triton is first imported: whichever test module
 # imports triton first would otherwise decide for all the others.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import forkserver
 
 from rocmfix.guest import templates as _templates
 
@@ -47,14 +50,35 @@ NO_GPU = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "ROCR_VISIBLE_D
 PYTHONPATH = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
+# What the fork servers start with (tests/forkserver.py); ROCMFIX_TESTS_NO_FORK=1 runs every
+# call through a fresh interpreter instead.
+_FORK_BASE = {**os.environ, "PYTHONPATH": PYTHONPATH}
+_FORK = not os.environ.get("ROCMFIX_TESTS_NO_FORK")
+
+
 def run_cli(
     *args: str,
     env: dict[str, str] | None = None,
     user: str | None = None,
     timeout: float = 120,
 ) -> Result:
-    """The real CLI in a subprocess, the way a user runs it."""
+    """The real CLI in a process of its own, the way a user runs it: forked from a server
+    that imported it once (tests/forkserver.py), or a fresh interpreter where a fork cannot
+    stand for one (another user, or variables only an interpreter start reads)."""
     full_env = {**os.environ, "PYTHONPATH": PYTHONPATH, "COLUMNS": "200", **NO_GPU, **(env or {})}
+    if _FORK and user is None and forkserver.usable(full_env, _FORK_BASE):
+        with tempfile.TemporaryDirectory(prefix="rocmfix-cli-") as tmp:
+            out, err = Path(tmp, "out"), Path(tmp, "err")
+            out.touch()
+            err.touch()
+            code = forkserver.run(list(args), full_env, _FORK_BASE, out, err, timeout)
+            stdout = out.read_bytes()
+            return Result(
+                returncode=code,
+                stdout=stdout.decode("utf-8", "replace"),
+                stderr=err.read_bytes().decode("utf-8", "replace"),
+                stdout_bytes=stdout,
+            )
     done = subprocess.run(
         [sys.executable, "-m", "rocmfix", *args],
         capture_output=True,
