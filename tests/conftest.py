@@ -337,3 +337,23 @@ def load_template(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+# Files that take minutes (a fault sweep, the compat sample, whole-model forwards) go first:
+# the workers start on them while the short files fill in behind, instead of one worker
+# finishing the run alone on a long file it drew last.
+SLOW_FIRST = (
+    "test_compat.py",
+    "test_faults.py",
+    "test_doclayout_e2e.py",
+    "test_transformers.py",
+    "test_transformers_model.py",
+    "test_vllm.py",
+    "test_kernels_aot.py",
+    "test_tune.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

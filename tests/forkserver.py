@@ -69,6 +69,8 @@ if call is not None:
 class _Server:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = dict(env)
+        # A process forked from this one (a process pool) inherits the list, not the server.
+        self.owner = os.getpid()
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _SERVER],
             stdin=subprocess.PIPE,
@@ -128,7 +130,8 @@ def run(args: list[str], env: Mapping[str, str], base: Mapping[str, str], out: P
     """Exit code of ``python -m rocmfix *args`` under ``env``; stdout and stderr to ``out``
     and ``err``. One server per concurrent caller, each started with ``base``."""
     with _lock:
-        server = next((s for s in _idle if s.env == dict(base)), None)
+        mine = (s for s in _idle if s.owner == os.getpid() and s.env == dict(base))
+        server = next(mine, None)
         if server is not None:
             _idle.remove(server)
     if server is None:
@@ -150,6 +153,8 @@ def run(args: list[str], env: Mapping[str, str], base: Mapping[str, str], out: P
 @atexit.register
 def _close() -> None:
     for server in _all:
+        if server.owner != os.getpid():
+            continue
         try:
             server.close()
         except Exception:  # noqa: BLE001  # a server that will not exit is killed

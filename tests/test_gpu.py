@@ -4,7 +4,7 @@ the device's arch, the compiled kernel's own launcher against Triton's launches)
 
 They run where torch sees a GPU and skip elsewhere: CI has none by design. On the device:
 
-    python -m pytest tests/test_gpu.py
+    python -m pytest -n 0 tests/test_gpu.py    # -o addopts= where pytest-xdist is missing
 
 (docs/performance-doctor.md records the run.)
 """
