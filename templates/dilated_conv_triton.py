@@ -164,6 +164,19 @@ _DNS = ["N", "H", "W", "OH", "OW", "M", "sxn", "sxc", "sxh", "sxw", "pad_h", "pa
 
 if triton is not None:
 
+    @triton.jit
+    def _epilogue_apply(acc, s_ptr, t_ptr, offs_n, CO: tl.constexpr, EPILOGUE: tl.constexpr):
+        # Eval-mode BatchNorm as a per-channel scale and shift, then SiLU (EPILOGUE 2): the
+        # block's act(bn(conv)) in the store instead of two more passes over the output.
+        if EPILOGUE > 0:
+            n_ok = offs_n < CO
+            scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
+            shift = tl.load(t_ptr + offs_n, mask=n_ok, other=0.0)
+            acc = acc * scale[None, :] + shift[None, :]
+            if EPILOGUE == 2:
+                acc = acc / (1.0 + tl.exp(-acc))  # builtins only (*): tl.sigmoid is @jit
+        return acc
+
     @triton.jit(do_not_specialize=_DNS)
     def _dconv_gemm_kernel(
         x_ptr, w_ptr, y_ptr, s_ptr, t_ptr,
@@ -246,15 +259,7 @@ if triton is not None:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        if EPILOGUE > 0:
-            # Eval-mode BatchNorm as a per-channel scale and shift, then SiLU (EPILOGUE 2):
-            # the block's act(bn(conv)) in the store instead of two passes over the output.
-            n_ok = offs_n < CO
-            scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
-            shift = tl.load(t_ptr + offs_n, mask=n_ok, other=0.0)
-            acc = acc * scale[None, :] + shift[None, :]
-            if EPILOGUE == 2:
-                acc = acc / (1.0 + tl.exp(-acc))  # builtins only (*): tl.sigmoid is @jit
+        acc = _epilogue_apply(acc, s_ptr, t_ptr, offs_n, CO, EPILOGUE)
         y_row = n_idx * (CO * ohw) + pix
         y_ptrs = y_ptr + y_row[:, None] + offs_n[None, :] * ohw
         y_mask = m_ok[:, None] & (offs_n < CO)[None, :]
@@ -305,15 +310,7 @@ if triton is not None:
                 a = tl.load(a_ptrs + (c if X_C_UNIT else c * sxc), mask=row_ok, other=0.0)
                 b = tl.load(w_ptrs + (c if W_KMAJOR else c * CO_PAD))
                 acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]
-        if EPILOGUE > 0:
-            # Eval-mode BatchNorm as a per-channel scale and shift, then SiLU (EPILOGUE 2):
-            # the block's act(bn(conv)) in the store instead of two passes over the output.
-            n_ok = offs_n < CO
-            scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
-            shift = tl.load(t_ptr + offs_n, mask=n_ok, other=0.0)
-            acc = acc * scale[None, :] + shift[None, :]
-            if EPILOGUE == 2:
-                acc = acc / (1.0 + tl.exp(-acc))  # builtins only (*): tl.sigmoid is @jit
+        acc = _epilogue_apply(acc, s_ptr, t_ptr, offs_n, CO, EPILOGUE)
         y_row = n_idx * (CO * ohw) + pix
         y_ptrs = y_ptr + y_row[:, None] + offs_n[None, :] * ohw
         y_mask = m_ok[:, None] & (offs_n < CO)[None, :]
@@ -378,15 +375,7 @@ if triton is not None:
             acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
         offs_m = ow0 + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if EPILOGUE > 0:
-            # Eval-mode BatchNorm as a per-channel scale and shift, then SiLU (EPILOGUE 2):
-            # the block's act(bn(conv)) in the store instead of two passes over the output.
-            n_ok = offs_n < CO
-            scale = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)
-            shift = tl.load(t_ptr + offs_n, mask=n_ok, other=0.0)
-            acc = acc * scale[None, :] + shift[None, :]
-            if EPILOGUE == 2:
-                acc = acc / (1.0 + tl.exp(-acc))  # builtins only (*): tl.sigmoid is @jit
+        acc = _epilogue_apply(acc, s_ptr, t_ptr, offs_n, CO, EPILOGUE)
         ohw = OH * OW
         y_ptrs = y_ptr + (n * (CO * ohw) + oh * OW + offs_m)[:, None] + offs_n[None, :] * ohw
         y_mask = (offs_m < OW)[:, None] & (offs_n < CO)[None, :]
