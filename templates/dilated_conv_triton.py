@@ -927,7 +927,12 @@ def _epilogue(bn: Any, act: Any) -> Epilogue | None:
     )
     if tensors[0] is None or tensors[1] is None:
         return None  # no running statistics: BatchNorm uses the batch's, even in eval
-    state = tuple((t, t.data_ptr(), t._version) if t is not None else None for t in tensors)
+    try:
+        state = tuple((t, t.data_ptr(), t._version) if t is not None else None for t in tensors)
+    except RuntimeError:
+        # Inference tensors (a model built under inference_mode) have no version to see an
+        # update by: the modules run as the block calls them.
+        return None
     folded = _FOLDED.get(id(bn))
     if folded is None or folded[0] != bn.eps or not _same(folded[1], state):
         scale, shift = _fold(tensors, bn.eps)

@@ -299,7 +299,11 @@ def test_other_modules_are_called_as_the_block_calls_them(
     class Swish(torch.nn.SiLU):
         pass
 
+    with torch.inference_mode():
+        built_in_inference = _bn(12, 6)  # its buffers are inference tensors: no versions
+
     cases = [
+        (built_in_inference, torch.nn.SiLU(), 2),
         (_bn(12, 2).train(), torch.nn.SiLU(), 2),
         (hooked, torch.nn.SiLU(), 2),
         (_bn(12, 3), torch.nn.ReLU(), 3),
