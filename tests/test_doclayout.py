@@ -40,6 +40,8 @@ def test_release_round_trip_every_scheme(
     for scheme in TEMPLATES:
         applied = env.cli("apply", "--scheme", scheme, "--only", PATCH)
         assert applied.returncode == 0, applied.stderr
+        # Where the files are: site-packages, not the environment's prefix.
+        assert f" file(s) changed in {env.site}." in applied.stderr
         source = env.target.read_bytes()
         compile(source, TARGET, "exec")
         text = source.decode()

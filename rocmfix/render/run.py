@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path, PurePosixPath
 
 from rich.markup import escape
 
 from rocmfix.diffing import unified_diffs
 from rocmfix.render.console import err
-from rocmfix.results import Action, RunResult
+from rocmfix.results import Action, FileChange, RunResult
 
 
 def diff(result: RunResult) -> None:
@@ -48,8 +49,14 @@ def run_summary(result: RunResult) -> None:
     if result.dry_run:
         console.print(f"{count} file(s) would change; nothing was written.")
     elif count:
-        console.print(
-            f"{count} file(s) changed in {escape(str(result.environment.python.prefix))}."
-        )
+        # Where the files are, not the interpreter's prefix: a package on PYTHONPATH or in the
+        # user site lives outside it.
+        where = ", ".join(escape(str(root)) for root in dict.fromkeys(map(_root, result.changes)))
+        console.print(f"{count} file(s) changed in {where}.")
     else:
         console.print("Nothing to do.")
+
+
+def _root(change: FileChange) -> Path:
+    """The directory that holds the changed file's package (``rel`` is relative to it)."""
+    return change.path.parents[len(PurePosixPath(change.rel).parts) - 1]
