@@ -729,7 +729,7 @@ def dilated_conv2d(
     overrides the resolved launch config field by field (``rocmfix tune`` uses it); it is not
     validated against the hardware.  Output is NCHW-contiguous.
     """
-    epilogue = None
+    epilogue, fused = None, False
     if dilation == 1 and config is None:
         # A dense conv: the vendor libraries run it fast (MIOpen leaves out its GEMM solvers
         # only for dilation > 1), and DocLayout-YOLO's blocks make a third of their calls at
@@ -738,13 +738,8 @@ def dilated_conv2d(
     else:
         if bn is not None:
             epilogue = _epilogue(bn, act)
-        out = _conv(x, weight, dilation, padding, config, epilogue)
-        if out is None:  # the kernel did not run: the modules see a plain conv
-            epilogue = None
-            out = _conv(x, weight, dilation, padding, config, None)
-            assert out is not None
-        y = out
-    if epilogue is None:
+        y, fused = _conv(x, weight, dilation, padding, config, epilogue)
+    if not fused:  # the kernel did not apply them: the modules see a plain conv
         if bn is not None:
             y = bn(y)
         if act is not None:
@@ -759,9 +754,9 @@ def _conv(
     padding: Any,
     config: dict[str, Any] | None,
     epilogue: Epilogue | None,
-) -> torch.Tensor | None:
-    """The conv, with ``epilogue`` applied when it is given; None when it is given but the
-    kernel does not run (the caller then calls the modules on a plain conv)."""
+) -> tuple[torch.Tensor, bool]:
+    """The conv, and whether ``epilogue`` was applied to it: the kernel applies it, a call
+    that falls back to ``F.conv2d`` does not."""
     key = None
     if config is None:
         # DocLayout-YOLO calls this 16 times per page at d > 1 and is launch-bound at batch 1,
@@ -772,10 +767,10 @@ def _conv(
         if plan is not None and not (
             torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         ):
-            return _replay(x, plan, epilogue)
+            return _replay(x, plan, epilogue), epilogue is not None
     if isinstance(dilation, (tuple, list)):
         if len(set(dilation)) != 1:
-            return None if epilogue else F.conv2d(x, weight, None, 1, padding, dilation)
+            return F.conv2d(x, weight, None, 1, padding, dilation), False
         dilation = dilation[0]
     dilation = int(dilation)
     if (
@@ -790,7 +785,7 @@ def _conv(
         or dilation < 1
         or (epilogue is not None and not _epilogue_fits(epilogue, x, weight))
     ):
-        return None if epilogue else F.conv2d(x, weight, None, 1, padding, dilation)
+        return F.conv2d(x, weight, None, 1, padding, dilation), False
     pad_h, pad_w = _pair(padding, "padding")
     n, c, h, w = x.shape
     co, _, kh, kw = weight.shape
@@ -809,7 +804,7 @@ def _conv(
         or n * co * oh * ow > _INT32_MAX
     ):
         # Let torch raise its own error or handle what 32-bit indexing cannot.
-        return None if epilogue else F.conv2d(x, weight, None, 1, padding, dilation)
+        return F.conv2d(x, weight, None, 1, padding, dilation), False
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         raise RuntimeError(_NO_BACKWARD_MSG)
     device = kc.device_index(x)
@@ -819,7 +814,7 @@ def _conv(
             x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
         )
         kc.Launcher(kernel, grid, kwargs, device).launch_once(*args)
-        return out
+        return out, epilogue is not None
     # The tuned file and the environment are read here, when a key is first seen (and again
     # after clear_config_cache()), not per call: each lookup is host time.
     cfg = resolve_config(x.device, c, co, max(kh, kw), x.dtype)
@@ -838,7 +833,7 @@ def _conv(
             # args[1] is the packed weight; the plan also holds `weight`, so its id() and
             # data_ptr() in the key stay its own.
             _PLANS[key] = (launcher, args[0] is not x, args[1], args[5:], weight, out.shape)
-    return out
+    return out, epilogue is not None
 
 
 def _plan_key(
