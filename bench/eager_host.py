@@ -12,8 +12,10 @@ Rows:
   ``kernel[grid](...)``; the same compiled kernel launched through its own launcher
   (``CompiledKernel.run``), which is what ``kernel[grid]`` ends in;
 * patch embed (bf16, K = 1176, N = 1280): ``F.linear``, the stock ``F.conv3d``, the dropped-in
-  ``triton_conv3d_patchify`` as shipped for this GPU and with the portable pointer tiles that
-  ROCm runs (``gfx942``), and, for that last, Triton's ``kernel[grid]`` and the compiled launcher
+  ``triton_conv3d_patchify`` as shipped for this GPU, with the portable pointer tiles that
+  ROCm runs (``gfx942``) and with this GPU's tiles through the pointer kernel (on sm_90, what
+  skipping the descriptor kernel would cost), and, for the gfx942 tiles, Triton's
+  ``kernel[grid]`` and the compiled launcher
   with the arguments already prepared (what the template's own code adds is the rest);
 * dilated conv (fp32 with TF32, as MinerU runs DocLayout-YOLO): ``F.conv2d``, the
   dropped-in Triton ``dilated_conv2d`` and the phase split (the ``linear`` scheme) at a tiny
@@ -47,7 +49,7 @@ import torch.nn.functional as F
 
 PATCH = (3, 2, 14)  # channels, frames, patch size: K = 1176
 N = 1280
-PATCH_M = (64, 1024, 5476)
+PATCH_M = (64, 1024, 2048, 5476)
 DILATED = (
     # (label, c, k, h, w, dilation): a tiny launch-bound size, then MinerU's P3/P4 at batch 1.
     ("tiny c96 k5 d2 8x8", 96, 5, 8, 8, 2),
@@ -157,6 +159,10 @@ def patch_embed(bursts: int, calls: int) -> list[dict[str, Any]]:
     shipped = _fresh_gemm(None)
     portable_cfg = shipped.CONFIG.shipped_config("gfx942", ("any", "f16"))
     portable = _fresh_gemm(portable_cfg)
+    # This GPU's own tiles through the pointer kernel (where the descriptor kernel would run):
+    # what a cheaper launch would cost in GPU time where the host cost shows.
+    pointer = _fresh_gemm({**shipped.resolve_config(torch.device("cuda"), torch.bfloat16),
+                           "tma": False})  # fmt: skip
     weight = torch.randn(N, c, t, p, p, device="cuda", dtype=torch.bfloat16)
     w2 = weight.flatten(1)
     for m in PATCH_M:
@@ -170,6 +176,8 @@ def patch_embed(bursts: int, calls: int) -> list[dict[str, Any]]:
              partial(shipped.triton_conv3d_patchify, x, weight)),
             ("triton_conv3d_patchify, portable tiles (gfx942)",
              partial(portable.triton_conv3d_patchify, x, weight)),
+            ("triton_conv3d_patchify, shipped tiles, pointer kernel",
+             partial(pointer.triton_conv3d_patchify, x, weight)),
         ]  # fmt: skip
         plan = portable._plan_for(a.device, a.dtype)
         out = torch.empty(m, N, device="cuda", dtype=torch.bfloat16)

@@ -181,14 +181,16 @@ def poison_allocator(nbytes: int, device: torch.device) -> None:
 def cfg_name(cfg: dict[str, Any]) -> str:
     kind = "tma" if cfg.get("tma") else "ptr"
     extra = []
-    if cfg.get("tma"):
-        extra.append("pers" if cfg.get("persistent") else "grid")
-        if cfg.get("persistent") and cfg.get("occupancy", 1) != 1:
+    if cfg.get("persistent"):
+        extra.append("pers")
+        if cfg.get("occupancy", 1) != 1:
             extra.append(f"occ{cfg['occupancy']}")
         if cfg.get("flatten"):
             extra.append("flat")
-        if cfg.get("epilogue_subtile"):
-            extra.append("sub")
+    elif cfg.get("tma"):
+        extra.append("grid")
+    if cfg.get("tma") and cfg.get("epilogue_subtile"):
+        extra.append("sub")
     if cfg.get("GROUP_M", 8) != 8:
         extra.append(f"g{cfg['GROUP_M']}")
     if not cfg.get("pack_weight", True):
@@ -320,7 +322,10 @@ def graph_ms(fn: Callable[[], Any], calls: int = 8) -> float:
 
 
 def run_sweep(
-    gemm: ModuleType, dev: torch.device, configs: list[dict[str, Any]] | None = None
+    gemm: ModuleType,
+    dev: torch.device,
+    configs: list[dict[str, Any]] | None = None,
+    budget_s: float = SWEEP_BUDGET_S,
 ) -> list[dict]:
     results: list[dict] = []
     data: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
@@ -345,8 +350,8 @@ def run_sweep(
     )
     t_start = time.time()
     for cfg in configs or SWEEP_CONFIGS:
-        if time.time() - t_start > SWEEP_BUDGET_S:
-            print(f"  sweep budget of {SWEEP_BUDGET_S}s spent: skipping {cfg_name(cfg)}")
+        if time.time() - t_start > budget_s:
+            print(f"  sweep budget of {budget_s:.0f}s spent: skipping {cfg_name(cfg)}")
             continue
         full = dict(gemm.PATCH_EMBED_CONFIGS["default"]["any"])
         full.update(cfg)
@@ -702,10 +707,18 @@ def main() -> int:
         action="append",
         default=[],
         metavar="JSON",
-        help="sweep these configs instead of the built-in grid (JSON object; repeatable)",
+        help="sweep these configs instead of the built-in grid (JSON object, or @FILE holding a "
+        "JSON list of them; repeatable)",
     )
     ap.add_argument(
         "--sweep-only", action="store_true", help="stop after the sweep (no bench or proofs)"
+    )
+    ap.add_argument(
+        "--sweep-budget",
+        type=float,
+        default=SWEEP_BUDGET_S,
+        metavar="S",
+        help=f"seconds the sweep may take; later configs are skipped (default {SWEEP_BUDGET_S})",
     )
     args = ap.parse_args()
     if args.sweep_config or args.sweep_only:
@@ -769,7 +782,13 @@ def main() -> int:
         extra.append((f"[{cfg_name(cfg)}]", cfg))
     if args.sweep:
         print("== sweep", flush=True)
-        sweep = run_sweep(gemm, dev, [json.loads(text) for text in args.sweep_config])
+        configs: list[dict[str, Any]] = []
+        for text in args.sweep_config:
+            if text.startswith("@"):
+                configs.extend(json.loads(Path(text[1:]).read_text()))
+            else:
+                configs.append(json.loads(text))
+        sweep = run_sweep(gemm, dev, configs, args.sweep_budget)
         result["sweep"] = sweep
         good = [r for r in sweep if r["geo_gratio"] > 0]
         for r in good[:2]:

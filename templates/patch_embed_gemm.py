@@ -66,8 +66,9 @@ _RDNA_FP32: dict[str, dict[str, Any]] = {"fp32": {"num_warps": 8}}
 # for 16-bit operands (what vllm and transformers run); fp32 inputs take "default"'s "fp32"
 # tile, since an exact fp32 dot ("ieee", to match F.linear without TF32) runs on FMA units on
 # NVIDIA and RDNA, where small tiles are the fast ones (CDNA has fp32 MFMA).
-# "tma"/"persistent"/"occupancy"/"epilogue_subtile"/"flatten" select and shape the sm_90
-# descriptor kernel (a persistent grid is occupancy x SM count programs);
+# "tma"/"epilogue_subtile"/"flatten" select and shape the sm_90 descriptor kernel ("flatten":
+# its tile loop fused with the K loop); "persistent"/"occupancy" make either kernel walk the
+# tiles with a grid of occupancy x SM count programs;
 # waves_per_eu/matrix_instr_nonkdim/kpack are passed to the launch on ROCm. Every entry is
 # compiled for every arch by `rocmfix kernels` (docs/amd-kernels.md).
 PATCH_EMBED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
@@ -214,25 +215,24 @@ if _HAS_TRITON:
         pid_n = (tile % width) // group_m
         return pid_m, pid_n
 
-    # M and NUM_PROGS vary per call; specialising on them would only multiply compilations.
-    @triton.jit(do_not_specialize=["M"])
-    def _gemm_ptr_kernel(
+    @triton.jit
+    def _ptr_tile(
         a_ptr,
         w_ptr,
         bias_ptr,
         c_ptr,
+        tile,
         M,
         N,
-        K_q,
-        stride_am_q,
+        K,
+        stride_am,
         stride_ak,
-        stride_wn_q,
+        stride_wn,
         stride_wk,
         stride_cm,
         stride_cn,
-        A_ALIGN: tl.constexpr,
-        W_ALIGN: tl.constexpr,
-        K_ALIGN: tl.constexpr,
+        num_pid_m,
+        num_pid_n,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -241,16 +241,7 @@ if _HAS_TRITON:
         HAS_BIAS: tl.constexpr,
         UPCAST: tl.constexpr,
     ):
-        # Row strides arrive divided by their alignment: triton only specialises integers
-        # divisible by 16, and 1176 is not, so without this it cannot prove 16-byte rows and
-        # falls back to 2-byte loads. K likewise, so the tail mask comes in runs of K_ALIGN.
-        K = K_q * K_ALIGN
-        stride_am = stride_am_q * A_ALIGN
-        stride_wn = stride_wn_q * W_ALIGN
-        pid = tl.program_id(0)
-        num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
-        num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-        pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         # Wrapped rows/cols keep every main-loop load in bounds with no mask; they are
@@ -285,6 +276,62 @@ if _HAS_TRITON:
             acc = acc + bias.to(tl.float32)[None, :]
         c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    # M and NUM_PROGS vary per call; specialising on them would only multiply compilations.
+    @triton.jit(do_not_specialize=["M", "NUM_PROGS"])
+    def _gemm_ptr_kernel(
+        a_ptr,
+        w_ptr,
+        bias_ptr,
+        c_ptr,
+        M,
+        N,
+        K_q,
+        stride_am_q,
+        stride_ak,
+        stride_wn_q,
+        stride_wk,
+        stride_cm,
+        stride_cn,
+        NUM_PROGS,
+        A_ALIGN: tl.constexpr,
+        W_ALIGN: tl.constexpr,
+        K_ALIGN: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        UPCAST: tl.constexpr,
+        PERSISTENT: tl.constexpr,
+    ):
+        # Row strides arrive divided by their alignment: triton only specialises integers
+        # divisible by 16, and 1176 is not, so without this it cannot prove 16-byte rows and
+        # falls back to 2-byte loads. K likewise, so the tail mask comes in runs of K_ALIGN.
+        K = K_q * K_ALIGN
+        stride_am = stride_am_q * A_ALIGN
+        stride_wn = stride_wn_q * W_ALIGN
+        num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+        num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+        if PERSISTENT:
+            # NUM_PROGS programs walk the tiles. A 128x256 tile fills an SM alone, and with a
+            # program per tile every tile then pays for its program's start and pipeline
+            # fill: 0.76-0.92x of cuBLAS persistent against 0.57-0.71x (H200, M >= 5476).
+            # Not flattened into the K loop: that measured 2-4x slower for every pointer tile,
+            # where it pays for the descriptor kernel.
+            for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS):
+                _ptr_tile(
+                    a_ptr, w_ptr, bias_ptr, c_ptr, tile, M, N, K, stride_am, stride_ak,
+                    stride_wn, stride_wk, stride_cm, stride_cn, num_pid_m, num_pid_n,
+                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, HAS_BIAS, UPCAST,
+                )  # fmt: skip
+        else:
+            _ptr_tile(
+                a_ptr, w_ptr, bias_ptr, c_ptr, tl.program_id(0), M, N, K, stride_am, stride_ak,
+                stride_wn, stride_wk, stride_cm, stride_cn, num_pid_m, num_pid_n,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, HAS_BIAS, UPCAST,
+            )  # fmt: skip
 
     @triton.jit(do_not_specialize=["M", "NUM_PROGS"])
     def _gemm_tma_kernel(
@@ -601,11 +648,11 @@ def prepare_launch(
     upcast = _INTERPRETING and a.dtype in (torch.bfloat16, torch.float16)
     bias_arg = bias if bias is not None else out
     tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
+    progs = min(tiles, plan.programs) if plan.persistent else tiles
     if plan.tma and _tma_ok(a) and _tma_ok(w) and _tma_ok(out):
         a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
         w_desc = _weight_descriptor(w, bn, bk)
         c_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2 if plan.half else bn])
-        progs = min(tiles, plan.programs) if plan.persistent else tiles
         return (
             _gemm_tma_kernel,
             (progs,),
@@ -629,10 +676,10 @@ def prepare_launch(
         k_align //= 2
     args: tuple[Any, ...] = (a, w, bias_arg, out, M, N, K // k_align)
     args += (a.stride(0) // a_align, a.stride(1), w.stride(0) // w_align, w.stride(1))
-    args += (out.stride(0), out.stride(1))
+    args += (out.stride(0), out.stride(1), progs)
     return (
         _gemm_ptr_kernel,
-        (tiles,),
+        (progs,),
         args,
         dict(
             A_ALIGN=a_align,
@@ -645,6 +692,7 @@ def prepare_launch(
             EVEN_K=K % bk == 0,
             HAS_BIAS=bias is not None,
             UPCAST=upcast,
+            PERSISTENT=plan.persistent,
             **plan.opts,
         ),
     )

@@ -107,11 +107,15 @@ def _count(launchers: Any) -> list[Any]:
 
 def _gemm(tiles: str = "gfx942") -> Any:
     """The gemm template with the tiles of ``tiles``: gfx942's are the pointer kernel ROCm
-    runs; "shipped" is this GPU's own (the descriptor kernel on an H100/H200)."""
+    runs ("gfx942+persistent" walks the tiles with one program per SM); "shipped" is this
+    GPU's own (the descriptor kernel on an H100/H200)."""
     module = load_template("patch_embed_gemm", interpret=False)
     if tiles == "shipped":
         return module
-    portable = module.CONFIG.shipped_config(tiles, ("any", "f16"))
+    arch, _, variant = tiles.partition("+")
+    portable = module.CONFIG.shipped_config(arch, ("any", "f16"))
+    if variant == "persistent":
+        portable = {**portable, "persistent": True}
     os.environ[module.CONFIG_ENV] = json.dumps(portable)
     try:
         module._plan_for(torch.device("cuda", torch.cuda.current_device()), torch.bfloat16)
@@ -134,7 +138,12 @@ def triton_only(module: Any) -> Iterator[None]:
 
 @pytest.mark.parametrize(
     ("tiles", "m"),
-    [*(("gfx942", m) for m in (1, 7, 64, 1000, 5476)), ("shipped", 7), ("shipped", 5476)],
+    [
+        *(("gfx942", m) for m in (1, 7, 64, 1000, 5476)),
+        *(("gfx942+persistent", m) for m in (7, 1000, 5476)),
+        ("shipped", 7),
+        ("shipped", 5476),
+    ],
 )
 @pytest.mark.parametrize("misaligned", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
@@ -160,6 +169,11 @@ def test_direct_launches_match_triton_launches(
         with triton_only(plain):
             want = plain.triton_conv3d_patchify(x, weight, b)
         assert torch.equal(got, want), (m, misaligned, bias, step)
+        # Both ran the same kernel: check that kernel against the vendor GEMM too.
+        ref = torch.nn.functional.linear(
+            x.flatten(1).float(), weight.flatten(1).float(), None if b is None else b.float()
+        )
+        assert float((got.float() - ref).norm() / ref.norm()) < 1e-2, (m, misaligned, bias)
     # One launch for every call: the first through kernel[grid], the rest direct.
     # (The weight update of step 2 is a new key: a second entry, its own first launch.)
     assert len(direct._calls) == 2 and len(counted) == 2

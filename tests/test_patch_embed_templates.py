@@ -151,6 +151,24 @@ def test_gemm_descriptor_kernel(gemm: ModuleType, cfg: dict[str, Any]) -> None:
         assert _rel_err(out, _reference(x, w, b)) < TOL[dtype]
 
 
+def test_gemm_persistent_pointer_kernel(gemm: ModuleType) -> None:
+    # More tiles than the interpreter's programs (4), so each program walks several, the last
+    # ones partial in M and N, the K tail peeled in each.
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "tma": False, "persistent": True}
+    for m, shape, dtype, bias in (
+        (130, (3, 2, 4, 40), torch.float32, True),
+        (70, (3, 2, 5, 96), torch.float16, False),
+    ):
+        x, w, b = _inputs(m, *shape, dtype, bias)
+        n = shape[-1]
+        a, wf = x.reshape(m, -1), w.reshape(n, -1)
+        kernel, grid, _, _ = gemm.prepare(a, wf, b, cfg)
+        assert kernel is gemm._gemm_ptr_kernel and grid == (gemm.INTERPRETER_SM_COUNT,)
+        out = _poisoned(m, n, dtype)
+        gemm.patchify_gemm(a, wf, b, config=cfg, out=out)
+        assert _rel_err(out, _reference(x, w, b)) < TOL[dtype]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_direct(mods: dict[str, ModuleType], dtype: torch.dtype, bias: bool) -> None:

@@ -22,8 +22,12 @@ from .base import (
 MINERU_PAGE = {"m": 5476, "c": 3, "t": 2, "p": 14, "n": 1280, "dtype": "bfloat16"}
 
 
-# The portable pointer kernel (every GPU but sm_90's descriptor path).
+# The portable pointer kernel (every GPU but sm_90's descriptor path), with a program per tile
+# or one per compute unit walking the tiles. Persistence lifted the 128x256 tile from 0.57-0.71x
+# to 0.76-0.92x of cuBLAS on an H200 and slowed 128x128 tiles, which share an SM without it
+# (docs/performance.md); on AMD the tiles compile cleanly but are unmeasured, so tune decides.
 _PTR = {"tma": False, "persistent": False, "flatten": False, "epilogue_subtile": False}
+_PERSISTENT = {**_PTR, "persistent": True}
 _TMA = {"tma": True, "persistent": True, "flatten": True, "epilogue_subtile": False}
 
 GRID = (
@@ -46,6 +50,11 @@ GRID = (
             tile(128, 256, 32, 8, 2, **_PTR),
             tile(64, 128, 64, 4, 2, **_PTR),
             tile(128, 128, 32, 4, 2, **_PTR),
+            # 48 KiB of LDS at two stages (RDNA3 spills the 64-deep K step), 144 KiB at three
+            # (gfx950 only: tune screens out what overflows a GPU's LDS before timing it).
+            tile(128, 256, 64, 8, 2, **_PERSISTENT),
+            tile(128, 256, 32, 8, 2, **_PERSISTENT),
+            tile(128, 256, 64, 8, 3, **_PERSISTENT),
         ),
     ),
     GridGroup(
@@ -70,6 +79,7 @@ GRID = (
     GridGroup(
         ("cuda", "!host-tma"),
         (
+            tile(128, 256, 64, 8, 3, **_PERSISTENT),
             tile(128, 256, 64, 8, 3, **_PTR),
             tile(256, 128, 64, 8, 3, **_PTR),
             tile(128, 128, 64, 8, 3, **_PTR),
@@ -87,7 +97,7 @@ GRID = (
             tile(256, 128, 64, 8, 3, **_TMA),
             tile(128, 256, 64, 8, 3, GROUP_M=16, **_TMA),
             tile(128, 128, 64, 8, 3, **{**_TMA, "persistent": False, "epilogue_subtile": True}),
-            tile(128, 256, 64, 8, 3, **_PTR),
+            tile(128, 256, 64, 8, 3, **_PERSISTENT),
         ),
     ),
 )
