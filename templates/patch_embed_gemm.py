@@ -66,9 +66,10 @@ _RDNA_FP32: dict[str, dict[str, Any]] = {"fp32": {"num_warps": 8}}
 # for 16-bit operands (what vllm and transformers run); fp32 inputs take "default"'s "fp32"
 # tile, since an exact fp32 dot ("ieee", to match F.linear without TF32) runs on FMA units on
 # NVIDIA and RDNA, where small tiles are the fast ones (CDNA has fp32 MFMA).
-# "tma"/"epilogue_subtile"/"flatten" select and shape the sm_90 descriptor kernel ("flatten":
-# its tile loop fused with the K loop); "persistent"/"occupancy" make either kernel walk the
-# tiles with a grid of occupancy x SM count programs;
+# "tma"/"tma_min_m"/"epilogue_subtile"/"flatten" select and shape the sm_90 descriptor kernel
+# (from tma_min_m rows of x on; "flatten": its tile loop fused with the K loop);
+# "persistent"/"occupancy" make either kernel walk the tiles with a grid of occupancy x SM
+# count programs;
 # waves_per_eu/matrix_instr_nonkdim/kpack are passed to the launch on ROCm. Every entry is
 # compiled for every arch by `rocmfix kernels` (docs/amd-kernels.md).
 PATCH_EMBED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
@@ -84,6 +85,7 @@ PATCH_EMBED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
             "tma": False,
             "persistent": False,
             "occupancy": 1,
+            "tma_min_m": 0,
             "epilogue_subtile": False,
             "flatten": False,
             "pack_weight": True,
@@ -131,6 +133,11 @@ PATCH_EMBED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
             "persistent": True,
             "epilogue_subtile": True,
             "flatten": True,
+            # Triton encodes the descriptors at every launch: 35 us of host time a call against
+            # the pointer kernel's 22 and F.linear's 21 (H200, 2026-11-24). Below 4096 rows the
+            # GPU finishes first, and the pointer kernel (persistent, the same tile) is 1.6x
+            # faster for the caller; at MinerU's 5476 the descriptor kernel's GPU time wins.
+            "tma_min_m": 4096,
         }
     },
 }
@@ -142,6 +149,7 @@ CONFIG = kc.KernelConfig(
     {
         "GROUP_M": kc.integer(1, 64),
         "occupancy": kc.integer(1, 64),
+        "tma_min_m": kc.integer(0, 1 << 31),
         "tma": kc.flag,
         "persistent": kc.flag,
         "epilogue_subtile": kc.flag,
@@ -432,6 +440,7 @@ class _Plan:
         "persistent",
         "programs",
         "tma",
+        "tma_min_m",
     )
 
     def __init__(self, cfg: Mapping[str, Any], device: torch.device) -> None:
@@ -442,6 +451,7 @@ class _Plan:
         # Host descriptors drive Hopper's TMA unit; the interpreter runs them too.
         where = (not kc.is_hip() and cc_major >= 9) if on_gpu else _INTERPRETING
         self.tma = bool(cfg.get("tma")) and _HAS_HOST_TMA and where
+        self.tma_min_m = int(cfg.get("tma_min_m", 0))
         # The interpreter runs persistent grids too (over INTERPRETER_SM_COUNT "SMs"), so the
         # CPU tests cover the persistent loop.
         self.persistent = bool(cfg.get("persistent")) and (on_gpu or _INTERPRETING)
@@ -649,7 +659,7 @@ def prepare_launch(
     bias_arg = bias if bias is not None else out
     tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
     progs = min(tiles, plan.programs) if plan.persistent else tiles
-    if plan.tma and _tma_ok(a) and _tma_ok(w) and _tma_ok(out):
+    if plan.tma and plan.tma_min_m <= M and _tma_ok(a) and _tma_ok(w) and _tma_ok(out):
         a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
         w_desc = _weight_descriptor(w, bn, bk)
         c_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2 if plan.half else bn])

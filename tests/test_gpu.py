@@ -152,7 +152,8 @@ def test_direct_launches_match_triton_launches(
 ) -> None:
     """The cached launcher gives the bytes Triton's own launch gives, for every M and
     alignment, on every call after the first; a weight changed in place is read. The
-    shipped tiles take the descriptor kernel where x is 16-byte aligned."""
+    shipped tiles take the descriptor kernel where x is 16-byte aligned and has its
+    tma_min_m rows (5476 here), the persistent pointer kernel otherwise."""
     direct, plain = _gemm(tiles), _gemm(tiles)
     counted: list[Any] = []
     gen = torch.Generator(device="cuda").manual_seed(m)
@@ -202,9 +203,14 @@ def test_direct_launches_pick_the_kernel_triton_picks() -> None:
 def test_direct_launches_replay_in_a_cuda_graph(tiles: str) -> None:
     module = _gemm(tiles)
     weight = torch.randn(1280, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(1024, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16)
+    # MinerU's page: the shipped tiles run the descriptor kernel there.
+    x = torch.randn(5476, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16)
     module.triton_conv3d_patchify(x, weight)  # the first call compiles; the next are direct
     module.triton_conv3d_patchify(x, weight)
+    (call,) = module._calls.values()
+    hopper = torch.cuda.get_device_capability()[0] >= 9 and module._HAS_HOST_TMA
+    want_tma = tiles == "shipped" and hopper and torch.version.hip is None
+    assert (call.launcher.kernel is module._gemm_tma_kernel) == want_tma
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream), torch.cuda.graph(graph):

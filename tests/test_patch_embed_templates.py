@@ -151,6 +151,20 @@ def test_gemm_descriptor_kernel(gemm: ModuleType, cfg: dict[str, Any]) -> None:
         assert _rel_err(out, _reference(x, w, b)) < TOL[dtype]
 
 
+def test_gemm_descriptor_kernel_from_tma_min_m_rows_on(gemm: ModuleType) -> None:
+    if not gemm._HAS_HOST_TMA:
+        pytest.skip("this triton has no host-side TensorDescriptor")
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "tma": True, "tma_min_m": 100}
+    for m, kernel in ((7, gemm._gemm_ptr_kernel), (99, gemm._gemm_ptr_kernel),
+                      (100, gemm._gemm_tma_kernel)):  # fmt: skip
+        x, w, b = _inputs(m, *MINERU, torch.float16, True)
+        a, wf = x.reshape(m, -1), w.reshape(1280, -1)
+        assert gemm.prepare(a, wf, b, cfg)[0] is kernel, m
+        out = _poisoned(m, 1280, torch.float16)
+        gemm.patchify_gemm(a, wf, b, config=cfg, out=out)
+        assert _rel_err(out, _reference(x, w, b)) < TOL[torch.float16]
+
+
 def test_gemm_persistent_pointer_kernel(gemm: ModuleType) -> None:
     # More tiles than the interpreter's programs (4), so each program walks several, the last
     # ones partial in M and N, the K tail peeled in each.
