@@ -326,8 +326,8 @@ if _HAS_TRITON:
             # NUM_PROGS programs walk the tiles. A 128x256 tile fills an SM alone, and with a
             # program per tile every tile then pays for its program's start and pipeline
             # fill: 0.76-0.92x of cuBLAS persistent against 0.57-0.71x (H200, M >= 5476).
-            # Not flattened into the K loop: that measured 2-4x slower for every pointer tile,
-            # where it pays for the descriptor kernel.
+            # Not flattened into the K loop: that measured 1.7-3.1x slower for every pointer
+            # tile, where it pays for the descriptor kernel.
             for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS):
                 _ptr_tile(
                     a_ptr, w_ptr, bias_ptr, c_ptr, tile, M, N, K, stride_am, stride_ak,
