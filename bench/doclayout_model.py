@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -203,41 +204,58 @@ def in_context_host(
     model: torch.nn.Module,
     x: torch.Tensor,
     impls: dict[str, Callable[..., torch.Tensor] | None],
-    forwards: int = 30,
+    rounds: int = 6,
+    forwards: int = 5,
 ) -> dict[str, dict[str, float]]:
     """Median host µs of one ``DilatedBlock.dilated_conv`` call (conv, BN and act) inside the
     whole forward, per variant and for d = 1 and d > 1: a call among 500 others runs with
-    cold caches, which a back-to-back micro-benchmark (bench/eager_host.py) does not see."""
+    cold caches, which a back-to-back micro-benchmark (bench/eager_host.py) does not see. Also
+    the time to issue the whole forward, and its part outside the dilated calls: where a
+    variant's calls are cheaper but its forward is not, it slows the ops around them. The
+    variants take turns, ``forwards`` forwards each, over ``rounds`` rounds."""
     from doclayout_yolo.nn.modules.g2l_crm import DilatedBlock
 
-    result = {}
+    keys = ("d=1", "d>1", "forward", "outside")
+    samples = {name: {k: [] for k in keys} for name in impls}
+    names = list(impls)
     with torch.inference_mode():
-        for name, impl in impls.items():
-            with patched(impl):
-                inner = DilatedBlock.dilated_conv
-                samples: dict[str, list[float]] = {"d=1": [], "d>1": []}
+        for r in range(rounds + 1):  # round 0 warms every variant up and is dropped
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                into = samples[name]
+                with patched(impls[name]):
+                    inner = DilatedBlock.dilated_conv
+                    spent = [0.0]
 
-                def timed(self: Any, x: torch.Tensor, d: int, inner: Any = inner,
-                          samples: dict[str, list[float]] = samples) -> torch.Tensor:  # fmt: skip
-                    start = time.perf_counter()
-                    y = inner(self, x, d)
-                    samples["d=1" if d == 1 else "d>1"].append(time.perf_counter() - start)
-                    return y
+                    def timed(self: Any, x: torch.Tensor, d: int, inner: Any = inner,
+                              into: dict[str, list[float]] = into,
+                              spent: list[float] = spent) -> torch.Tensor:  # fmt: skip
+                        start = time.perf_counter()
+                        y = inner(self, x, d)
+                        took = time.perf_counter() - start
+                        into["d=1" if d == 1 else "d>1"].append(took)
+                        spent[0] += took
+                        return y
 
-                DilatedBlock.dilated_conv = timed
-                try:
-                    for _ in range(5):
-                        model(x)
-                    torch.cuda.synchronize()
-                    for values in samples.values():
+                    DilatedBlock.dilated_conv = timed
+                    try:
+                        for _ in range(forwards):
+                            torch.cuda.synchronize()
+                            spent[0] = 0.0
+                            start = time.perf_counter()
+                            model(x)
+                            issued = time.perf_counter() - start
+                            into["forward"].append(issued)
+                            into["outside"].append(issued - spent[0])
+                        torch.cuda.synchronize()
+                    finally:
+                        DilatedBlock.dilated_conv = inner
+                if r == 0:
+                    for values in into.values():
                         values.clear()
-                    for _ in range(forwards):
-                        model(x)
-                    torch.cuda.synchronize()
-                finally:
-                    DilatedBlock.dilated_conv = inner
-            result[name] = {k: statistics.median(v) * 1e6 for k, v in samples.items() if v}
-    return result
+    return {
+        name: {k: statistics.median(v) * 1e6 for k, v in rows.items() if v}
+        for name, rows in samples.items()
+    }
 
 
 def graph_forward_ms(model: torch.nn.Module, x: torch.Tensor, reps: int = 20) -> float | None:
@@ -302,7 +320,8 @@ def alternate_report(
     lines = [
         f"{time.strftime('%Y-%m-%d')} · {torch.cuda.get_device_name()} · torch "
         f"{torch.__version__} · triton {triton.__version__} · {h}x{w}, fp32 with TF32, "
-        f"eager, inference_mode · {args.alternate} alternating rounds of 15 forwards",
+        f"eager, inference_mode · {args.alternate} alternating rounds of 15 forwards"
+        + (" · Python's garbage collector off" if args.no_gc else ""),
         "",
         "| batch | " + " | ".join(f"{n} ms" for n in impls) + " | "
         + " | ".join(f"{n}/stock (median, min)" for n in impls if n != "stock") + " |",
@@ -331,10 +350,12 @@ def alternate_report(
         x = torch.rand(1, 3, h, w, generator=g).to("cuda")
         host = in_context_host(model, x, impls)
         lines += ["", "Host µs per `DilatedBlock.dilated_conv` call inside the batch-1 forward "
-                  "(conv, BN, act; median of 30 forwards):", "",
-                  "| variant | d = 1 | d > 1 |", "|---|---:|---:|"]  # fmt: skip
+                  "(conv, BN, act; median of 30 forwards, the variants in turn):", "",
+                  "| variant | d = 1 | d > 1 | issuing the forward | outside the dilated calls |",
+                  "|---|---:|---:|---:|---:|"]  # fmt: skip
         for name, row in host.items():
-            lines.append(f"| {name} | {row.get('d=1', 0):.1f} | {row.get('d>1', 0):.1f} |")
+            cells = " | ".join(f"{row.get(k, 0):.1f}" for k in ("d=1", "d>1", "forward", "outside"))
+            lines.append(f"| {name} | {cells} |")
     text = "\n".join(lines) + "\n"
     print(text)
     (args.out / "doclayout_alternating.md").write_text(text)
@@ -359,6 +380,11 @@ def main() -> None:
         action="store_true",
         help="with --alternate: also each variant's host time per dilated call in the forward",
     )
+    ap.add_argument(
+        "--no-gc",
+        action="store_true",
+        help="with --alternate: Python's garbage collector off while timing",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = args.device
@@ -381,6 +407,9 @@ def main() -> None:
 
         impls = {"stock": None, "route": _stock_line, "unfused": unfused,
                  **{k: impls[k] for k in ("triton", "phase")}}  # fmt: skip
+        if args.no_gc:
+            gc.collect()
+            gc.disable()
         alternate_report(model, impls, args)
         return
     g = torch.Generator(device="cpu").manual_seed(1)
