@@ -50,7 +50,7 @@ GRID = (
             tile(128, 256, 32, 8, 2, **_PTR),
             tile(64, 128, 64, 4, 2, **_PTR),
             tile(128, 128, 32, 4, 2, **_PTR),
-            # 48 KiB of LDS at two stages (RDNA3 spills the 64-deep K step), 144 KiB at three
+            # 48 KiB of LDS at two stages (RDNA3 spills the 64-deep K step), 146 KiB at three
             # (gfx950 only: tune screens out what overflows a GPU's LDS before timing it).
             tile(128, 256, 64, 8, 2, **_PERSISTENT),
             tile(128, 256, 32, 8, 2, **_PERSISTENT),
