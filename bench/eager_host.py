@@ -15,8 +15,8 @@ Rows:
   ``triton_conv3d_patchify`` as shipped for this GPU, with the portable pointer tiles that
   ROCm runs (``gfx942``) and with this GPU's tiles through the pointer kernel (on sm_90, what
   skipping the descriptor kernel would cost), and, for the gfx942 tiles, Triton's
-  ``kernel[grid]`` and the compiled launcher
-  with the arguments already prepared (what the template's own code adds is the rest);
+  ``kernel[grid]`` and the compiled launcher with the arguments already prepared (what the
+  template's own code adds is the rest);
 * dilated conv (fp32 with TF32, as MinerU runs DocLayout-YOLO): ``F.conv2d``, the
   dropped-in Triton ``dilated_conv2d`` and the phase split (the ``linear`` scheme) at a tiny
   size and at MinerU's batch-1 sizes; then at those sizes the whole line the rewrite replaces,

@@ -237,6 +237,9 @@ def test_grids_follow_the_gpu() -> None:
     packed = config_text({**shipped, "pack_weight": True})
     unpacked = config_text({**shipped, "pack_weight": False})
     assert "unpacked" in unpacked and "unpacked" not in packed
+    # `rocmfix kernels` shows a launch's constexprs: a persistent grid must read as one.
+    assert "persistent" in config_text({**shipped, "PERSISTENT": True})
+    assert "persistent" not in config_text({**shipped, "PERSISTENT": False})
 
 
 def test_a_winner_must_be_faster_for_users_and_no_slower_as_a_kernel() -> None:

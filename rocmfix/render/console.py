@@ -195,7 +195,8 @@ def config_text(config: Mapping[str, Any] | None) -> str:
     keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
     tile = "x".join(str(config[k]) for k in keys if k in config)
     words = [tile, f"w{config.get('num_warps', '?')}", f"s{config.get('num_stages', '?')}"]
-    words += sorted(k for k, v in config.items() if k in _FLAGS and v in (True, 1))
+    # A launch names its flags as the kernel's constexprs (PERSISTENT), a config in lower case.
+    words += sorted(k.lower() for k, v in config.items() if k.lower() in _FLAGS and v in (True, 1))
     if config.get("pack_weight") is False:
         words.append("unpacked")
     words += [
