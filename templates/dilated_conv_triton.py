@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from . import rocmfix_bn_fold as bf
 from . import rocmfix_kernel_config as kc
 
 if TYPE_CHECKING:
-    # (scale, shift, code): code 1 applies y * scale + shift per output channel, 2 then SiLU.
-    Epilogue = tuple[torch.Tensor, torch.Tensor, int]
+    from .rocmfix_bn_fold import Epilogue
 
 try:
     import triton
@@ -473,7 +473,7 @@ def clear_config_cache() -> None:
     CONFIG.clear()
     with _LOCK:
         _PLANS.clear()
-        _FOLDED.clear()
+    bf.clear()
 
 
 def resolve_config(
@@ -737,7 +737,7 @@ def dilated_conv2d(
         y = F.conv2d(x, weight, None, 1, padding, 1)
     else:
         if bn is not None:
-            epilogue = _epilogue(bn, act)
+            epilogue = bf.epilogue(bn, act)
         y, fused = _conv(x, weight, dilation, padding, config, epilogue)
     if not fused:  # the kernel did not apply them: the modules see a plain conv
         if bn is not None:
@@ -783,7 +783,7 @@ def _conv(
         or weight.shape[1] != x.shape[1]
         or x.shape[0] == 0
         or dilation < 1
-        or (epilogue is not None and not _epilogue_fits(epilogue, x, weight))
+        or (epilogue is not None and not bf.fits(epilogue, x, weight, torch.float32))
     ):
         return F.conv2d(x, weight, None, 1, padding, dilation), False
     pad_h, pad_w = _pair(padding, "padding")
@@ -882,93 +882,3 @@ def _replay(x: torch.Tensor, plan: tuple[Any, ...], epilogue: Epilogue | None) -
 
 _PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 PLAN_CACHE_SIZE = 256
-
-# --------------------------------------------------------------------------------------------
-# The block's BatchNorm and activation, folded into the kernel's store
-# --------------------------------------------------------------------------------------------
-
-_ACTS = {torch.nn.Identity: 1, torch.nn.SiLU: 2}
-_FOLDED: dict[int, tuple[Any, ...]] = {}
-FOLDED_CACHE_SIZE = 256
-
-
-def _epilogue(bn: Any, act: Any) -> Epilogue | None:
-    """``act(bn(y))`` as a per-channel scale and shift (and SiLU), for an ``nn.BatchNorm2d`` in
-    eval mode with running statistics and an ``nn.SiLU``/``nn.Identity``/None activation;
-    None for anything else, or where a hook would see the modules called (a subclass, a
-    forward hook, train mode: the block calls them itself).
-
-    The fold is computed once per module and reused while its statistics, affine parameters
-    and eps are the same tensors at the same addresses and versions (an in-place update, a
-    ``load_state_dict`` or a ``.to()`` moves one of them).
-    """
-    code = 1 if act is None else _ACTS.get(type(act))
-    if (
-        code is None
-        or type(bn) is not torch.nn.BatchNorm2d
-        or bn.training
-        or bn._forward_hooks
-        or bn._forward_pre_hooks
-        or (act is not None and (act._forward_hooks or act._forward_pre_hooks))
-        or _global_hooks()
-    ):
-        return None
-    buffers, params = bn._buffers, bn._parameters
-    tensors = (
-        buffers.get("running_mean"),
-        buffers.get("running_var"),
-        params.get("weight"),
-        params.get("bias"),
-    )
-    if tensors[0] is None or tensors[1] is None:
-        return None  # no running statistics: BatchNorm uses the batch's, even in eval
-    try:
-        state = tuple((t, t.data_ptr(), t._version) if t is not None else None for t in tensors)
-    except RuntimeError:
-        # Inference tensors (a model built under inference_mode) have no version to see an
-        # update by: the modules run as the block calls them.
-        return None
-    folded = _FOLDED.get(id(bn))
-    if folded is None or folded[0] != bn.eps or not _same(folded[1], state):
-        scale, shift = _fold(tensors, bn.eps)
-        folded = (bn.eps, state, scale, shift)
-        with _LOCK:
-            if len(_FOLDED) >= FOLDED_CACHE_SIZE:
-                _FOLDED.clear()
-            _FOLDED[id(bn)] = folded
-    return folded[2], folded[3], code
-
-
-def _same(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
-    # The fold holds the tensors it was made from, so `is` cannot match a new tensor that
-    # reuses a freed one's id.
-    return all(
-        (a is None and b is None)
-        or (a is not None and b is not None and a[0] is b[0] and a[1:] == b[1:])
-        for a, b in zip(seen, now)
-    )
-
-
-def _fold(tensors: tuple[Any, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    mean, var, gamma, beta = tensors
-    with torch.no_grad():
-        scale = torch.rsqrt(var.float() + eps)
-        if gamma is not None:
-            scale = scale * gamma.float()
-        shift = -mean.float() * scale
-        if beta is not None:
-            shift = shift + beta.float()
-    return scale.contiguous(), shift.contiguous()
-
-
-def _epilogue_fits(epilogue: Epilogue, x: torch.Tensor, weight: torch.Tensor) -> bool:
-    scale = epilogue[0]
-    return scale.device == x.device and scale.numel() == weight.shape[0]
-
-
-def _global_hooks() -> bool:
-    module = torch.nn.modules.module
-    return bool(
-        getattr(module, "_global_forward_hooks", None)
-        or getattr(module, "_global_forward_pre_hooks", None)
-    )

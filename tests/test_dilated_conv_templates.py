@@ -280,7 +280,7 @@ def test_bn_and_act_run_in_the_store(
             _check(tri.dilated_conv2d(x, w, 2, 2, bn=bn, act=module), want(x), dt)
     (launcher,) = (plan[0] for plan in tri._PLANS.values())
     assert launcher.kwargs["EPILOGUE"] == (2 if act == "silu" else 1)
-    assert len(tri._FOLDED) == 1
+    assert len(tri.bf.FOLDED) == 1
 
 
 def test_other_modules_are_called_as_the_block_calls_them(
@@ -315,7 +315,7 @@ def test_other_modules_are_called_as_the_block_calls_them(
             ref = act(bn(F.conv2d(x, w, None, 1, d, d)))
             _check(tri.dilated_conv2d(x, w, d, d, bn=bn, act=act), ref.double(), torch.float32)
     assert seen == ["bn", "bn"]  # the reference call, then ours
-    assert not tri._FOLDED
+    assert not tri.bf.FOLDED
     assert all(plan[0].kwargs["EPILOGUE"] == 0 for plan in tri._PLANS.values())
 
 
@@ -587,3 +587,78 @@ def test_phase_grad_flows(phase: ModuleType) -> None:
     x = torch.randn(1, 2, 6, 5, dtype=torch.float64, requires_grad=True)
     wt = torch.randn(2, 2, 3, 3, dtype=torch.float64, requires_grad=True)
     torch.autograd.gradcheck(lambda a, b: phase.dilated_conv2d(a, b, 2, 2), (x, wt))
+
+
+class _OpSpy(TorchDispatchMode):
+    """Records the name of every aten op that runs (``silu_``, ``addcmul``, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("act", ["silu", "identity", None])
+@pytest.mark.parametrize(("d", "hw"), [(2, (8, 10)), (3, (7, 11))])  # even, and padded
+def test_phase_folds_bn_and_act_into_its_copy(
+    phase: ModuleType, act: str | None, d: int, hw: tuple[int, int]
+) -> None:
+    """An eval-mode BatchNorm (and SiLU) rides on the interleaving copy: no batch-norm op runs,
+    the result matches the modules on F.conv2d, and an in-place update of the statistics is
+    seen on the next call."""
+    module = {"silu": torch.nn.SiLU(), "identity": torch.nn.Identity(), None: None}[act]
+    bn = _bn(6, 7).double()
+    wt = torch.randn(6, 4, 3, 3, dtype=torch.float64)
+    phase.bf.clear()
+
+    def want(x: torch.Tensor) -> torch.Tensor:
+        y = bn(F.conv2d(x, wt, None, 1, d, d))
+        return y if module is None else module(y)
+
+    with torch.no_grad():
+        for step in range(3):
+            x = torch.randn(2, 4, *hw, dtype=torch.float64)
+            if step == 2:
+                bn.running_var.mul_(2.0)
+                bn.bias.add_(1.0)
+            with _OpSpy() as spy:
+                y = phase.dilated_conv2d(x, wt, d, d, bn=bn, act=module)
+            ref = want(x)
+            assert y.shape == ref.shape
+            assert (y - ref).abs().max().item() <= 1e-12
+            assert not [op for op in spy.ops if "batch_norm" in op], spy.ops
+            assert ("silu_" in spy.ops) == (act == "silu") and "addcmul" in spy.ops
+    assert len(phase.bf.FOLDED) == 1
+
+
+def test_phase_calls_modules_it_cannot_fold(phase: ModuleType) -> None:
+    """Train mode, a hook, another activation, dilation 1, or autograd recording through the
+    BatchNorm's parameters: the block's modules are called on the conv, hooks fire, gradients
+    reach the BatchNorm."""
+    phase.bf.clear()
+    x, wt = torch.randn(1, 4, 9, 8), torch.randn(6, 4, 3, 3)
+    seen: list[str] = []
+    hooked = _bn(6, 1)
+    hooked.register_forward_hook(lambda *_: seen.append("bn"))
+    cases = [
+        (_bn(6, 2).train(), torch.nn.SiLU(), 2),
+        (hooked, torch.nn.SiLU(), 2),
+        (_bn(6, 3), torch.nn.ReLU(), 3),
+        (_bn(6, 4), torch.nn.SiLU(), 1),
+    ]
+    with torch.no_grad():
+        for bn, act, d in cases:
+            ref = act(bn(F.conv2d(x, wt, None, 1, d, d)))
+            with _OpSpy() as spy:
+                y = phase.dilated_conv2d(x, wt, d, d, bn=bn, act=act)
+            torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+            assert [op for op in spy.ops if "batch_norm" in op], (bn, act, d)
+    assert seen == ["bn", "bn"]  # the reference call, then ours
+    bn = _bn(6, 5)
+    y = phase.dilated_conv2d(x, wt, 2, 2, bn=bn, act=torch.nn.SiLU())
+    y.sum().backward()
+    assert bn.weight.grad is not None and bn.weight.grad.abs().sum() > 0
+    assert not phase.bf.FOLDED

@@ -1,8 +1,9 @@
 """The phase-split template inside the real DocLayout-YOLO model (CPU).
 
 Builds the released architecture from the installed ``doclayout-yolo`` package (random weights),
-routes ``DilatedBlock.dilated_conv``'s conv through templates/dilated_conv_phase.py (kept
-``act(bn(...))``, as rocmfix's rewrite does) and compares a forward with the stock one.
+routes ``DilatedBlock.dilated_conv`` through templates/dilated_conv_phase.py with the block's
+``bn`` and ``act``, as rocmfix's rewrite does (so the eval-mode BatchNorm and SiLU are folded
+into the phase split's last copy), and compares a forward with the stock one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import releases
+from conftest import load_template
 
 pytestmark = pytest.mark.network
 
@@ -33,17 +35,6 @@ def yolo() -> ModuleType:
 
 def _dilated_block() -> Any:
     return importlib.import_module("doclayout_yolo.nn.modules.g2l_crm").DilatedBlock
-
-
-PHASE_TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "dilated_conv_phase.py"
-
-
-def _phase() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_rocmfix_model_phase", PHASE_TEMPLATE)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class _DilationSpy(TorchDispatchMode):
@@ -105,7 +96,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_phase_split_model_forward_matches_stock(
     model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    phase = _phase()
+    phase = load_template("dilated_conv_phase", interpret=None)
     DilatedBlock = _dilated_block()
     blocks = [m for m in model.modules() if isinstance(m, DilatedBlock)]
     assert sorted({(b.k, tuple(b.dilation)) for b in blocks}) == [(3, (1, 3, 5)), (5, (1, 2, 3))]
@@ -116,8 +107,8 @@ def test_phase_split_model_forward_matches_stock(
 
     def dilated_conv(self: Any, x: torch.Tensor, dilation: int) -> torch.Tensor:
         w = self.dcv.conv.weight
-        y = phase.dilated_conv2d(x, w, dilation, dilation * (self.k // 2))
-        return self.dcv.act(self.dcv.bn(y))
+        p = dilation * (self.k // 2)
+        return phase.dilated_conv2d(x, w, dilation, p, bn=self.dcv.bn, act=self.dcv.act)
 
     monkeypatch.setattr(DilatedBlock, "dilated_conv", dilated_conv)
     taps, head, dils = _run(model, x)
@@ -127,6 +118,7 @@ def test_phase_split_model_forward_matches_stock(
         assert _rel(got, ref) < 1e-5
     assert _rel(head, ref_head) < 1e-5
     torch.testing.assert_close(head, ref_head, rtol=1e-4, atol=1e-4)
+    assert len(phase.bf.FOLDED) == 8  # each block's BatchNorm, folded once for both dilations
 
     # The probe can fail: running the dilated convs undilated changes every block's output.
     monkeypatch.setattr(
