@@ -2,9 +2,9 @@
 
 rocmfix dropped this file into ``doclayout_yolo/nn/modules/`` as ``g2l_crm_triton.py`` and rewrote
 ``DilatedBlock.dilated_conv`` to call :func:`dilated_conv2d` for GPU inputs with the block's
-``bn`` and ``act``: an eval-mode BatchNorm (and SiLU) is applied in the copy that interleaves
-the phases back (``rocmfix_bn_fold``, dropped beside this file); other modules are called on
-the conv's output.  ``rocmfix revert`` removes these files and restores the original method.
+``bn`` and ``act``: an eval-mode BatchNorm is folded into the conv's weight and bias and a SiLU
+runs in place (``rocmfix_bn_fold``, dropped beside this file); other modules are called on the
+conv's output.  ``rocmfix revert`` removes these files and restores the original method.
 
 Why: on ROCm, MIOpen has no fast solver for dilation > 1 and falls back to a naive kernel, while
 its dense (dilation 1) kernels are fast.  A conv with dilation ``d`` equals a dense conv over the
@@ -63,39 +63,31 @@ def dilated_conv2d(
 ) -> torch.Tensor:
     """``F.conv2d(x, weight, None, stride=1, padding=padding, dilation=dilation)`` computed
     through a single dilation-1 ``F.conv2d`` over the ``dilation**2`` phases of ``x``, then
-    ``act(bn(...))`` where they are given: folded into the interleaving copy where
-    :func:`rocmfix_bn_fold.epilogue` allows, else the block's own modules, called as it calls
-    them.
+    ``act(bn(...))`` where they are given: an eval-mode BatchNorm folded into the conv's
+    weight and bias and SiLU run in place where :mod:`rocmfix_bn_fold` allows, else the
+    block's own modules, called as it calls them.
 
     The result may be a non-contiguous view (a crop of the interleaved phases).
     """
-    y, folded = _conv(x, weight, dilation, padding, bn, act)
-    if folded:
-        return y
-    if bn is not None:
-        y = bn(y)
-    return y if act is None else act(y)
+    return bf.conv_bn_act(_conv, x, weight, bn, act, dilation, padding)
 
 
 def _conv(
     x: torch.Tensor,
     weight: torch.Tensor,
+    bias: torch.Tensor | None,
     dilation: int,
     padding: int | tuple[int, int],
-    bn: Callable[[torch.Tensor], torch.Tensor] | None,
-    act: Callable[[torch.Tensor], torch.Tensor] | None,
-) -> tuple[torch.Tensor, bool]:
-    """The conv, and whether ``act(bn(...))`` was folded into it (only the phase split folds,
-    and only what :func:`rocmfix_bn_fold.epilogue` allows)."""
+) -> torch.Tensor:
     d = dilation
     if isinstance(d, (tuple, list)):
         if len(set(d)) != 1:
-            return F.conv2d(x, weight, None, 1, padding, d), False
+            return F.conv2d(x, weight, bias, 1, padding, d)
         d = d[0]
     d = int(d)
     pad_h, pad_w = _pair(padding)
     if d == 1 or x.dim() != 4 or weight.dim() != 4 or x.shape[0] == 0 or d < 1:
-        return F.conv2d(x, weight, None, 1, (pad_h, pad_w), d), False
+        return F.conv2d(x, weight, bias, 1, (pad_h, pad_w), d)
     n, c, h, w = x.shape
     co, _, kh, kw = weight.shape
     if (
@@ -105,7 +97,7 @@ def _conv(
         or w + 2 * pad_w - d * (kw - 1) < 1
     ):
         # torch raises its own error
-        return F.conv2d(x, weight, None, 1, (pad_h, pad_w), d), False
+        return F.conv2d(x, weight, bias, 1, (pad_h, pad_w), d)
     f_h, b_h, l_h, q_h, oh = _phase_geometry(h, pad_h, d, kh)
     f_w, b_w, l_w, q_w, ow = _phase_geometry(w, pad_w, d, kw)
     if f_h or b_h or f_w or b_w:
@@ -121,30 +113,12 @@ def _conv(
         .contiguous()
         .view(d * d * n, c, l_h, l_w)
     )
-    y = F.conv2d(phases, weight, None, 1, (q_h, q_w), 1)
+    y = F.conv2d(phases, weight, bias, 1, (q_h, q_w), 1)
     _, _, ph, pw = y.shape
     # Phase (a, b)'s output (i, j) lands at row i*d + a, column j*d + b.
     yn, yc, yh, yw = y.stride()
     interleaved = y.as_strided(
         (n, co, ph, d, pw, d), (yn, yc, yh, d * n * yn, yw, n * yn), y.storage_offset()
     )
-    fold = bf.epilogue(bn, act) if bn is not None else None
-    if fold is not None and bf.fits(fold, x, weight):
-        # The BatchNorm rides on the copy that interleaves the phases: one pass over the
-        # output and one launch fewer than the copy followed by the module.
-        scale, shift, code = fold
-        y = torch.empty((n, co, ph * d, pw * d), dtype=y.dtype, device=y.device)
-        torch.addcmul(
-            shift.view(co, 1, 1, 1, 1),
-            interleaved,
-            scale.view(co, 1, 1, 1, 1),
-            out=y.view(n, co, ph, d, pw, d),
-        )
-        if code == bf.SILU:
-            F.silu(y, inplace=True)  # y is ours: nothing else holds it
-    else:
-        fold = None
-        y = interleaved.contiguous().view(n, co, ph * d, pw * d)
-    if oh != ph * d or ow != pw * d:
-        y = y[:, :, :oh, :ow]
-    return y, fold is not None
+    y = interleaved.contiguous().view(n, co, ph * d, pw * d)
+    return y if oh == ph * d and ow == pw * d else y[:, :, :oh, :ow]

@@ -30,16 +30,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from . import rocmfix_bn_fold as bf
 from . import rocmfix_kernel_config as kc
-
-if TYPE_CHECKING:
-    from .rocmfix_bn_fold import Epilogue
 
 try:
     import triton
@@ -526,10 +523,8 @@ def _packed_weight(
     holds the source tensor so its address cannot be reused while cached.
     """
     co, c, kh, kw = weight.shape
-    try:
-        version: int | None = weight._version
-    except Exception:  # noqa: BLE001  # inference tensors have no version counter: no cache
-        version = None
+    # Inference tensors have no version counter (asking raises, slowly): no cache.
+    version = None if weight.is_inference() else weight._version
     key = (
         weight.data_ptr(),
         tuple(weight.shape),
@@ -595,7 +590,7 @@ def prepare_launch(
     padding: int | tuple[int, int],
     config: dict[str, Any],
     out: torch.Tensor | None = None,
-    epilogue: Epilogue | None = None,
+    epilogue: bf.Epilogue | None = None,
 ) -> tuple[Any, tuple[int], tuple[Any, ...], dict[str, Any], torch.Tensor]:
     """Kernel, grid, positional args, launch kwargs and output for one call (no launch).
 
@@ -725,20 +720,19 @@ def dilated_conv2d(
     Runs the Triton kernel for fp32/fp16/bf16 GPU tensors (CPU tensors only under
     ``TRITON_INTERPRET=1``) at dilation > 1, and ``F.conv2d`` otherwise.  An eval-mode
     ``nn.BatchNorm2d`` and an ``nn.SiLU`` or ``nn.Identity`` without hooks run in the kernel's
-    store; any other module is called on the output, as the block would call it.  ``config``
+    store (in ``F.conv2d``'s weight and bias, and SiLU in place, at dilation 1); any other
+    module is called on the output, as the block would call it.  ``config``
     overrides the resolved launch config field by field (``rocmfix tune`` uses it); it is not
     validated against the hardware.  Output is NCHW-contiguous.
     """
-    epilogue, fused = None, False
     if dilation == 1 and config is None:
         # A dense conv: the vendor libraries run it fast (MIOpen leaves out its GEMM solvers
         # only for dilation > 1), and DocLayout-YOLO's blocks make a third of their calls at
-        # d = 1. Explicit configs (tests, tune) still run the kernel.
-        y = F.conv2d(x, weight, None, 1, padding, 1)
-    else:
-        if bn is not None:
-            epilogue = bf.epilogue(bn, act)
-        y, fused = _conv(x, weight, dilation, padding, config, epilogue)
+        # d = 1; the BatchNorm goes into its weight and bias. Explicit configs (tests, tune)
+        # still run the kernel.
+        return bf.conv_bn_act(_dense, x, weight, bn, act, padding)
+    epilogue = bf.epilogue(bn, act) if bn is not None else None
+    y, fused = _conv(x, weight, dilation, padding, config, epilogue)
     if not fused:  # the kernel did not apply them: the modules see a plain conv
         if bn is not None:
             y = bn(y)
@@ -747,13 +741,19 @@ def dilated_conv2d(
     return y
 
 
+def _dense(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: Any
+) -> torch.Tensor:
+    return F.conv2d(x, weight, bias, 1, padding, 1)
+
+
 def _conv(
     x: torch.Tensor,
     weight: torch.Tensor,
     dilation: Any,
     padding: Any,
     config: dict[str, Any] | None,
-    epilogue: Epilogue | None,
+    epilogue: bf.Epilogue | None,
 ) -> tuple[torch.Tensor, bool]:
     """The conv, and whether ``epilogue`` was applied to it: the kernel applies it, a call
     that falls back to ``F.conv2d`` does not."""
@@ -837,15 +837,14 @@ def _conv(
 
 
 def _plan_key(
-    x: torch.Tensor, weight: torch.Tensor, dilation: Any, padding: Any, epilogue: Epilogue | None
+    x: torch.Tensor, weight: torch.Tensor, dilation: Any, padding: Any, epilogue: bf.Epilogue | None
 ) -> tuple[Any, ...] | None:
     """Everything a call's launch depends on but its tensors' addresses, or None for a call
     that is not cached (an inference-tensor weight has no version to see updates by, a
     list is no key)."""
-    try:
-        version = weight._version
-    except RuntimeError:
+    if weight.is_inference():  # asking its version would raise, slowly
         return None
+    version = weight._version
     if type(dilation) is not int or not (
         type(padding) is int or (type(padding) is tuple and all(type(v) is int for v in padding))
     ):
@@ -867,7 +866,7 @@ def _plan_key(
     )
 
 
-def _replay(x: torch.Tensor, plan: tuple[Any, ...], epilogue: Epilogue | None) -> torch.Tensor:
+def _replay(x: torch.Tensor, plan: tuple[Any, ...], epilogue: bf.Epilogue | None) -> torch.Tensor:
     launcher, to_cl, packed, tail, _weight, out_shape = plan
     if launcher.kernel is _TMA_KERNEL:
         _ensure_allocator()  # per thread: a plan made in one thread may run in another

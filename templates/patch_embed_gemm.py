@@ -488,10 +488,9 @@ def _packed_weight(w: torch.Tensor) -> torch.Tensor:
     align = max(1, PACK_ROW_BYTES // w.element_size())
     if w.stride(1) == 1 and w.stride(0) % align == 0 and w.data_ptr() % PACK_ROW_BYTES == 0:
         return w
-    try:
-        version = int(w._version)
-    except RuntimeError:
+    if w.is_inference():  # asking its version would raise, slowly
         return w
+    version = int(w._version)
     key = (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, w.device, version)
     hit = _packed_cache.get(key)
     if hit is not None:
@@ -598,10 +597,8 @@ def _call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     """Everything Triton specialises on and prepare_launch reads, but addresses: shapes,
     strides, dtypes, device, 16-byte alignment; the weight by address and version (an
     in-place update makes a new key, and a new packed copy)."""
-    try:
-        version = weight._version
-    except RuntimeError:  # an inference tensor: no counter, and it is used unpacked
-        version = None
+    # An inference tensor has no counter (asking raises, slowly), and it is used unpacked.
+    version = None if weight.is_inference() else weight._version
     return (
         kc.layout_key(x),
         weight.data_ptr(),

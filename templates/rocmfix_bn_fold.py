@@ -6,17 +6,19 @@ DocLayout-YOLO; ``rocmfix revert`` removes it with them. The schemes import it r
 the copy they use is always the one dropped with them. Standard library and torch only.
 
 Why: ``DilatedBlock.dilated_conv`` returns ``act(bn(conv))``. Each module call is one more pass
-over the conv's output and, at batch 1, one more launch's host time; a scheme that already
-writes the output once (a kernel's store, the phase split's interleaving copy) can apply
-``y * scale + shift`` (then SiLU) in that same write.
+over the conv's output and, at batch 1, where the forward is launch-bound, 15-20 µs of host
+time. A Triton kernel applies ``y * scale + shift`` (then SiLU) as it stores; a vendor conv
+takes the fold as its weight and bias (:func:`conv_weight`), the textbook inference fusion.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 if TYPE_CHECKING:  # a runtime tuple[...] needs Python 3.9; the templates run on 3.8 too
     # (scale, shift, code): code 1 applies y * scale + shift per output channel, 2 then SiLU.
@@ -25,8 +27,31 @@ if TYPE_CHECKING:  # a runtime tuple[...] needs Python 3.9; the templates run on
 IDENTITY, SILU = 1, 2
 _ACTS = {torch.nn.Identity: IDENTITY, torch.nn.SiLU: SILU}
 FOLDED: dict[int, tuple[Any, ...]] = {}
+WEIGHTS: dict[int, tuple[Any, ...]] = {}
 CACHE_SIZE = 256
 _LOCK = threading.Lock()
+
+
+def conv_bn_act(
+    conv: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bn: Any,
+    act: Any,
+    *args: Any,
+) -> torch.Tensor:
+    """``act(bn(conv(x, weight, None, *args)))`` for a vendor conv: where the fold applies,
+    ``conv(x, weight * scale, shift, *args)`` and SiLU in place on its output (``conv``
+    returns a tensor of its own or a view of one), else the modules as the block calls them."""
+    fold = epilogue(bn, act) if bn is not None else None
+    fused = conv_weight(fold, x, weight) if fold is not None else None
+    if fold is None or fused is None:
+        y = conv(x, weight, None, *args)
+        if bn is not None:
+            y = bn(y)
+        return y if act is None else act(y)
+    y = conv(x, fused[0], fused[1], *args)
+    return F.silu(y, inplace=True) if fold[2] == SILU else y
 
 
 def epilogue(bn: Any, act: Any) -> Epilogue | None:
@@ -62,12 +87,11 @@ def epilogue(bn: Any, act: Any) -> Epilogue | None:
         return None  # no running statistics: BatchNorm uses the batch's, even in eval
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return None
-    try:
-        state = tuple((t, t.data_ptr(), t._version) if t is not None else None for t in tensors)
-    except RuntimeError:
+    if any(t is not None and t.is_inference() for t in tensors):
         # Inference tensors (a model built under inference_mode) have no version to see an
-        # update by: the modules run as the block calls them.
+        # update by (asking one raises, slowly): the modules run as the block calls them.
         return None
+    state = tuple((t, t.data_ptr(), t._version) if t is not None else None for t in tensors)
     folded = FOLDED.get(id(bn))
     if folded is None or folded[0] != bn.eps or not _same(folded[1], state):
         scale, shift = _fold(tensors, bn.eps)
@@ -83,6 +107,7 @@ def clear() -> None:
     """Forget every fold (for ``rocmfix tune`` and tests)."""
     with _LOCK:
         FOLDED.clear()
+        WEIGHTS.clear()
 
 
 def fits(
@@ -96,6 +121,37 @@ def fits(
         and scale.numel() == weight.shape[0]
         and (dtype is None or scale.dtype == dtype)
     )
+
+
+def conv_weight(
+    fold: Epilogue, x: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(weight * scale, shift)``: a conv with these as weight and bias computes
+    ``bn(conv(x, weight))``. Made once per weight and fold, and again when the weight is
+    updated; None where the fold does not fit this conv, autograd records through the weight,
+    the weight has no version to see updates by, or the product leaves the weight's dtype's
+    range (a half-precision weight times a large scale)."""
+    scale, shift = fold[0], fold[1]
+    if not fits(fold, x, weight) or (torch.is_grad_enabled() and weight.requires_grad):
+        return None
+    if weight.is_inference():  # no version to see updates by (asking one raises, slowly)
+        return None
+    state = (weight.data_ptr(), weight._version)
+    seen = WEIGHTS.get(id(weight))
+    if seen is not None and seen[0] is weight and seen[1] is scale and seen[2] == state:
+        cached: tuple[torch.Tensor, torch.Tensor] | None = seen[3]
+        return cached
+    dtype = torch.promote_types(weight.dtype, scale.dtype)
+    shape = (-1,) + (1,) * (weight.dim() - 1)
+    with torch.no_grad():
+        w = (weight.to(dtype) * scale.view(shape)).to(weight.dtype)
+        fused = (w, shift.to(weight.dtype)) if bool(torch.isfinite(w).all()) else None
+    with _LOCK:
+        if len(WEIGHTS) >= CACHE_SIZE:
+            WEIGHTS.clear()
+        # Holding the weight and the scale keeps their ids from being reused while cached.
+        WEIGHTS[id(weight)] = (weight, scale, state, fused)
+    return fused
 
 
 def _same(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:

@@ -242,6 +242,21 @@ def test_triton_plan_cache(tri: ModuleType, monkeypatch: pytest.MonkeyPatch) -> 
         assert len(tri._PLANS) == 1
 
 
+class _OpSpy(TorchDispatchMode):
+    """Records the name of every aten op that runs (``silu_``, ``addcmul``, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.biased: list[bool] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        if func.overloadpacket.__name__ == "convolution":
+            self.biased.append(args[2] is not None)
+        return func(*args, **(kwargs or {}))
+
+
 def _bn(c: int, seed: int) -> torch.nn.BatchNorm2d:
     gen = torch.Generator().manual_seed(seed)
     bn = torch.nn.BatchNorm2d(c, eps=1e-3).eval()
@@ -286,8 +301,9 @@ def test_bn_and_act_run_in_the_store(
 def test_other_modules_are_called_as_the_block_calls_them(
     tri: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A BatchNorm in train mode, a hooked or subclassed module, another activation or
-    dilation 1: no fold; the modules see the plain conv and their hooks fire."""
+    """A BatchNorm in train mode, a hooked or subclassed module, another activation: no fold;
+    the modules see the plain conv and their hooks fire. At dilation 1 the vendor conv takes
+    the fold as its weight and bias."""
     monkeypatch.setenv("ROCMFIX_DILATED_CONV_CONFIG", json.dumps(TEST_CFG))
     tri.clear_config_cache()
     w = torch.randn(12, 8, 3, 3)
@@ -308,7 +324,6 @@ def test_other_modules_are_called_as_the_block_calls_them(
         (hooked, torch.nn.SiLU(), 2),
         (_bn(12, 3), torch.nn.ReLU(), 3),
         (_bn(12, 4), Swish(), 2),
-        (_bn(12, 5), torch.nn.SiLU(), 1),
     ]
     with torch.no_grad():
         for bn, act, d in cases:
@@ -317,6 +332,13 @@ def test_other_modules_are_called_as_the_block_calls_them(
     assert seen == ["bn", "bn"]  # the reference call, then ours
     assert not tri.bf.FOLDED
     assert all(plan[0].kwargs["EPILOGUE"] == 0 for plan in tri._PLANS.values())
+    bn, act = _bn(12, 5), torch.nn.SiLU()
+    with torch.no_grad(), _OpSpy() as spy:
+        y = tri.dilated_conv2d(x, w, 1, 1, bn=bn, act=act)
+    assert spy.biased == [True] and "silu_" in spy.ops
+    assert not [op for op in spy.ops if "batch_norm" in op]
+    with torch.no_grad():
+        _check(y, act(bn(F.conv2d(x, w, None, 1, 1, 1))).double(), torch.float32)
 
 
 def test_triton_missing_falls_back_with_one_warning() -> None:
@@ -589,26 +611,14 @@ def test_phase_grad_flows(phase: ModuleType) -> None:
     torch.autograd.gradcheck(lambda a, b: phase.dilated_conv2d(a, b, 2, 2), (x, wt))
 
 
-class _OpSpy(TorchDispatchMode):
-    """Records the name of every aten op that runs (``silu_``, ``addcmul``, ...)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("act", ["silu", "identity", None])
-@pytest.mark.parametrize(("d", "hw"), [(2, (8, 10)), (3, (7, 11))])  # even, and padded
-def test_phase_folds_bn_and_act_into_its_copy(
+@pytest.mark.parametrize(("d", "hw"), [(1, (8, 10)), (2, (8, 10)), (3, (7, 11))])
+def test_phase_folds_bn_into_the_conv(
     phase: ModuleType, act: str | None, d: int, hw: tuple[int, int]
 ) -> None:
-    """An eval-mode BatchNorm (and SiLU) rides on the interleaving copy: no batch-norm op runs,
-    the result matches the modules on F.conv2d, and an in-place update of the statistics is
-    seen on the next call."""
+    """An eval-mode BatchNorm becomes the conv's weight and bias and a SiLU runs in place: no
+    batch-norm op runs, the conv carries a bias, the result matches the modules on F.conv2d,
+    and an in-place update of the statistics or of the weight is seen on the next call."""
     module = {"silu": torch.nn.SiLU(), "identity": torch.nn.Identity(), None: None}[act]
     bn = _bn(6, 7).double()
     wt = torch.randn(6, 4, 3, 3, dtype=torch.float64)
@@ -619,25 +629,28 @@ def test_phase_folds_bn_and_act_into_its_copy(
         return y if module is None else module(y)
 
     with torch.no_grad():
-        for step in range(3):
+        for step in range(4):
             x = torch.randn(2, 4, *hw, dtype=torch.float64)
             if step == 2:
                 bn.running_var.mul_(2.0)
                 bn.bias.add_(1.0)
+            if step == 3:
+                wt.mul_(-0.5)
             with _OpSpy() as spy:
                 y = phase.dilated_conv2d(x, wt, d, d, bn=bn, act=module)
             ref = want(x)
             assert y.shape == ref.shape
             assert (y - ref).abs().max().item() <= 1e-12
             assert not [op for op in spy.ops if "batch_norm" in op], spy.ops
-            assert ("silu_" in spy.ops) == (act == "silu") and "addcmul" in spy.ops
-    assert len(phase.bf.FOLDED) == 1
+            assert ("silu_" in spy.ops) == (act == "silu")
+            assert spy.biased == [True]
+    assert len(phase.bf.FOLDED) == 1 and len(phase.bf.WEIGHTS) == 1
 
 
 def test_phase_calls_modules_it_cannot_fold(phase: ModuleType) -> None:
-    """Train mode, a hook, another activation, dilation 1, or autograd recording through the
-    BatchNorm's parameters: the block's modules are called on the conv, hooks fire, gradients
-    reach the BatchNorm."""
+    """Train mode, a hook, another activation, autograd recording through the BatchNorm or
+    the weight, a half-precision weight the fold would overflow: the block's modules are
+    called on the conv, hooks fire, gradients reach the parameters."""
     phase.bf.clear()
     x, wt = torch.randn(1, 4, 9, 8), torch.randn(6, 4, 3, 3)
     seen: list[str] = []
@@ -647,7 +660,6 @@ def test_phase_calls_modules_it_cannot_fold(phase: ModuleType) -> None:
         (_bn(6, 2).train(), torch.nn.SiLU(), 2),
         (hooked, torch.nn.SiLU(), 2),
         (_bn(6, 3), torch.nn.ReLU(), 3),
-        (_bn(6, 4), torch.nn.SiLU(), 1),
     ]
     with torch.no_grad():
         for bn, act, d in cases:
@@ -662,3 +674,20 @@ def test_phase_calls_modules_it_cannot_fold(phase: ModuleType) -> None:
     y.sum().backward()
     assert bn.weight.grad is not None and bn.weight.grad.abs().sum() > 0
     assert not phase.bf.FOLDED
+    frozen = _bn(6, 6).requires_grad_(False)
+    w = wt.clone().requires_grad_(True)
+    y = phase.dilated_conv2d(x, w, 2, 2, bn=frozen, act=torch.nn.SiLU())
+    y.sum().backward()
+    assert w.grad is not None and w.grad.abs().sum() > 0
+    assert phase.bf.FOLDED and not [v for v in phase.bf.WEIGHTS.values() if v[3] is not None]
+    huge = _bn(6, 7)
+    with torch.no_grad():
+        # scale ~ 1e3: a weight of ~300 folds past fp16's 65504, though the output stays small
+        huge.running_var.fill_(1e-6)
+        huge.eps = 1e-9
+        huge.running_mean.zero_()
+        xh, wh = (x * 1e-3).half(), (wt * 100).half()
+        y = phase.dilated_conv2d(xh, wh, 2, 2, bn=huge, act=None)
+        ref = huge(F.conv2d(xh.float(), wh.float(), None, 1, 2, 2))
+    assert next(v for v in phase.bf.WEIGHTS.values() if v[0] is wh)[3] is None
+    torch.testing.assert_close(y.float(), ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())

@@ -276,3 +276,41 @@ def test_dilated_bn_and_act_in_the_store_on_the_gpu() -> None:
             want = act(bn(module.dilated_conv2d(x, weight, d, pad)))
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
         assert {plan[0].kwargs["EPILOGUE"] for plan in module._PLANS.values()} == {0, 2}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_phase_split_folds_bn_and_act_on_the_gpu(dtype: str) -> None:
+    """The `linear` scheme with the block's modules on the GPU: the BatchNorm and SiLU ride on
+    its interleaving copy (no batch-norm kernel runs), match the modules called after it, and
+    capture and replay in a CUDA graph."""
+    phase = load_template("dilated_conv_phase", interpret=None)
+    dt = getattr(torch, dtype)
+    tol = {"float32": 1e-5, "float16": 2e-3}[dtype]
+    for c, k, d, h, w in ((96, 5, 2, 160, 116), (96, 5, 3, 160, 116), (192, 3, 5, 80, 58)):
+        weight = (torch.randn(c, c, k, k, device="cuda") / (c * k)).to(dt)
+        bn = torch.nn.BatchNorm2d(c).cuda().eval()
+        with torch.no_grad():
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 1.5)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+        act = torch.nn.SiLU()
+        pad = d * (k - 1) // 2
+        with torch.inference_mode():
+            x = torch.randn(1, c, h, w, device="cuda", dtype=dt)
+            with torch.profiler.profile() as prof:
+                got = phase.dilated_conv2d(x, weight, d, pad, bn=bn, act=act)
+            assert not [e for e in prof.events() if "batch_norm" in e.name]
+            want = act(bn(phase.dilated_conv2d(x, weight, d, pad)))
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.cuda.graph(graph):
+                out = phase.dilated_conv2d(x, weight, d, pad, bn=bn, act=act)
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            want = act(bn(phase.dilated_conv2d(x, weight, d, pad)))
+            torch.testing.assert_close(out, want, rtol=tol, atol=tol)
+    assert len(phase.bf.FOLDED) == 3

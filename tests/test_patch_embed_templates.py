@@ -30,6 +30,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rocmfix.ops import OPS
+
 from conftest import TEMPLATES, load_template
 
 SCHEMES = ("gemm", "direct", "linear")
@@ -489,10 +491,16 @@ def test_second_import_keeps_op_working(mods: dict[str, ModuleType]) -> None:
         assert hasattr(torch.ops.rocmfix, again.OP_NAME)
 
 
-def test_templates_import_only_stdlib_torch_triton_and_their_config() -> None:
+def test_templates_import_only_stdlib_torch_triton_and_their_support() -> None:
     # A template lands in a package it must not depend on: only the standard library, torch,
-    # triton, and the config module dropped beside it (relatively, so it is always that copy).
+    # triton, and the support templates its scheme drops beside it (relatively, so it is
+    # always that copy).
     allowed = set(sys.stdlib_module_names) | {"torch", "triton", "__future__"}
+    beside: dict[str, set[str]] = {}
+    for scheme in (s for op in OPS for s in op.schemes):
+        for name in scheme.templates:
+            beside.setdefault(name, set()).update(t[:-3] for t in scheme.support)
+    assert set(beside) == {p.name for p in TEMPLATES.glob("*.py")} - {"__init__.py"}
     for path in sorted(TEMPLATES.glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -500,7 +508,8 @@ def test_templates_import_only_stdlib_torch_triton_and_their_config() -> None:
                 roots = {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level:
                 assert (node.level, node.module) == (1, None), f"{path.name}: relative import"
-                assert [a.name for a in node.names] == ["rocmfix_kernel_config"], path.name
+                names = {a.name for a in node.names}
+                assert names <= beside[path.name] - {path.name[:-3]}, (path.name, names)
                 continue
             elif isinstance(node, ast.ImportFrom):
                 roots = {(node.module or "").split(".")[0]}
