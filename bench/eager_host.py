@@ -222,7 +222,7 @@ def dilated(bursts: int, calls: int) -> list[dict[str, Any]]:
              partial(module.dilated_conv2d, x, weight, d, pad, bn=bn, act=act)),
             ("phase split, then bn, act (modules after it)",
              lambda x=x, w=weight, d=d, p=pad, bn=bn: act(bn(phase.dilated_conv2d(x, w, d, p)))),
-            ("phase split(bn=, act=) (BN folded into its copy)",
+            ("phase split(bn=, act=) (BN folded into the conv)",
              partial(phase.dilated_conv2d, x, weight, d, pad, bn=bn, act=act)),
         ]  # fmt: skip
         rows += group(f"{label} +BN+SiLU", fns, bursts, calls)

@@ -2,9 +2,10 @@
 
 rocmfix dropped this file into ``doclayout_yolo/nn/modules/`` as ``g2l_crm_triton.py`` and rewrote
 ``DilatedBlock.dilated_conv`` to call :func:`dilated_conv2d` for GPU inputs with the block's
-``bn`` and ``act``: an eval-mode BatchNorm is folded into the conv's weight and bias and a SiLU
-runs in place (``rocmfix_bn_fold``, dropped beside this file); other modules are called on the
-conv's output.  ``rocmfix revert`` removes these files and restores the original method.
+``bn`` and ``act``: at dilation > 1 an eval-mode BatchNorm is folded into the conv's weight and
+bias and a SiLU runs in place (``rocmfix_bn_fold``, dropped beside this file); other modules
+are called on the conv's output.  ``rocmfix revert`` removes these files and restores the
+original method.
 
 Why: on ROCm, MIOpen has no fast solver for dilation > 1 and falls back to a naive kernel, while
 its dense (dilation 1) kernels are fast.  A conv with dilation ``d`` equals a dense conv over the
@@ -63,12 +64,14 @@ def dilated_conv2d(
 ) -> torch.Tensor:
     """``F.conv2d(x, weight, None, stride=1, padding=padding, dilation=dilation)`` computed
     through a single dilation-1 ``F.conv2d`` over the ``dilation**2`` phases of ``x``, then
-    ``act(bn(...))`` where they are given: an eval-mode BatchNorm folded into the conv's
-    weight and bias and SiLU run in place where :mod:`rocmfix_bn_fold` allows, else the
-    block's own modules, called as it calls them.
+    ``act(bn(...))`` where they are given: at dilation > 1 an eval-mode BatchNorm folded into
+    the conv's weight and bias and SiLU run in place where :mod:`rocmfix_bn_fold` allows,
+    else the block's own modules, called as it calls them.
 
     The result may be a non-contiguous view (a crop of the interleaved phases).
     """
+    if dilation == 1:  # a plain dense conv: the fold would cost what it saves
+        return bf.modules(F.conv2d(x, weight, None, 1, padding, 1), bn, act)
     return bf.conv_bn_act(_conv, x, weight, bn, act, dilation, padding)
 
 

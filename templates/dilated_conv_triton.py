@@ -720,31 +720,20 @@ def dilated_conv2d(
     Runs the Triton kernel for fp32/fp16/bf16 GPU tensors (CPU tensors only under
     ``TRITON_INTERPRET=1``) at dilation > 1, and ``F.conv2d`` otherwise.  An eval-mode
     ``nn.BatchNorm2d`` and an ``nn.SiLU`` or ``nn.Identity`` without hooks run in the kernel's
-    store (in ``F.conv2d``'s weight and bias, and SiLU in place, at dilation 1); any other
-    module is called on the output, as the block would call it.  ``config``
+    store; any other module, and any module at dilation 1, is called on the output, as the
+    block would call it.  ``config``
     overrides the resolved launch config field by field (``rocmfix tune`` uses it); it is not
     validated against the hardware.  Output is NCHW-contiguous.
     """
     if dilation == 1 and config is None:
         # A dense conv: the vendor libraries run it fast (MIOpen leaves out its GEMM solvers
         # only for dilation > 1), and DocLayout-YOLO's blocks make a third of their calls at
-        # d = 1; the BatchNorm goes into its weight and bias. Explicit configs (tests, tune)
-        # still run the kernel.
-        return bf.conv_bn_act(_dense, x, weight, bn, act, padding)
+        # d = 1. Explicit configs (tests, tune) still run the kernel.
+        return bf.modules(F.conv2d(x, weight, None, 1, padding, 1), bn, act)
     epilogue = bf.epilogue(bn, act) if bn is not None else None
     y, fused = _conv(x, weight, dilation, padding, config, epilogue)
-    if not fused:  # the kernel did not apply them: the modules see a plain conv
-        if bn is not None:
-            y = bn(y)
-        if act is not None:
-            y = act(y)
-    return y
-
-
-def _dense(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: Any
-) -> torch.Tensor:
-    return F.conv2d(x, weight, bias, 1, padding, 1)
+    # Where the kernel did not apply them, the modules see a plain conv.
+    return y if fused else bf.modules(y, bn, act)
 
 
 def _conv(

@@ -7,8 +7,11 @@ the copy they use is always the one dropped with them. Standard library and torc
 
 Why: ``DilatedBlock.dilated_conv`` returns ``act(bn(conv))``. Each module call is one more pass
 over the conv's output and, at batch 1, where the forward is launch-bound, 15-20 µs of host
-time. A Triton kernel applies ``y * scale + shift`` (then SiLU) as it stores; a vendor conv
-takes the fold as its weight and bias (:func:`conv_weight`), the textbook inference fusion.
+time. A Triton kernel applies ``y * scale + shift`` (then SiLU) as it stores; the phase split's
+vendor conv takes the fold as its weight and bias (:func:`conv_weight`), so its BatchNorm no
+longer runs on the cropped, non-contiguous view that BatchNorm first copies. A plain dense
+conv gains nothing from the fold: cuDNN and MIOpen add a bias in a kernel of its own, and the
+fold's checks cost what the module calls did (measured on an H200).
 """
 
 from __future__ import annotations
@@ -46,12 +49,16 @@ def conv_bn_act(
     fold = epilogue(bn, act) if bn is not None else None
     fused = conv_weight(fold, x, weight) if fold is not None else None
     if fold is None or fused is None:
-        y = conv(x, weight, None, *args)
-        if bn is not None:
-            y = bn(y)
-        return y if act is None else act(y)
+        return modules(conv(x, weight, None, *args), bn, act)
     y = conv(x, fused[0], fused[1], *args)
     return F.silu(y, inplace=True) if fold[2] == SILU else y
+
+
+def modules(y: torch.Tensor, bn: Any, act: Any) -> torch.Tensor:
+    """``act(bn(y))``, as the block calls them; either may be None."""
+    if bn is not None:
+        y = bn(y)
+    return y if act is None else act(y)
 
 
 def epilogue(bn: Any, act: Any) -> Epilogue | None:
