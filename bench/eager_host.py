@@ -220,9 +220,7 @@ def dilated(bursts: int, calls: int) -> list[dict[str, Any]]:
              lambda x=x, w=weight, d=d, p=pad, bn=bn: act(bn(F.conv2d(x, w, None, 1, p, d)))),
             ("dilated_conv2d(bn=, act=) (dropped in)",
              partial(module.dilated_conv2d, x, weight, d, pad, bn=bn, act=act)),
-            ("phase split, then bn, act (modules after it)",
-             lambda x=x, w=weight, d=d, p=pad, bn=bn: act(bn(phase.dilated_conv2d(x, w, d, p)))),
-            ("phase split(bn=, act=) (BN folded into the conv)",
+            ("phase split, bn, act",
              partial(phase.dilated_conv2d, x, weight, d, pad, bn=bn, act=act)),
         ]  # fmt: skip
         rows += group(f"{label} +BN+SiLU", fns, bursts, calls)

@@ -2,10 +2,8 @@
 
 rocmfix dropped this file into ``doclayout_yolo/nn/modules/`` as ``g2l_crm_triton.py`` and rewrote
 ``DilatedBlock.dilated_conv`` to call :func:`dilated_conv2d` for GPU inputs with the block's
-``bn`` and ``act``: at dilation > 1 an eval-mode BatchNorm is folded into the conv's weight and
-bias and a SiLU runs in place (``rocmfix_bn_fold``, dropped beside this file); other modules
-are called on the conv's output.  ``rocmfix revert`` removes these files and restores the
-original method.
+``bn`` and ``act``, which it calls on the conv's output.  ``rocmfix revert`` removes this file
+and restores the original method.
 
 Why: on ROCm, MIOpen has no fast solver for dilation > 1 and falls back to a naive kernel, while
 its dense (dilation 1) kernels are fast.  A conv with dilation ``d`` equals a dense conv over the
@@ -21,8 +19,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-
-from . import rocmfix_bn_fold as bf
 
 SCHEME = "linear"
 
@@ -64,33 +60,28 @@ def dilated_conv2d(
 ) -> torch.Tensor:
     """``F.conv2d(x, weight, None, stride=1, padding=padding, dilation=dilation)`` computed
     through a single dilation-1 ``F.conv2d`` over the ``dilation**2`` phases of ``x``, then
-    ``act(bn(...))`` where they are given: at dilation > 1 an eval-mode BatchNorm folded into
-    the conv's weight and bias and SiLU run in place where :mod:`rocmfix_bn_fold` allows,
-    else the block's own modules, called as it calls them.
+    ``act(bn(...))`` where they are given (the block's own modules, called as it calls them).
 
     The result may be a non-contiguous view (a crop of the interleaved phases).
     """
-    if dilation == 1:  # a plain dense conv: the fold would cost what it saves
-        return bf.modules(F.conv2d(x, weight, None, 1, padding, 1), bn, act)
-    return bf.conv_bn_act(_conv, x, weight, bn, act, dilation, padding)
+    y = _conv(x, weight, dilation, padding)
+    if bn is not None:
+        y = bn(y)
+    return y if act is None else act(y)
 
 
 def _conv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    dilation: int,
-    padding: int | tuple[int, int],
+    x: torch.Tensor, weight: torch.Tensor, dilation: int, padding: int | tuple[int, int]
 ) -> torch.Tensor:
     d = dilation
     if isinstance(d, (tuple, list)):
         if len(set(d)) != 1:
-            return F.conv2d(x, weight, bias, 1, padding, d)
+            return F.conv2d(x, weight, None, 1, padding, d)
         d = d[0]
     d = int(d)
     pad_h, pad_w = _pair(padding)
     if d == 1 or x.dim() != 4 or weight.dim() != 4 or x.shape[0] == 0 or d < 1:
-        return F.conv2d(x, weight, bias, 1, (pad_h, pad_w), d)
+        return F.conv2d(x, weight, None, 1, (pad_h, pad_w), d)
     n, c, h, w = x.shape
     co, _, kh, kw = weight.shape
     if (
@@ -99,8 +90,7 @@ def _conv(
         or h + 2 * pad_h - d * (kh - 1) < 1
         or w + 2 * pad_w - d * (kw - 1) < 1
     ):
-        # torch raises its own error
-        return F.conv2d(x, weight, bias, 1, (pad_h, pad_w), d)
+        return F.conv2d(x, weight, None, 1, (pad_h, pad_w), d)  # torch raises its own error
     f_h, b_h, l_h, q_h, oh = _phase_geometry(h, pad_h, d, kh)
     f_w, b_w, l_w, q_w, ow = _phase_geometry(w, pad_w, d, kw)
     if f_h or b_h or f_w or b_w:
@@ -116,12 +106,17 @@ def _conv(
         .contiguous()
         .view(d * d * n, c, l_h, l_w)
     )
-    y = F.conv2d(phases, weight, bias, 1, (q_h, q_w), 1)
+    y = F.conv2d(phases, weight, None, 1, (q_h, q_w), 1)
     _, _, ph, pw = y.shape
     # Phase (a, b)'s output (i, j) lands at row i*d + a, column j*d + b.
     yn, yc, yh, yw = y.stride()
-    interleaved = y.as_strided(
-        (n, co, ph, d, pw, d), (yn, yc, yh, d * n * yn, yw, n * yn), y.storage_offset()
+    y = (
+        y.as_strided(
+            (n, co, ph, d, pw, d), (yn, yc, yh, d * n * yn, yw, n * yn), y.storage_offset()
+        )
+        .contiguous()
+        .view(n, co, ph * d, pw * d)
     )
-    y = interleaved.contiguous().view(n, co, ph * d, pw * d)
-    return y if oh == ph * d and ow == pw * d else y[:, :, :oh, :ow]
+    if oh == ph * d and ow == pw * d:
+        return y
+    return y[:, :, :oh, :ow]

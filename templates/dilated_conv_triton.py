@@ -30,13 +30,16 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from . import rocmfix_bn_fold as bf
 from . import rocmfix_kernel_config as kc
+
+if TYPE_CHECKING:
+    # (scale, shift, code): code 1 applies y * scale + shift per output channel, 2 then SiLU.
+    Epilogue = tuple[torch.Tensor, torch.Tensor, int]
 
 try:
     import triton
@@ -470,7 +473,7 @@ def clear_config_cache() -> None:
     CONFIG.clear()
     with _LOCK:
         _PLANS.clear()
-    bf.clear()
+        _FOLDED.clear()
 
 
 def resolve_config(
@@ -590,7 +593,7 @@ def prepare_launch(
     padding: int | tuple[int, int],
     config: dict[str, Any],
     out: torch.Tensor | None = None,
-    epilogue: bf.Epilogue | None = None,
+    epilogue: Epilogue | None = None,
 ) -> tuple[Any, tuple[int], tuple[Any, ...], dict[str, Any], torch.Tensor]:
     """Kernel, grid, positional args, launch kwargs and output for one call (no launch).
 
@@ -720,20 +723,26 @@ def dilated_conv2d(
     Runs the Triton kernel for fp32/fp16/bf16 GPU tensors (CPU tensors only under
     ``TRITON_INTERPRET=1``) at dilation > 1, and ``F.conv2d`` otherwise.  An eval-mode
     ``nn.BatchNorm2d`` and an ``nn.SiLU`` or ``nn.Identity`` without hooks run in the kernel's
-    store; any other module, and any module at dilation 1, is called on the output, as the
-    block would call it.  ``config``
+    store; any other module is called on the output, as the block would call it.  ``config``
     overrides the resolved launch config field by field (``rocmfix tune`` uses it); it is not
     validated against the hardware.  Output is NCHW-contiguous.
     """
+    epilogue, fused = None, False
     if dilation == 1 and config is None:
         # A dense conv: the vendor libraries run it fast (MIOpen leaves out its GEMM solvers
         # only for dilation > 1), and DocLayout-YOLO's blocks make a third of their calls at
         # d = 1. Explicit configs (tests, tune) still run the kernel.
-        return bf.modules(F.conv2d(x, weight, None, 1, padding, 1), bn, act)
-    epilogue = bf.epilogue(bn, act) if bn is not None else None
-    y, fused = _conv(x, weight, dilation, padding, config, epilogue)
-    # Where the kernel did not apply them, the modules see a plain conv.
-    return y if fused else bf.modules(y, bn, act)
+        y = F.conv2d(x, weight, None, 1, padding, 1)
+    else:
+        if bn is not None:
+            epilogue = _epilogue(bn, act)
+        y, fused = _conv(x, weight, dilation, padding, config, epilogue)
+    if not fused:  # the kernel did not apply them: the modules see a plain conv
+        if bn is not None:
+            y = bn(y)
+        if act is not None:
+            y = act(y)
+    return y
 
 
 def _conv(
@@ -742,7 +751,7 @@ def _conv(
     dilation: Any,
     padding: Any,
     config: dict[str, Any] | None,
-    epilogue: bf.Epilogue | None,
+    epilogue: Epilogue | None,
 ) -> tuple[torch.Tensor, bool]:
     """The conv, and whether ``epilogue`` was applied to it: the kernel applies it, a call
     that falls back to ``F.conv2d`` does not."""
@@ -772,7 +781,7 @@ def _conv(
         or weight.shape[1] != x.shape[1]
         or x.shape[0] == 0
         or dilation < 1
-        or (epilogue is not None and not bf.fits(epilogue, x, weight, torch.float32))
+        or (epilogue is not None and not _epilogue_fits(epilogue, x, weight))
     ):
         return F.conv2d(x, weight, None, 1, padding, dilation), False
     pad_h, pad_w = _pair(padding, "padding")
@@ -826,7 +835,7 @@ def _conv(
 
 
 def _plan_key(
-    x: torch.Tensor, weight: torch.Tensor, dilation: Any, padding: Any, epilogue: bf.Epilogue | None
+    x: torch.Tensor, weight: torch.Tensor, dilation: Any, padding: Any, epilogue: Epilogue | None
 ) -> tuple[Any, ...] | None:
     """Everything a call's launch depends on but its tensors' addresses, or None for a call
     that is not cached (an inference-tensor weight has no version to see updates by, a
@@ -855,7 +864,7 @@ def _plan_key(
     )
 
 
-def _replay(x: torch.Tensor, plan: tuple[Any, ...], epilogue: bf.Epilogue | None) -> torch.Tensor:
+def _replay(x: torch.Tensor, plan: tuple[Any, ...], epilogue: Epilogue | None) -> torch.Tensor:
     launcher, to_cl, packed, tail, _weight, out_shape = plan
     if launcher.kernel is _TMA_KERNEL:
         _ensure_allocator()  # per thread: a plan made in one thread may run in another
@@ -870,3 +879,95 @@ def _replay(x: torch.Tensor, plan: tuple[Any, ...], epilogue: bf.Epilogue | None
 
 _PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 PLAN_CACHE_SIZE = 256
+
+# --------------------------------------------------------------------------------------------
+# The block's BatchNorm and activation, folded into the kernel's store
+# --------------------------------------------------------------------------------------------
+
+_ACTS = {torch.nn.Identity: 1, torch.nn.SiLU: 2}
+_FOLDED: dict[int, tuple[Any, ...]] = {}
+FOLDED_CACHE_SIZE = 256
+
+
+def _epilogue(bn: Any, act: Any) -> Epilogue | None:
+    """``act(bn(y))`` as a per-channel scale and shift (and SiLU), for an ``nn.BatchNorm2d`` in
+    eval mode with running statistics and an ``nn.SiLU``/``nn.Identity``/None activation;
+    None for anything else, where a hook would see the modules called (a subclass, a
+    forward hook, train mode: the block calls them itself), or where autograd records
+    through the BatchNorm's parameters (to autograd the fold is a constant).
+
+    The fold is computed once per module and reused while its statistics, affine parameters
+    and eps are the same tensors at the same addresses and versions (an in-place update, a
+    ``load_state_dict`` or a ``.to()`` moves one of them).
+    """
+    code = 1 if act is None else _ACTS.get(type(act))
+    if (
+        code is None
+        or type(bn) is not torch.nn.BatchNorm2d
+        or bn.training
+        or bn._forward_hooks
+        or bn._forward_pre_hooks
+        or (act is not None and (act._forward_hooks or act._forward_pre_hooks))
+        or _global_hooks()
+    ):
+        return None
+    buffers, params = bn._buffers, bn._parameters
+    tensors = (
+        buffers.get("running_mean"),
+        buffers.get("running_var"),
+        params.get("weight"),
+        params.get("bias"),
+    )
+    if tensors[0] is None or tensors[1] is None:
+        return None  # no running statistics: BatchNorm uses the batch's, even in eval
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return None
+    if any(t is not None and t.is_inference() for t in tensors):
+        # Inference tensors (a model built under inference_mode) have no version to see an
+        # update by (asking one raises, slowly): the modules run as the block calls them.
+        return None
+    state = tuple((t, t.data_ptr(), t._version) if t is not None else None for t in tensors)
+    folded = _FOLDED.get(id(bn))
+    if folded is None or folded[0] != bn.eps or not _same(folded[1], state):
+        scale, shift = _fold(tensors, bn.eps)
+        folded = (bn.eps, state, scale, shift)
+        with _LOCK:
+            if len(_FOLDED) >= FOLDED_CACHE_SIZE:
+                _FOLDED.clear()
+            _FOLDED[id(bn)] = folded
+    return folded[2], folded[3], code
+
+
+def _same(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    # The fold holds the tensors it was made from, so `is` cannot match a new tensor that
+    # reuses a freed one's id.
+    return all(
+        (a is None and b is None)
+        or (a is not None and b is not None and a[0] is b[0] and a[1:] == b[1:])
+        for a, b in zip(seen, now)
+    )
+
+
+def _fold(tensors: tuple[Any, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    mean, var, gamma, beta = tensors
+    with torch.no_grad():
+        scale = torch.rsqrt(var.float() + eps)
+        if gamma is not None:
+            scale = scale * gamma.float()
+        shift = -mean.float() * scale
+        if beta is not None:
+            shift = shift + beta.float()
+    return scale.contiguous(), shift.contiguous()
+
+
+def _epilogue_fits(epilogue: Epilogue, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    scale = epilogue[0]
+    return scale.device == x.device and scale.numel() == weight.shape[0]
+
+
+def _global_hooks() -> bool:
+    module = torch.nn.modules.module
+    return bool(
+        getattr(module, "_global_forward_hooks", None)
+        or getattr(module, "_global_forward_pre_hooks", None)
+    )

@@ -2,8 +2,7 @@
 
 Builds the released architecture from the installed ``doclayout-yolo`` package (random weights),
 routes ``DilatedBlock.dilated_conv`` through templates/dilated_conv_phase.py with the block's
-``bn`` and ``act``, as rocmfix's rewrite does (so the eval-mode BatchNorm and SiLU are folded
-into the phase split's last copy), and compares a forward with the stock one.
+``bn`` and ``act``, as rocmfix's rewrite does, and compares a forward with the stock one.
 """
 
 from __future__ import annotations
@@ -118,7 +117,6 @@ def test_phase_split_model_forward_matches_stock(
         assert _rel(got, ref) < 1e-5
     assert _rel(head, ref_head) < 1e-5
     torch.testing.assert_close(head, ref_head, rtol=1e-4, atol=1e-4)
-    assert len(phase.bf.FOLDED) == 8  # each block's BatchNorm, folded once for both dilations
 
     # The probe can fail: running the dilated convs undilated changes every block's output.
     monkeypatch.setattr(

@@ -19,9 +19,6 @@ from .base import (
     tile,
 )
 
-# Both schemes fold the block's eval-mode BatchNorm and SiLU into their last write.
-BN_FOLD_TEMPLATE = "rocmfix_bn_fold.py"
-
 
 def _tile(bm: int, bn: int, bk: int, warps: int, stages: int, **extra: Any) -> dict[str, Any]:
     flags = {"taps_inner": True, "nhwc": True, "tma": False, **extra}
@@ -108,7 +105,7 @@ OP = Op(
             "Triton implicit-GEMM dilated conv",
             "Triton",
             "dilated_conv_triton.py",
-            (KERNEL_CONFIG_TEMPLATE, BN_FOLD_TEMPLATE),
+            (KERNEL_CONFIG_TEMPLATE,),
             needs_triton=True,
         ),
         Scheme(
@@ -116,7 +113,6 @@ OP = Op(
             "phase split: d*d dense convs batched into one vendor call, no Triton",
             "phase split",
             "dilated_conv_phase.py",
-            (BN_FOLD_TEMPLATE,),
         ),
     ),
     cases=(
