@@ -24,6 +24,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rocmfix.render.kernels import launch_text  # noqa: E402  # the CLI's own words
 
 Row = tuple[str, str, str, str, str]  # op/scheme, kernel, dtype, shape, arch
 
@@ -49,17 +53,6 @@ def check(python: str) -> dict[str, Any]:
 
 def key(c: dict[str, Any]) -> Row:
     return (f"{c['op']} {c['scheme']}", c["kernel"], c["dtype"], c["shape_label"], c["arch"])
-
-
-def tile(config: dict[str, Any]) -> str:
-    if "BLOCK_M" in config:
-        words = ["x".join(str(config[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))]
-    else:
-        words = [f"K{config.get('BLOCK_K', '?')}"]
-    words.append(f"w{config.get('num_warps', '?')}")
-    if "num_stages" in config:
-        words.append(f"s{config['num_stages']}")
-    return " ".join(words)
 
 
 def cell(c: dict[str, Any] | None) -> str:
@@ -103,7 +96,8 @@ def render(docs: list[dict[str, Any]]) -> str:
             else ("FMA" if c["operands"] else "-")
         )
         lines.append(
-            f"| {row[0]} | `{row[1]}` | {row[2]} | {row[3]} | {row[4]} | {tile(c['config'])} "
+            f"| {row[0]} | `{row[1]}` | {row[2]} | {row[3]} | {row[4]} "
+            f"| {launch_text(c['config'])} "
             f"| {c['registers']} | {c['spills']} | {shared} "
             f"| {c['waves_per_simd'] if c['waves_per_simd'] is not None else '-'} | {matrix} | "
             + " | ".join(cell(v.get(row)) for v in by_version)

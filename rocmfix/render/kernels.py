@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from rich.markup import escape
@@ -14,7 +15,12 @@ from rocmfix.render.console import config_text, environment_line, failures, out
 
 
 def tile(check: kernels.KernelCheck) -> str:
-    config = {**check.constexprs, **check.options}
+    return launch_text({**check.constexprs, **check.options})
+
+
+def launch_text(config: Mapping[str, Any]) -> str:
+    """A compiled launch's config (its constexprs and options) in a few words; the docs'
+    kernel table (bench/kernels_table.py) writes the same words."""
     if "BLOCK_M" in config:
         return config_text(config)
     words = [f"{k}={v}" for k, v in config.items() if k.startswith("BLOCK")]
