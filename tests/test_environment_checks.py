@@ -7,8 +7,10 @@ probe reads): the checks read metadata and never import what they look at.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 from rocmfix.registry import all_patches
 
-from conftest import InstalledEnv, fake_torch, require, run_cli
+from conftest import PYTHONPATH, InstalledEnv, fake_torch, require, run_cli
 
 pytestmark = pytest.mark.network
 ECHO = 'echo "$TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL $MINERU_MODEL_SOURCE"'
@@ -218,9 +220,19 @@ def test_every_help_has_an_example_and_names_its_choices(command: str) -> None:
 def test_shell_completion_is_offered() -> None:
     result = run_cli("--help")
     assert "--install-completion" in result.stdout and "<bool>" not in result.stdout
-    shown = run_cli("--show-completion", "bash")
-    assert shown.returncode == 0
-    assert "complete" in shown.stdout
+    # --show-completion takes no value: typer names the shell it runs under, found among its
+    # parent processes, so run it from bash, as a user would (under a runner with no shell
+    # above it, it prints "Shell  not supported."); the `exit` keeps bash from exec-ing it.
+    shown = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m rocmfix --show-completion; exit $?'],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        timeout=120,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "complete -o default -F _rocmfix_completion rocmfix" in shown.stdout
 
 
 def test_status_json_schema_is_versioned(doclayout: Callable[[], InstalledEnv]) -> None:
