@@ -8,7 +8,6 @@ routes ``DilatedBlock.dilated_conv`` through templates/dilated_conv_phase.py wit
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
