@@ -2,7 +2,7 @@
 MinerU2.5 as ``Qwen2VLForConditionalGeneration``): the patch-embed Conv3d as a GEMM.
 
 One row per modeling file whose vision patch embed has the shape, from transformers 4.45.0
-(Qwen2-VL) to 5.23.0: ``self.proj = nn.Conv3d(..., kernel_size=k, stride=k)`` in ``__init__``
+(Qwen2-VL) to 5.24.0: ``self.proj = nn.Conv3d(..., kernel_size=k, stride=k)`` in ``__init__``
 and ``self.proj(x.view(-1, C, T, P, P).to(dtype)).view(-1, embed_dim)`` in ``forward``. The
 class names are stable across those releases. The kernel module is dropped once, into
 ``transformers/models/``, and every patched file imports it from there. transformers 5.x's

@@ -102,7 +102,7 @@ def _wheel(project: str, version: str) -> dict[str, Any]:
 # and bumping a line here is how a new release joins the suite.
 PINNED = {
     "vllm": "0.33.0",
-    "transformers": "5.23.0",
+    "transformers": "5.24.0",
     "mineru-vl-utils": "2.0.7",
     "doclayout-yolo": "0.0.4",
     "mineru": "4.0.12",

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.network
 
 # The first release with Qwen2-VL, the last 4.x and the newest the suite pins; the compat
 # sample (test_compat) round-trips the first and last release of every era besides.
-VERSIONS = ["4.45.0", "4.57.6", "5.23.0"]
+VERSIONS = ["4.45.0", "4.57.6", "5.24.0"]
 PATCHES = {p.id: p for p in all_patches() if p.distribution == "transformers"}
 DROP = f"{TRANSFORMERS_MODELS}/rocmfix_patch_embed.py"
 CONFIG_DROP = f"{TRANSFORMERS_MODELS}/rocmfix_kernel_config.py"
