@@ -196,7 +196,8 @@ def config_text(config: Mapping[str, Any] | None) -> str:
     tile = "x".join(str(config[k]) for k in keys if k in config)
     words = [tile, f"w{config.get('num_warps', '?')}", f"s{config.get('num_stages', '?')}"]
     # A launch names its flags as the kernel's constexprs (PERSISTENT), a config in lower case.
-    words += sorted(k.lower() for k, v in config.items() if k.lower() in _FLAGS and v in (True, 1))
+    flags = {k.lower() for k, v in config.items() if k.lower() in _FLAGS and v in (True, 1)}
+    words += sorted(flags)
     if config.get("pack_weight") is False:
         words.append("unpacked")
     words += [
