@@ -132,4 +132,12 @@ def environment_warnings(env: Environment) -> tuple[EnvWarning, ...]:
             )
         )
     out.extend(_mixed(env))
+    out.extend(
+        EnvWarning(
+            "probe",
+            note,
+            "rocmfix carried on without it; this says why something may be missing",
+        )
+        for note in env.notes
+    )
     return tuple(out)

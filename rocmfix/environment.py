@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
+import secrets
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import guest, mineru
+from . import guest, mineru, supervise
 from .errors import ProbeError, UsageError
 from .guest import probe
 from .mineru import MinerU
@@ -32,12 +33,33 @@ PACKAGES = {"mineru": "mineru"}
 _PROBE_TIMEOUT_ENV = "ROCMFIX_PROBE_TIMEOUT"
 
 
-def _probe_timeout() -> float:
+_DEFAULT_TIMEOUT_S = 60.0
+_MAX_TIMEOUT_S = 3600.0
+# A probe's answer is a few kilobytes; an interpreter that says more is not answering it.
+ANSWER_LIMIT = 8 * 1024 * 1024
+
+
+def _probe_timeout() -> tuple[float, str | None]:
+    """The probe's time limit, and what to tell the user about a value it does not take."""
+    raw = os.environ.get(_PROBE_TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return _DEFAULT_TIMEOUT_S, None
+    shown = repr(raw) if len(raw) <= 40 else repr(raw[:40]) + "…"
     try:
-        value = float(os.environ.get(_PROBE_TIMEOUT_ENV) or 60)
+        value = float(raw)
     except ValueError:
-        return 60.0
-    return value if value > 0 else 60.0
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        return _DEFAULT_TIMEOUT_S, (
+            f"${_PROBE_TIMEOUT_ENV}={shown} is not a number of seconds above 0; "
+            f"using {_DEFAULT_TIMEOUT_S:g}"
+        )
+    if value > _MAX_TIMEOUT_S:
+        return _MAX_TIMEOUT_S, (
+            f"${_PROBE_TIMEOUT_ENV}={shown} is more than {_MAX_TIMEOUT_S:g} s; "
+            f"using {_MAX_TIMEOUT_S:g}"
+        )
+    return value, None
 
 
 @dataclass(frozen=True)
@@ -91,6 +113,9 @@ class Environment:
     in_process: bool
     # The MinerU installed here and what its code runs (None: no MinerU).
     mineru: MinerU | None = None
+    # What the probe met on the way that the user should hear once: stray output at the
+    # interpreter's startup, a distribution it could not read, a setting it ignored.
+    notes: tuple[str, ...] = ()
 
     @property
     def state(self) -> StateDir:
@@ -140,123 +165,241 @@ def _meaningful(stderr: str, *noise: str) -> str:
 
 def _python_version(python: str) -> str | None:
     """``X.Y`` if ``python`` runs Python code, else None."""
+    code = "import sys; sys.stdout.write('%d.%d' % sys.version_info[:2])"
     try:
-        done = subprocess.run(
-            [python, "-c", "import sys; sys.stdout.write('%d.%d' % sys.version_info[:2])"],
-            capture_output=True,
-            timeout=_probe_timeout(),
-            cwd="/",
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        done = supervise.capped([python, "-c", code], timeout=_probe_timeout()[0], limit=4096)
+    except OSError:
         return None
     out = done.stdout.decode("ascii", "replace").strip()
     return out if done.returncode == 0 and out.replace(".", "").isdigit() else None
 
 
-def _run_probe(python: str, request: dict[str, Any]) -> dict[str, Any]:
+def _printable(text: str, limit: int = 120) -> str:
+    """``text`` as one line a terminal shows as it is: control characters as ``?``."""
+    line = "".join(c if c.isprintable() else "?" for c in text.strip())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _framed(out: bytes, begin: str, end: str) -> bytes:
+    """What a child wrote between ``begin`` and ``end``; ValueError when it wrote no frame."""
+    first = out.rfind(begin.encode("ascii"))
+    last = out.rfind(end.encode("ascii"))
+    if first < 0 or last < first:
+        raise ValueError("no answer in the output")
+    return out[first + len(begin) : last]
+
+
+def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The probe's answer, and the stray output the interpreter printed around it."""
+    name = _printable(python, 300)
+    nonce = secrets.token_hex(8)
+    request = {**request, "frame": nonce}
     encoded = base64.b64encode(json.dumps(request).encode("utf-8")).decode("ascii")
     argv = guest.command(python, "probe", encoded)
+    timeout = _probe_timeout()[0]
     try:
-        done = subprocess.run(
-            argv,
-            capture_output=True,
-            timeout=_probe_timeout(),
-            cwd=os.path.dirname(python) or "/",
-            check=False,
-        )
+        done = supervise.capped(argv, timeout=timeout, limit=ANSWER_LIMIT)
     except OSError as exc:
-        raise ProbeError(f"cannot run {python}: {exc.strerror or exc}") from None
-    except subprocess.TimeoutExpired:
+        raise ProbeError(f"cannot run {name}: {exc.strerror or exc}") from None
+    if done.timed_out:
         raise ProbeError(
-            f"{python} did not answer within {_probe_timeout():g} s",
+            f"{name} did not answer within {timeout:g} s",
             hint=f"a slow filesystem? ${_PROBE_TIMEOUT_ENV} sets the limit in seconds",
-        ) from None
+        )
+    if done.overflow:
+        raise ProbeError(
+            f"{name} answered the probe with more than {ANSWER_LIMIT // 2**20} MiB; "
+            "that is not an answer"
+        )
     stderr = done.stderr.decode("utf-8", "replace")
     version = _python_version(python) if done.returncode != 0 else None
     if version is not None and tuple(map(int, version.split("."))) < (3, 8):
         raise ProbeError(
-            f"{python} is Python {version}: rocmfix reads environments of Python 3.8 or newer"
+            f"{name} is Python {version}: rocmfix reads environments of Python 3.8 or newer"
         )
     if done.returncode != 0 and version is None:
-        said = _meaningful(stderr, *argv[2:])
+        said = _printable(_meaningful(stderr, *argv[2:]), 200)
         raise ProbeError(
-            f"{python} does not look like a Python interpreter: it did not run "
+            f"{name} does not look like a Python interpreter: it did not run "
             f"`{os.path.basename(python)} -c CODE` (exit {done.returncode})" + f": {said}",
             hint="give --python the interpreter of the environment that runs MinerU (…/bin/python)",
         )
     if done.returncode != 0:
         raise ProbeError(
-            f"{python} could not be probed (exit {done.returncode}): "
-            + _meaningful(stderr, *argv[2:]),
+            f"{name} could not be probed (exit {done.returncode}): "
+            + _printable(_meaningful(stderr, *argv[2:]), 200),
             hint="is it a Python 3.8+ interpreter?",
         )
+    begin, end = probe.frame(nonce)
     try:
-        data = json.loads(done.stdout.decode("utf-8"))
+        answer = _framed(done.stdout, begin, end)
+        first, last = done.stdout.rfind(begin.encode()), done.stdout.rfind(end.encode())
+        stray = done.stdout[:first] + done.stdout[last + len(end) :]
     except ValueError:
-        raise ProbeError(f"{python} answered the probe with something that is not JSON") from None
+        # No frame at all: all of it is the answer, or none of it is.
+        answer, stray = done.stdout, b""
+    try:
+        data = json.loads(answer.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise ProbeError(f"{name} answered the probe with something that is not JSON") from None
     if not isinstance(data, dict) or data.get("probe") != probe.PROBE_SCHEMA:
-        raise ProbeError(f"{python} answered with an unknown probe format")
-    return data
+        raise ProbeError(f"{name} answered with an unknown probe format")
+    lines = stray.decode("utf-8", "replace").strip().splitlines()
+    if not lines:
+        return data, None
+    more = f" (and {len(lines) - 1} more lines)" if len(lines) > 1 else ""
+    return data, (
+        f"{name} printed at startup (a sitecustomize or .pth file?), ignored: "
+        f'"{_printable(lines[0])}"{more}'
+    )
+
+
+class _Bad(Exception):
+    """The probe's answer does not hold what it must; the message says what and where."""
+
+
+def _field(raw: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise _Bad(f"{where} is not an object")
+    if key not in raw:
+        raise _Bad(f"{where} has no {key!r}")
+    value = raw[key]
+    # bool is an int to isinstance: an answer of ``true`` is not a number, nor the reverse.
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+        raise _Bad(f"{where}.{key} is a {type(value).__name__}")
+    return value
+
+
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _text(raw: Any, key: str, where: str, *, optional: bool = False) -> Any:
+    value = _field(raw, key, (str, type(None)) if optional else str, where)
+    if value is not None and "\0" in value:
+        raise _Bad(f"{where}.{key} holds a NUL character")
+    return value
+
+
+def _path(raw: Any, key: str, where: str, *, optional: bool = False) -> Path | None:
+    value = _text(raw, key, where, optional=optional)
+    if value is None or (optional and not value):
+        return None
+    if not os.path.isabs(value):
+        raise _Bad(f"{where}.{key} is not an absolute path")
+    return Path(os.path.normpath(value))
+
+
+def _strings(raw: Any, key: str, where: str) -> tuple[str, ...]:
+    values = _field(raw, key, list, where)
+    if not all(isinstance(v, str) for v in values):
+        raise _Bad(f"{where}.{key} holds something that is not a string")
+    return tuple(values)
+
+
+def _target_file(rel: str, raw: Any, where: str) -> TargetFile:
+    path, root = _path(raw, "path", where), _path(raw, "root", where)
+    assert path is not None and root is not None
+    # rocmfix writes to this path: it must be the file it asked about, inside its folder.
+    if root == Path("/") or path != Path(os.path.normpath(root / rel)) or ".." in Path(rel).parts:
+        raise _Bad(f"{where}.path is not {rel} inside the folder it names")
+    return TargetFile(rel, path, root, _text(raw, "record_hash", where, optional=True))
+
+
+def _distribution(name: str, raw: Any, files: Mapping[str, Any]) -> Distribution:
+    where = f"distributions.{name}"
+    location = _path(raw, "location", where)
+    assert location is not None
+    return Distribution(
+        name=_text(raw, "name", where),
+        version=_text(raw, "version", where),
+        dist_info=_path(raw, "dist_info", where, optional=True),
+        location=location,
+        editable=_field(raw, "editable", bool, where),
+        editable_url=_text(raw, "editable_url", where, optional=True),
+        installer=_text(raw, "installer", where, optional=True),
+        record=_path(raw, "record", where, optional=True),
+        files={rel: _target_file(rel, f, f"{where}.files.{rel}") for rel, f in files.items()},
+    )
+
+
+def _installed(name: str, raw: Any) -> Installed:
+    where = f"extras.{name}"
+    location = _path(raw, "location", where)
+    assert location is not None
+    exists = _field(raw, "exists", dict, where)
+    roots = raw.get("package_roots") or []
+    if not isinstance(roots, list) or not all(isinstance(r, str) and r for r in roots):
+        raise _Bad(f"{where}.package_roots is not a list of paths")
+    return Installed(
+        version=_text(raw, "version", where),
+        location=location,
+        requires=_strings(raw, "requires", where),
+        exists={str(k): v is True for k, v in exists.items()},
+        package_roots=tuple(Path(r) for r in roots if "\0" not in r),
+    )
+
+
+def _unreadable(data: Mapping[str, Any]) -> tuple[str, ...]:
+    raw = data.get("unreadable") or {}
+    if not isinstance(raw, dict):
+        raise _Bad("unreadable is not an object")
+    notes = []
+    for name, problems in raw.items():
+        said = problems if isinstance(problems, list) else [problems]
+        first = _printable(str(said[0]) if said else "?")
+        more = f" ({len(said) - 1} more)" if len(said) > 1 else ""
+        notes.append(f"{_printable(str(name), 60)}'s metadata could not be read: {first}{more}")
+    return tuple(notes)
 
 
 def _parse(data: dict[str, Any], in_process: bool) -> Environment:
+    """The probe's answer as an :class:`Environment`; every field is checked, since the
+    interpreter that wrote it may be anything the user pointed ``--python`` at."""
     try:
-        py = data["python"]
-        distributions = {}
-        for name, raw in data["distributions"].items():
-            distributions[name] = Distribution(
-                name=raw["name"],
-                version=raw["version"],
-                dist_info=Path(raw["dist_info"]) if raw["dist_info"] else None,
-                location=Path(raw["location"]),
-                editable=bool(raw["editable"]),
-                editable_url=raw["editable_url"],
-                installer=raw["installer"],
-                record=Path(raw["record"]) if raw["record"] else None,
-                files={
-                    rel: TargetFile(
-                        rel=rel,
-                        path=Path(f["path"]),
-                        root=Path(f["root"]),
-                        record_hash=f["record_hash"],
-                    )
-                    for rel, f in raw["files"].items()
-                },
-            )
-        installed = {
-            name: Installed(
-                version=raw["version"],
-                location=Path(raw["location"]),
-                requires=tuple(raw["requires"]),
-                exists=dict(raw["exists"]),
-                package_roots=tuple(Path(r) for r in raw.get("package_roots") or ()),
-            )
-            for name, raw in data["extras"].items()
+        py = _field(data, "python", dict, "the answer")
+        prefix = _path(py, "prefix", "python")
+        assert prefix is not None
+        if prefix == Path("/"):
+            raise _Bad("python.prefix is / (rocmfix keeps its state under the prefix)")
+        raw_dists = _field(data, "distributions", dict, "the answer")
+        distributions = {
+            name: _distribution(name, raw, _field(raw, "files", dict, f"distributions.{name}"))
+            for name, raw in raw_dists.items()
         }
+        raw_extras = _field(data, "extras", dict, "the answer")
+        installed = {name: _installed(name, raw) for name, raw in raw_extras.items()}
         versions = {name: extra.version for name, extra in installed.items()}
         versions.update({name: d.version for name, d in distributions.items()})
         torch_raw = data.get("torch")
         torch = (
-            TorchInfo(version=torch_raw["version"], hip=torch_raw["hip"], cuda=torch_raw["cuda"])
-            if torch_raw
+            TorchInfo(
+                version=_text(torch_raw, "version", "torch"),
+                hip=_text(torch_raw, "hip", "torch", optional=True),
+                cuda=_text(torch_raw, "cuda", "torch", optional=True),
+            )
+            if torch_raw is not None
             else None
         )
         return Environment(
             python=PythonInfo(
-                executable=py["executable"],
-                version=py["version"],
-                prefix=Path(py["prefix"]),
-                purelib=Path(py["purelib"]) if py.get("purelib") else None,
+                executable=_text(py, "executable", "python"),
+                version=_text(py, "version", "python"),
+                prefix=prefix,
+                purelib=_path(py, "purelib", "python", optional=True),
             ),
             distributions=distributions,
             installed=installed,
             versions=versions,
             torch=torch,
             in_process=in_process,
+            notes=_unreadable(data),
         )
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ProbeError(f"the probe's answer is missing {exc}") from None
+    except _Bad as exc:
+        raise ProbeError(
+            f"the probe's answer does not hold what it must: {_printable(str(exc), 200)}",
+            hint="is --python a Python interpreter rocmfix can trust to answer?",
+        ) from None
 
 
 def discover(patches: Iterable[Patch], python: str | None = None) -> Environment:
@@ -264,18 +407,32 @@ def discover(patches: Iterable[Patch], python: str | None = None) -> Environment
     and read the code of the MinerU installed there, if any."""
     patches = tuple(patches)
     request = _request(patches)
+    notes: list[str] = []
     if python is None:
         env = _parse(json.loads(json.dumps(probe.probe(request))), in_process=True)
     else:
-        env = _parse(_run_probe(_resolve_python(python), request), in_process=False)
+        setting = _probe_timeout()[1]
+        if setting is not None:
+            notes.append(setting)
+        answer, stray = _run_probe(_resolve_python(python), request)
+        if stray is not None:
+            notes.append(stray)
+        env = _parse(answer, in_process=False)
+    if notes:
+        env = replace(env, notes=(*notes, *env.notes))
     found = env.installed.get(mineru.DISTRIBUTION)
     if found is None:
         return env
     return replace(env, mineru=mineru.read(found.version, found.package_roots, patches))
 
 
+# Run from ``/`` with the script's folder dropped from sys.path before the first import: a
+# ``base64.py`` wherever rocmfix was started must never run (as root, inside ``apply``).
 _COMPILE_CHECK = """
-import base64, json, sys
+import sys
+while sys.path and sys.path[0] in ("", "/"):
+    sys.path.pop(0)
+import base64, json
 errors = {}
 for name, src in json.loads(sys.stdin.read()).items():
     try:
@@ -283,7 +440,7 @@ for name, src in json.loads(sys.stdin.read()).items():
     except (SyntaxError, ValueError) as exc:
         errors[name] = "%s: %s (line %s)" % (type(exc).__name__, getattr(exc, "msg", exc),
                                              getattr(exc, "lineno", "?"))
-sys.stdout.write(json.dumps(errors))
+sys.stdout.write(sys.argv[1] + json.dumps(errors) + sys.argv[2])
 """
 
 
@@ -301,17 +458,18 @@ def compile_errors(env: Environment, sources: Mapping[str, bytes]) -> dict[str, 
                 errors[name] = f"{type(exc).__name__}: {getattr(exc, 'msg', exc)} (line {lineno})"
         return errors
     payload = json.dumps({k: base64.b64encode(v).decode("ascii") for k, v in sources.items()})
+    result = None
+    begin, end = probe.frame(secrets.token_hex(8))
     try:
-        done = subprocess.run(
-            [env.python.executable, "-c", _COMPILE_CHECK],
-            input=payload,
-            capture_output=True,
-            text=True,
-            timeout=_probe_timeout(),
-            check=False,
+        done = supervise.capped(
+            [env.python.executable, "-c", _COMPILE_CHECK, begin, end],
+            timeout=_probe_timeout()[0],
+            limit=ANSWER_LIMIT,
+            stdin=payload.encode("ascii"),
         )
-        result = json.loads(done.stdout) if done.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError):
+        if done.returncode == 0:
+            result = json.loads(_framed(done.stdout, begin, end))
+    except (OSError, ValueError, RecursionError):
         result = None
     if not isinstance(result, dict):
         raise ProbeError(f"{env.python.executable} could not compile-check the rewritten files")

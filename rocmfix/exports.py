@@ -3,11 +3,17 @@
 Only what applies is printed: the AOTriton flag only for a ROCm build of torch, the model
 source only when the user asks for one. Each line comes with its reason as a comment, so
 ``eval "$(rocmfix env)"`` is safe and ``rocmfix env`` alone explains itself.
+
+The interpreter's path and torch's version come from the target environment, which may say
+anything: they reach the output only inside comments, on one line, with every character a
+shell or terminal could act on (control characters, line and paragraph separators) replaced.
+The assignments' values are rocmfix's own, quoted for the shell all the same.
 """
 
 from __future__ import annotations
 
 import shlex
+import unicodedata
 from dataclasses import dataclass
 
 from .checks import is_rocm
@@ -55,14 +61,24 @@ def _assign(shell: str, export: Export) -> str:
     return f"export {export.name}={shlex.quote(export.value)}"
 
 
+def inert(text: str) -> str:
+    """``text`` as the rest of one comment line: nothing a shell reads as a line break."""
+    # Category C is control, format, surrogate, private use and unassigned; Zl and Zp are
+    # U+2028/U+2029, which some shells' line editors and terminals take as breaks.
+    return "".join(
+        "?" if unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp") else c
+        for c in text
+    )
+
+
 def script(env: Environment, shell: str, model_source: str | None = None) -> str:
     """Comment lines and assignments; every shell rocmfix supports reads ``#`` comments."""
     found = exports(env, model_source)
-    lines = [f"# rocmfix env for {env.python.executable}"]
+    lines = [f"# rocmfix env for {inert(env.python.executable)}"]
     if not found:
-        torch = f"torch {env.torch.version} is not a ROCm build" if env.torch else "no torch"
+        torch = f"torch {inert(env.torch.version)} is not a ROCm build" if env.torch else "no torch"
         lines.append(f"# nothing to export: {torch}")
     for export in found:
-        lines.append(f"# {export.reason}")
+        lines.append(f"# {inert(export.reason)}")
         lines.append(_assign(shell, export))
     return "\n".join(lines) + "\n"

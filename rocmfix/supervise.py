@@ -5,6 +5,11 @@ a deadline. An item (one native op, one scheme, one kernel's search) that outlas
 is not waited on: the worker's whole process group is killed (a GPU library blocked in C
 cannot be interrupted any other way) and a fresh worker carries on with the items left. A
 worker that dies inside an item is handled the same way, once per item. Nothing here prints.
+
+Every child rocmfix starts in a target interpreter runs from ``/`` in a session of its own
+(:func:`capped` for the short ones: the probe, the compile check), so that a SIGTERM or
+SIGINT to rocmfix would not reach it: :func:`forwarding` kills those groups first, then lets
+the signal do what it would have done.
 """
 
 from __future__ import annotations
@@ -14,13 +19,15 @@ import contextlib
 import json
 import os
 import queue
+import selectors
 import signal
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import IO, Any
 
 from . import guest
@@ -31,6 +38,137 @@ _EOF = object()
 # Importing torch and initialising the GPU happen before the first event.
 STARTUP_LIMIT_S = 300.0
 _MAX_RESTARTS = 16
+# The process groups of the children running now, for a signal handler to kill.
+_LIVE: set[int] = set()
+_FORWARDED = (signal.SIGTERM, signal.SIGINT)
+
+
+def _kill_live(signum: int, frame: FrameType | None) -> None:
+    for group in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    _LIVE.clear()
+    # Then what the signal would have done without us: end rocmfix (SIGTERM) or raise
+    # KeyboardInterrupt (SIGINT), so the exit status still says which signal it was.
+    handler = _PREVIOUS.get(signum, signal.SIG_DFL)
+    signal.signal(signum, handler)
+    if callable(handler):
+        handler(signum, frame)
+    else:
+        os.kill(os.getpid(), signum)
+
+
+_PREVIOUS: dict[int, Any] = {}
+
+
+@contextlib.contextmanager
+def forwarding() -> Iterator[None]:
+    """While inside, SIGTERM and SIGINT kill the children's groups before they act."""
+    if threading.current_thread() is not threading.main_thread() or _PREVIOUS:
+        # Another forwarding() holds the handlers, or signals cannot be handled here.
+        yield
+        return
+    for signum in _FORWARDED:
+        # A signal rocmfix was started to ignore (nohup) stays ignored, for the children too.
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            _PREVIOUS[signum] = signal.signal(signum, _kill_live)
+    try:
+        yield
+    finally:
+        for number, handler in _PREVIOUS.items():
+            signal.signal(number, handler)
+        _PREVIOUS.clear()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What a child said, at most ``limit`` bytes of each stream; ``returncode`` is None
+    when it was killed: it ran past its time (``timed_out``) or said too much."""
+
+    returncode: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    overflow: bool = False
+
+
+def _feed(stream: IO[bytes], data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        stream.write(data)
+    with contextlib.suppress(OSError):
+        stream.close()
+
+
+def capped(
+    argv: Sequence[str], *, timeout: float, limit: int, stdin: bytes | None = None
+) -> Finished:
+    """Run ``argv`` from ``/`` in a session of its own and collect what it says, bounded in
+    time and size; whatever is left of its process group afterwards is killed.
+
+    Raises OSError when ``argv[0]`` cannot be run.
+    """
+    deadline = time.monotonic() + timeout
+    with forwarding():
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd="/",
+            start_new_session=True,
+        )
+        _LIVE.add(proc.pid)
+        try:
+            return _collect(proc, deadline, limit, stdin)
+        finally:
+            _LIVE.discard(proc.pid)
+            if proc.returncode is None:
+                _kill(proc)
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+
+
+def _collect(
+    proc: subprocess.Popen[bytes], deadline: float, limit: int, stdin: bytes | None
+) -> Finished:
+    assert proc.stdout is not None and proc.stderr is not None
+    if stdin is not None:
+        assert proc.stdin is not None
+        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+    chunks: dict[int, list[bytes]] = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
+    sizes = dict.fromkeys(chunks, 0)
+    with selectors.DefaultSelector() as selector:
+        for stream in (proc.stdout, proc.stderr):
+            selector.register(stream, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Finished(None, b"", b"", timed_out=True)
+            for key, _ in selector.select(timeout=left):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    selector.unregister(key.fileobj)
+                    continue
+                sizes[key.fd] += len(data)
+                if sizes[key.fd] > limit:
+                    return Finished(None, b"", b"", overflow=True)
+                chunks[key.fd].append(data)
+    # Both streams are closed; wait for the exit without reaping, so the group can still be
+    # killed by its id (a reaped leader's id could already name another process).
+    while True:
+        if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            break
+        if time.monotonic() >= deadline:
+            return Finished(None, b"", b"", timed_out=True)
+        time.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    code = proc.wait()
+    return Finished(
+        code, b"".join(chunks[proc.stdout.fileno()]), b"".join(chunks[proc.stderr.fileno()])
+    )
 
 
 @dataclass
@@ -80,6 +218,18 @@ def run(
     ``limit_for(item)`` gives an item's time limit in seconds, counted from the worker's
     ``start`` event; ``idle_limit_s`` bounds the wait for any event at all.
     """
+    with forwarding():
+        return _run(python, request, limit_for, on_event, item_ids, idle_limit_s)
+
+
+def _run(
+    python: str,
+    request: Mapping[str, Any],
+    limit_for: Callable[[str], float],
+    on_event: Callable[[Event], None],
+    item_ids: Sequence[str],
+    idle_limit_s: float,
+) -> WorkerRun:
     outcome = WorkerRun()
     finished: set[str] = set()
     while True:
@@ -128,6 +278,7 @@ def _one_worker(
         except OSError as exc:
             outcome.fatal = f"cannot run {argv[0]}: {exc.strerror or exc}"
             return False, None
+        _LIVE.add(proc.pid)
         assert proc.stdout is not None
         lines: queue.Queue[object] = queue.Queue()
         thread = threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True)
@@ -222,6 +373,7 @@ def _one_worker(
                     return True, None
                 _deliver(event, outcome, on_event)
         finally:
+            _LIVE.discard(proc.pid)
             if proc.poll() is None:
                 _kill(proc)
             thread.join(timeout=5)

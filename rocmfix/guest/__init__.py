@@ -16,11 +16,14 @@ import os
 
 # ``python -c BOOT FOLDER MODULE ARGS...``: load FOLDER as the package ``_rocmfix_guest``
 # and run MODULE's ``main(argv)``. Neither the current directory nor rocmfix's checkout may
-# shadow the target's packages, so the script's own directory entry is dropped first.
+# shadow the target's packages, so the script's own directory entry is dropped before anything
+# is imported (os and sys are loaded by every interpreter's startup, so importing them reads
+# nothing); the host also starts every child in ``/``.
 BOOT = """
-import importlib.util, os, sys
+import os, sys
 while sys.path and sys.path[0] in ("", os.getcwd()):
     sys.path.pop(0)
+import importlib.util
 folder = sys.argv[1]
 spec = importlib.util.spec_from_file_location(
     "_rocmfix_guest", os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]

@@ -11,20 +11,28 @@ from __future__ import annotations
 
 import ast
 import base64
+import csv
 import json
 import os
 import sys
 import sysconfig
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 PROBE_SCHEMA = 1
 
 
-def _record_hashes(dist: Any) -> Dict[str, str]:
+def _record_hashes(dist: Any, problems: List[str]) -> Dict[str, str]:
+    # Read row by row rather than through dist.files, which gives up on the whole file at
+    # one malformed row (a blank line, a fourth column, a size that is not a number).
     hashes: Dict[str, str] = {}
-    for entry in dist.files or ():
-        if entry.hash is not None and entry.hash.mode == "sha256":
-            hashes[str(entry).replace("\\", "/")] = entry.hash.value
+    text = dist.read_text("RECORD") or ""
+    for number, row in enumerate(csv.reader(text.splitlines()), start=1):
+        if len(row) != 3 or (row[2] and not row[2].isdigit()):
+            problems.append("RECORD line %d does not parse; it was skipped" % number)
+            continue
+        mode, _, value = row[1].partition("=")
+        if mode == "sha256" and value:
+            hashes[row[0].replace("\\", "/")] = value
     return hashes
 
 
@@ -88,7 +96,9 @@ def _same_dir(a: str, b: str) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
-def _distribution(name: str, package: Optional[str], files: List[str]) -> Optional[Dict[str, Any]]:
+def _distribution(
+    name: str, package: Optional[str], files: List[str], problems: List[str]
+) -> Optional[Dict[str, Any]]:
     from importlib import metadata
 
     try:
@@ -106,7 +116,7 @@ def _distribution(name: str, package: Optional[str], files: List[str]) -> Option
     has_record = dist.read_text("RECORD") is not None
     editable = bool(dir_info.get("editable")) or not has_record
     roots = _package_roots(package) if package else []
-    hashes = _record_hashes(dist)
+    hashes = _record_hashes(dist, problems) if has_record else {}
     out_files: Dict[str, Dict[str, Any]] = {}
     for rel in files:
         # The import system decides which copy of a file runs, so look where it looks;
@@ -152,14 +162,34 @@ def _torch(location_of: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     }
 
 
+def _read(
+    name: str,
+    package: Optional[str],
+    files: List[str],
+    unreadable: Dict[str, List[str]],
+) -> Optional[Dict[str, Any]]:
+    """One distribution on its own: what cannot be read of it (any error at all, in metadata
+    nobody checked) is reported by name, and the others are still answered."""
+    problems: List[str] = []
+    try:
+        found = _distribution(name, package, files, problems)
+    except Exception as exc:  # noqa: BLE001 - any file of any dist-info may be malformed
+        found = None
+        problems.append("%s: %s" % (type(exc).__name__, exc))
+    if problems:
+        unreadable[name] = problems
+    return found
+
+
 def probe(request: Dict[str, Any]) -> Dict[str, Any]:
     """Answer ``request``: targets with their files, extra distribution names (and, in
     ``packages``, the import package whose folder to find for some of them)."""
     paths = sysconfig.get_paths()
     distributions: Dict[str, Any] = {}
+    unreadable: Dict[str, List[str]] = {}
     for target in request.get("targets", []):
-        found = _distribution(
-            target["distribution"], target.get("package"), target.get("files", [])
+        found = _read(
+            target["distribution"], target.get("package"), target.get("files", []), unreadable
         )
         if found is not None:
             distributions[target["distribution"]] = found
@@ -167,7 +197,7 @@ def probe(request: Dict[str, Any]) -> Dict[str, Any]:
     exists = request.get("exists", {})
     packages = request.get("packages", {})
     for name in request.get("extras", []):
-        found = _distribution(name, packages.get(name), [])
+        found = _read(name, packages.get(name), [], unreadable)
         if found is not None:
             location = found["location"]
             extras[name] = {
@@ -193,13 +223,21 @@ def probe(request: Dict[str, Any]) -> Dict[str, Any]:
         "distributions": distributions,
         "extras": extras,
         "torch": _torch(extras),
+        "unreadable": unreadable,
     }
+
+
+def frame(nonce: str) -> Tuple[str, str]:
+    """The lines around the answer: a sitecustomize or .pth that prints at startup (or at
+    exit) writes outside them, and the host reads only what is inside."""
+    return "\n--rocmfix-probe-%s-begin--\n" % nonce, "\n--rocmfix-probe-%s-end--\n" % nonce
 
 
 def main(argv: List[str]) -> int:
     # BOOT has dropped the current directory from sys.path: a user standing in a vllm
     # checkout would otherwise probe that checkout instead of what the environment imports.
     request = json.loads(base64.b64decode(argv[1]).decode("utf-8"))
-    sys.stdout.write(json.dumps(probe(request)))
+    begin, end = frame(str(request.get("frame", "")))
+    sys.stdout.write(begin + json.dumps(probe(request)) + end)
     sys.stdout.flush()
     return 0

@@ -1,0 +1,401 @@
+"""Hostile round two, the processes and the probe (issue 28): code in the folder rocmfix
+runs from, an interpreter that answers with anything at all, output the shell evaluates,
+metadata that does not parse, code nested too deep to read, settings out of range, a git
+that hangs, and signals that must reach the children rocmfix started.
+
+Each test reproduces the defect as it was reported, with the real CLI in a subprocess and
+real environments; one error line and exit 1 where rocmfix must refuse, and nothing left
+running or written where it must not be."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import NO_GPU, PYTHONPATH, InstalledEnv, fake_torch, require, run_cli
+
+pytestmark = pytest.mark.network
+PATCH = "mineru-tokenizer"
+
+
+@pytest.fixture
+def env(mineru_env: Callable[[str], InstalledEnv]) -> InstalledEnv:
+    return mineru_env("0.1.13")
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr and "bug in rocmfix" not in stderr, stderr
+    return lines[0]
+
+
+def _warnings(result_json: dict[str, object]) -> list[str]:
+    found = result_json["warnings"]
+    assert isinstance(found, list)
+    return [str(w["message"]) for w in found]
+
+
+def _by_id(result_json: dict[str, object], patch: str) -> dict[str, object]:
+    patches = result_json["patches"]
+    assert isinstance(patches, list)
+    return next(p for p in patches if p["id"] == patch)
+
+
+# ------------------------------------------------- 1: code from the current folder never runs
+
+
+@pytest.mark.parametrize("module", ["base64", "json"])
+def test_a_module_in_the_current_folder_never_runs(
+    env: InstalledEnv, tmp_path: Path, module: str
+) -> None:
+    """The compile check ran ``TARGET -c CODE`` in rocmfix's folder, which put that folder
+    first on sys.path: a ``base64.py`` there ran (as root, inside apply)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    ran = tmp_path / "ran"
+    (project / f"{module}.py").write_text(
+        f"open({str(ran)!r}, 'a').write(__file__ + '\\n')\nraise SystemExit(7)\n"
+    )
+    # -P: rocmfix itself starts the way its console script does, without the folder on
+    # sys.path; what is tested is the children it starts from there.
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "rocmfix", "apply", "--python", str(env.python)],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, **NO_GPU},
+        timeout=300,
+        check=False,
+    )
+    assert not ran.exists(), ran.read_text()
+    assert done.returncode == 0, done.stderr
+    assert env.status(PATCH)["verdict"] == "applied"
+
+
+# ------------------------------------------------------ 2: `eval "$(rocmfix env)"` is inert
+
+
+FLAG = "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"
+# Each shell evaluates the script the way the README tells its users to, then prints the flag.
+SHELLS = {
+    "bash": ["bash", "-c", f'eval "$(cat "$1")"; printf %s "${FLAG}"', "bash"],
+    "zsh": ["zsh", "-c", f'eval "$(cat "$1")"; printf %s "${FLAG}"', "zsh"],
+    "fish": ["fish", "-c", f"eval (cat $argv[1] | string collect); printf %s ${FLAG}"],
+}
+
+
+@pytest.mark.parametrize("shell", sorted(SHELLS))
+def test_env_output_runs_nothing_it_read(env: InstalledEnv, tmp_path: Path, shell: str) -> None:
+    """torch's ``__version__`` and the interpreter's path went into ``#`` lines as they
+    were: a newline in either was a command the shell ran."""
+    require(shutil.which(shell) is not None, f"{shell} is not installed")
+    # The shell runs in tmp_path: a command that gets through makes a file there.
+    fake_torch(env.site, "2.5.0", hip="6.2")
+    version = "2.5.0\ntouch pwned-version\n"
+    (env.site / "torch" / "version.py").write_text(
+        f"__version__ = {version!r}\nhip = '6.2'\ncuda = None\n"
+    )
+    # An interpreter whose path holds a newline and a command (outside the venv, so it
+    # sees no torch: each of the two is tried on its own).
+    odd = tmp_path / "bin\ntouch pwned-path\n"
+    odd.mkdir()
+    (odd / "python").symlink_to(env.python)
+    flags = []
+    for python in (env.python, odd / "python"):
+        result = run_cli("env", "--shell", shell, "--python", str(python))
+        assert result.returncode == 0, result.stderr
+        script = tmp_path / "script"
+        script.write_bytes(result.stdout_bytes)
+        done = subprocess.run(
+            [*SHELLS[shell], str(script)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if k != FLAG},
+            timeout=60,
+            check=False,
+        )
+        assert not list(tmp_path.glob("pwned*")), result.stdout
+        assert done.returncode == 0, done.stderr
+        flags.append(done.stdout)
+    # The assignment still does what it is for.
+    assert flags == ["1", ""]
+
+
+# --------------------------------------------- 8: one malformed RECORD row, in any dist-info
+
+
+BAD_ROWS = {
+    "blank-line": "flash_attn/__init__.py,,\n\nflash_attn-2.0.0.dist-info/RECORD,,\n",
+    "fourth-column": "flash_attn/__init__.py,sha256=abc,12,extra\n",
+    "size-not-a-number": "flash_attn/__init__.py,sha256=abc,twelve\n",
+}
+
+
+@pytest.mark.parametrize("record", sorted(BAD_ROWS))
+def test_a_malformed_record_row_elsewhere_is_a_warning(env: InstalledEnv, record: str) -> None:
+    """One bad row in an unrelated flash-attn made status, apply and revert all fail, with a
+    hint that blamed the interpreter."""
+    info = env.site / "flash_attn-2.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash-attn\nVersion: 2.0.0\n")
+    (info / "RECORD").write_text(BAD_ROWS[record])
+    status = env.cli("status", "--json")
+    assert status.returncode == 0, status.stderr
+    doc = status.json()
+    assert _by_id(doc, PATCH)["verdict"] == "applicable"
+    said = [w for w in _warnings(doc) if "flash-attn" in w]
+    assert len(said) == 1 and "RECORD line" in said[0], doc["warnings"]
+    assert env.cli("apply").returncode == 0
+    revert = env.cli("revert")
+    assert revert.returncode == 0, revert.stderr
+    assert env.target.read_bytes() == env.original
+
+
+def test_a_malformed_row_in_the_targets_own_record_is_read_around(env: InstalledEnv) -> None:
+    record = next(env.site.glob("mineru_vl_utils-*.dist-info")) / "RECORD"
+    record.write_bytes(record.read_bytes() + b"\nnot,a,valid,row\n")
+    status = env.cli("status", "--json")
+    assert status.returncode == 0, status.stderr
+    doc = status.json()
+    assert _by_id(doc, PATCH)["verdict"] == "applicable"
+    assert any("mineru-vl-utils" in w and "RECORD line" in w for w in _warnings(doc)), doc
+
+
+# ------------------------------------------------- 10: a --python that answers with anything
+
+
+def _answer(tmp_path: Path) -> dict[str, object]:
+    """A well-formed answer for an empty environment under ``tmp_path``."""
+    prefix = str(tmp_path / "prefix")
+    return {
+        "probe": 1,
+        "python": {
+            "executable": str(tmp_path / "python"),
+            "version": "3.11.0",
+            "implementation": "cpython",
+            "prefix": prefix,
+            "base_prefix": prefix,
+            "purelib": prefix + "/lib/python3.11/site-packages",
+            "platlib": prefix + "/lib/python3.11/site-packages",
+        },
+        "distributions": {},
+        "extras": {},
+        "torch": None,
+    }
+
+
+def _fake_python(tmp_path: Path, stdout: str) -> Path:
+    """An interpreter that runs Python where rocmfix checks it does (the version check)
+    but answers the probe with ``stdout`` (a file, written as it is)."""
+    answer = tmp_path / "answer"
+    answer.write_text(stdout)
+    fake = tmp_path / "python"
+    fake.write_text(
+        f'#!/bin/sh\ncase "$2" in *version_info*) exec python3 "$@";; esac\nexec cat {answer}\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+def _hostile(case: str, tmp_path: Path) -> str:
+    answer = _answer(tmp_path)
+    python = answer["python"]
+    assert isinstance(python, dict)
+    if case == "deeply-nested":
+        return '{"probe": 1, "python": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    if case == "integer-version":
+        python["version"] = 311
+    elif case == "missing-key":
+        del python["prefix"]
+    elif case == "nul-in-prefix":
+        python["prefix"] = str(tmp_path / "pre\0fix")
+    elif case == "prefix-is-root":
+        python["prefix"] = "/"
+    elif case == "relative-prefix":
+        python["prefix"] = "prefix"
+    elif case == "target-outside-its-folder":
+        answer["distributions"] = {
+            "mineru-vl-utils": {
+                "name": "mineru-vl-utils",
+                "version": "0.1.13",
+                "dist_info": None,
+                "location": str(tmp_path),
+                "editable": False,
+                "editable_url": None,
+                "installer": "pip",
+                "record": None,
+                "package_roots": [],
+                "requires": [],
+                "files": {
+                    "mineru_vl_utils/vlm_client/vllm_async_engine_client.py": {
+                        "path": "/etc/passwd",
+                        "root": str(tmp_path),
+                        "record_hash": None,
+                    }
+                },
+            }
+        }
+    elif case == "torch-version-is-a-list":
+        answer["torch"] = {"version": ["2"], "hip": None, "cuda": None}
+    elif case == "extras-not-an-object":
+        answer["extras"] = []
+    return json.dumps(answer)
+
+
+HOSTILE = [
+    "deeply-nested",
+    "integer-version",
+    "missing-key",
+    "nul-in-prefix",
+    "prefix-is-root",
+    "relative-prefix",
+    "target-outside-its-folder",
+    "torch-version-is-a-list",
+    "extras-not-an-object",
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_a_hostile_answer_is_one_line_and_exit_1(tmp_path: Path, case: str) -> None:
+    """A deeply nested answer, an integer version, a missing key, a NUL in the prefix gave
+    exit 3 ("a bug in rocmfix"); a prefix of / made /share/rocmfix."""
+    fake = _fake_python(tmp_path, _hostile(case, tmp_path))
+    for command in ("status", "apply"):
+        result = run_cli(command, "--python", str(fake))
+        assert result.returncode == 1, (command, result.stderr)
+        _one_error_line(result.stderr)
+    assert not Path("/share/rocmfix").exists()
+
+
+def test_the_well_formed_answer_of_those_tests_is_read(tmp_path: Path) -> None:
+    # The hostile cases above differ from this one only where they say.
+    fake = _fake_python(tmp_path, json.dumps(_answer(tmp_path)))
+    result = run_cli("status", "--python", str(fake), "--json")
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_answer_too_big_to_be_one_is_cut_off(tmp_path: Path) -> None:
+    """800 MB of output took 2.5 GB of memory; the answer is capped, the rest never read."""
+    fake = tmp_path / "python"
+    fake.write_text(
+        '#!/bin/sh\ncase "$2" in *version_info*) exec python3 "$@";; esac\n'
+        "exec head -c 800000000 /dev/zero\n"
+    )
+    fake.chmod(0o755)
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            "sh",
+            "-c",
+            'ulimit -v 1500000 && exec "$@"',
+            "sh",
+            sys.executable,
+            "-m",
+            "rocmfix",
+            "status",
+            "--python",
+            str(fake),
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, **NO_GPU},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "MiB" in _one_error_line(done.stderr)
+    assert time.monotonic() - started < 60
+
+
+def _alive(marker: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_hanging_probe_leaves_nothing_running(tmp_path: Path) -> None:
+    """On a timeout the probe was killed but its children were left behind."""
+    marker = f"rocmfix-probe-child-{os.getpid()}-{time.monotonic_ns()}"
+    fake = tmp_path / "python"
+    fake.write_text(
+        '#!/bin/sh\ncase "$2" in *version_info*) exec python3 "$@";; esac\n'
+        f"python3 -c 'import time; time.sleep(60)' {marker} >/dev/null 2>&1 &\n"
+        "sleep 60\n"
+    )
+    fake.chmod(0o755)
+    try:
+        result = run_cli("status", "--python", str(fake), env={"ROCMFIX_PROBE_TIMEOUT": "2"})
+        assert result.returncode == 1, result.stderr
+        assert "did not answer within 2 s" in _one_error_line(result.stderr)
+        time.sleep(0.5)
+        assert _alive(marker) == []
+    finally:
+        for pid in _alive(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------ 11: an interpreter that prints at startup
+
+
+NOISE = {
+    "pth": ("zzz_noise.pth", "import sys; print('hello from a .pth file')\n"),
+    "sitecustomize": ("sitecustomize.py", "print('hello from sitecustomize')\n"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOISE))
+def test_startup_noise_is_a_warning_not_a_failure(env: InstalledEnv, kind: str) -> None:
+    """A .pth or sitecustomize that prints made status, apply and revert fail with
+    "answered the probe with something that is not JSON"."""
+    name, code = NOISE[kind]
+    (env.site / name).write_text(code)
+    said = code.split("'")[1]
+    status = env.cli("status", "--json")
+    assert status.returncode == 0, status.stderr
+    doc = status.json()
+    assert _by_id(doc, PATCH)["verdict"] == "applicable"
+    assert [w for w in _warnings(doc) if said in w] != [], doc["warnings"]
+    apply = env.cli("apply")
+    assert apply.returncode == 0, apply.stderr
+    assert (apply.stdout + apply.stderr).count(said) == 1, apply.stdout + apply.stderr
+    revert = env.cli("revert")
+    assert revert.returncode == 0, revert.stderr
+    assert env.target.read_bytes() == env.original
+
+
+# --------------------------------------------------- 13: ROCMFIX_PROBE_TIMEOUT out of range
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e400", "1e12", "-5", "0", "abc"])
+def test_a_probe_timeout_it_cannot_use_is_named_once(env: InstalledEnv, value: str) -> None:
+    """inf, 1e400 and 1e12 gave exit 3; abc and -5 silently became 60."""
+    result = env.cli("status", "--json", env={"ROCMFIX_PROBE_TIMEOUT": value})
+    assert result.returncode == 0, result.stderr
+    said = [w for w in _warnings(result.json()) if "ROCMFIX_PROBE_TIMEOUT" in w]
+    assert len(said) == 1 and value in said[0], said
+
+
+def test_a_probe_timeout_in_range_is_quiet(env: InstalledEnv) -> None:
+    result = env.cli("status", "--json", env={"ROCMFIX_PROBE_TIMEOUT": "90"})
+    assert result.returncode == 0, result.stderr
+    assert not [w for w in _warnings(result.json()) if "ROCMFIX_PROBE_TIMEOUT" in w]
