@@ -399,3 +399,54 @@ def test_a_probe_timeout_in_range_is_quiet(env: InstalledEnv) -> None:
     result = env.cli("status", "--json", env={"ROCMFIX_PROBE_TIMEOUT": "90"})
     assert result.returncode == 0, result.stderr
     assert not [w for w in _warnings(result.json()) if "ROCMFIX_PROBE_TIMEOUT" in w]
+
+
+# ------------------------------------------- 18: a signal to rocmfix reaches its worker too
+
+
+def _workers(python: Path) -> list[int]:
+    """The worker processes started in ``python`` (by their command line)."""
+    return [pid for pid in _alive(str(python)) if _cmdline_has(pid, b"worker")]
+
+
+def _cmdline_has(pid: int, word: bytes) -> bool:
+    try:
+        return word in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+@pytest.mark.parametrize("command", ["doctor", "tune", "kernels"])
+def test_a_signal_to_rocmfix_ends_its_worker(
+    env: InstalledEnv, command: str, signum: signal.Signals
+) -> None:
+    """SIGTERM to `rocmfix doctor` (what timeout(1) and CI cancellation send) left its
+    worker running with parent 1."""
+    fake_torch(env.site, "2.5.0", hip="6.2")
+    # A torch whose import never ends: the worker is caught starting up, as on a GPU host
+    # whose driver hangs.
+    (env.site / "torch" / "__init__.py").write_text("import time\ntime.sleep(120)\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocmfix", command, "--python", str(env.python)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, **NO_GPU},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _workers(env.python):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the worker never started"
+            time.sleep(0.1)
+        proc.send_signal(signum)
+        proc.wait(timeout=30)
+        time.sleep(0.5)
+        assert _workers(env.python) == []
+        assert proc.returncode != 0
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in _workers(env.python):
+            os.kill(pid, signal.SIGKILL)
