@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from .ops import Op, Scheme
-from .rewrite import focused
+from .rewrite import focused, parse
 
 
 class Shape(enum.Enum):
@@ -117,7 +117,7 @@ class Patch:
 
     def parse(self, data: bytes) -> cst.Module:
         """The module ``classify`` reads: the whole file, or only its focus class."""
-        return focused(data, self.focus) if self.focus else cst.parse_module(data)
+        return focused(data, self.focus) if self.focus else parse(data)
 
     @property
     def schemes(self) -> tuple[Scheme, ...]:

@@ -67,6 +67,57 @@ def relative_import(source: str, module: str) -> str:
     return "." * (len(here) - shared + 1) + ".".join(there[shared:])
 
 
+# How deep a syntax tree libcst is given. Its parser, visitors and code generator recurse
+# about three Python frames per level and reach the interpreter's recursion limit near 400
+# (a 400-term sum, valid Python); real modeling code nests 20-30 levels.
+MAX_DEPTH = 200
+
+
+class TooDeepError(ValueError):
+    """Valid Python that nests deeper than rocmfix reads: the file is ``unsupported``."""
+
+    def __init__(self, depth: int | None) -> None:
+        super().__init__(
+            f"its code nests more than {MAX_DEPTH} levels deep"
+            + (f" ({depth}+)" if depth is not None else "")
+            + ", deeper than rocmfix reads"
+        )
+
+
+def _check_depth(tree: ast.AST) -> None:
+    # Iterative: the tree being measured is the one too deep to recurse over.
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise TooDeepError(depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+
+
+def _ast(data: bytes) -> ast.Module | None:
+    """The standard library's tree of ``data`` (None: syntax it does not know, which libcst
+    then reports); TooDeepError where it is too deep to read at all."""
+    try:
+        return ast.parse(data)
+    except (SyntaxError, ValueError):
+        return None
+    except (RecursionError, MemoryError):
+        raise TooDeepError(None) from None
+
+
+def parse(data: bytes) -> cst.Module:
+    """``cst.parse_module(data)``, bounded: code nested deeper than :data:`MAX_DEPTH` is
+    refused with :class:`TooDeepError` in milliseconds, where libcst
+    would raise RecursionError, or run for minutes first."""
+    tree = _ast(data)
+    if tree is not None:
+        _check_depth(tree)
+    try:
+        return cst.parse_module(data)
+    except RecursionError:
+        raise TooDeepError(None) from None
+
+
 def focused(data: bytes, class_name: str) -> cst.Module:
     """The top-level class ``class_name`` of ``data`` and rocmfix's marker comments, as a
     module of its own: what a classification that looks at one class needs.
@@ -75,14 +126,14 @@ def focused(data: bytes, class_name: str) -> cst.Module:
     standard library's parser finds the class's lines in a tenth of that. Where it cannot
     (syntax it does not know), the whole file is parsed as usual.
     """
-    try:
-        tree = ast.parse(data)
-    except (SyntaxError, ValueError):
-        return cst.parse_module(data)
+    tree = _ast(data)
+    if tree is None:
+        return parse(data)
     lines = data.splitlines(keepends=True)
     markers = [line.lstrip() for line in lines if line.lstrip().startswith(MARKER.encode())]
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
+            _check_depth(node)
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
             body = lines[first : node.end_lineno]
             if body and not body[-1].endswith((b"\n", b"\r")):

@@ -450,3 +450,24 @@ def test_a_signal_to_rocmfix_ends_its_worker(
         proc.wait()
         for pid in _workers(env.python):
             os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------ 12: valid code nested too deep to read
+
+
+@pytest.mark.parametrize("terms", [400, 20_000])
+def test_code_nested_too_deep_reads_as_unsupported(env: InstalledEnv, terms: int) -> None:
+    """A 400-term expression (which CPython compiles) gave exit 3 from libcst's recursion;
+    20,000 terms ran past 300 s."""
+    deep = "DEEP = " + " + ".join(["1"] * terms) + "\n"
+    env.target.write_bytes(env.original + deep.encode())
+    for command in ("status", "apply"):
+        started = time.monotonic()
+        result = env.cli(command, "--json" if command == "status" else "--dry-run", timeout=120)
+        assert time.monotonic() - started < 60
+        assert "bug in rocmfix" not in result.stderr and "Traceback" not in result.stderr
+    status = env.cli("status", "--json")
+    assert status.returncode == 0, status.stderr
+    found = _by_id(status.json(), PATCH)
+    assert found["verdict"] == "unsupported", found
+    assert "nests more than" in str(found["reason"]), found

@@ -23,6 +23,7 @@ from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError
 from rocmfix.patch import Patch, Shape, TargetContext
 from rocmfix.results import PatchStatus, Pristine, Verdict
+from rocmfix.rewrite import TooDeepError
 from rocmfix.state import Entry, Manifest, Pending
 
 
@@ -291,6 +292,8 @@ class _Inspector:
             module = self.patch.parse(self.data)
         except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError) as exc:
             return self.done(Verdict.UNSUPPORTED, f"does not parse: {one_line(exc)}")
+        except TooDeepError as exc:
+            return self.done(Verdict.UNSUPPORTED, str(exc))
         found = self.patch.classify(module, context(self.env, self.patch, self.dist))
         notes = found.notes
         if found.shape is Shape.FIXED_UPSTREAM:
