@@ -471,3 +471,44 @@ def test_code_nested_too_deep_reads_as_unsupported(env: InstalledEnv, terms: int
     found = _by_id(status.json(), PATCH)
     assert found["verdict"] == "unsupported", found
     assert "nests more than" in str(found["reason"]), found
+
+
+# ------------------------------------------------- 17: an editable install whose git hangs
+
+
+def test_a_hanging_git_holds_status_for_one_time_limit_only(
+    transformers_env: Callable[..., InstalledEnv], tmp_path: Path
+) -> None:
+    """status was silent for 322 s: 16 targets of an editable install, 20 s of git each."""
+    env = transformers_env("5.24.0")
+    info = next(env.site.glob("transformers-*.dist-info"))
+    # An editable install has no RECORD to check against: git is asked instead.
+    (info / "RECORD").unlink()
+    (info / "direct_url.json").write_text(
+        json.dumps({"url": f"file://{env.site}", "dir_info": {"editable": True}})
+    )
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    marker = f"rocmfix-git-{os.getpid()}-{time.monotonic_ns()}"
+    (fake / "git").write_text(
+        f"#!/bin/sh\nexec python3 -c 'import time; time.sleep(300)' {marker}\n"
+    )
+    (fake / "git").chmod(0o755)
+    try:
+        started = time.monotonic()
+        result = env.cli(
+            "status",
+            "--json",
+            env={"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"},
+            timeout=120,
+        )
+        took = time.monotonic() - started
+        assert result.returncode == 0, result.stderr
+        assert took < 40, took
+        pristine = {p["id"]: p.get("pristine") for p in result.json()["patches"]}
+        assert "transformers-qwen2-vl" in pristine
+        time.sleep(0.5)
+        assert _alive(marker) == []
+    finally:
+        for pid in _alive(marker):
+            os.kill(pid, signal.SIGKILL)

@@ -10,14 +10,14 @@ as its package shipped it.
 from __future__ import annotations
 
 import os
-import subprocess
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
 
-from rocmfix import fsops
+from rocmfix import fsops, supervise
 from rocmfix.checks import is_rocm, torch_build
 from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError
@@ -38,30 +38,40 @@ class Inspection:
     forceable: bool = False
 
 
+# git answers in milliseconds; one that hangs (a network filesystem, a credential helper,
+# a hook) held status 20 s per file, minutes in all. One budget for the whole run instead:
+# once it is spent, the files left are "unknown", as without git.
+GIT_BUDGET_S = 10.0
+_git_deadline: list[float] = []
+
+
+def _git(path: Path, *args: str) -> supervise.Finished | None:
+    if not _git_deadline:
+        _git_deadline.append(time.monotonic() + GIT_BUDGET_S)
+    left = _git_deadline[0] - time.monotonic()
+    if left <= 0:
+        return None
+    try:
+        # From / like every child rocmfix starts; the checkout's fsmonitor hook never runs.
+        done = supervise.capped(
+            ["git", "-C", str(path.parent), "-c", "core.fsmonitor=false", *args],
+            timeout=left,
+            limit=1 << 20,
+        )
+    except OSError:
+        return None
+    return None if done.returncode is None else done
+
+
 def _git_pristine(path: Path) -> bool | None:
     """An editable checkout has no RECORD; a tracked file in git is pristine when it has no
     uncommitted change (True), modified when it has one (False). None: git cannot tell."""
-    try:
-        tracked = subprocess.run(
-            ["git", "ls-files", "--error-unmatch", path.name],
-            cwd=path.parent,
-            capture_output=True,
-            timeout=20,
-            check=False,
-        )
-        if tracked.returncode != 0:
-            return None
-        # --no-optional-locks: status only reads, so git must not refresh the index.
-        dirty = subprocess.run(
-            ["git", "--no-optional-locks", "status", "--porcelain", "--", path.name],
-            cwd=path.parent,
-            capture_output=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    tracked = _git(path, "ls-files", "--error-unmatch", "--", path.name)
+    if tracked is None or tracked.returncode != 0:
         return None
-    if dirty.returncode != 0:
+    # --no-optional-locks: status only reads, so git must not refresh the index.
+    dirty = _git(path, "--no-optional-locks", "status", "--porcelain", "--", path.name)
+    if dirty is None or dirty.returncode != 0:
         return None
     return not dirty.stdout.strip()
 
