@@ -170,6 +170,13 @@ def test_a_malformed_row_in_the_targets_own_record_is_read_around(env: Installed
     doc = status.json()
     assert _by_id(doc, PATCH)["verdict"] == "applicable"
     assert any("mineru-vl-utils" in w and "RECORD line" in w for w in _warnings(doc)), doc
+    before = record.read_bytes()
+    apply = env.cli("apply")
+    assert apply.returncode == 0, apply.stderr
+    revert = env.cli("revert")
+    assert revert.returncode == 0, revert.stderr
+    assert env.target.read_bytes() == env.original
+    assert record.read_bytes() == before
 
 
 # ------------------------------------------------- 10: a --python that answers with anything
