@@ -30,14 +30,21 @@ DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
 
 def _flags_show_no_type() -> None:
     """typer's help shows a ``<bool>`` type beside every flag, its own --help and
-    --install-completion included, where there is no value to give; show none."""
-    option = typer.core.TyperOption
-    shown = option.display_type_rich
+    --install-completion included, where there is no value to give; show none. This patches
+    a private attribute: a typer without it (older, newer, or another tool's) keeps its own
+    help rather than stopping rocmfix at import."""
+    option = getattr(getattr(typer, "core", None), "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if option is None or not callable(shown):
+        return
 
-    def display_type_rich(self: typer.core.TyperOption, ctx: Any) -> str | None:
-        return None if self.is_flag else shown(self, ctx)
+    def display_type_rich(self: Any, ctx: Any) -> Any:
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
 
-    option.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    try:
+        option.display_type_rich = display_type_rich
+    except (AttributeError, TypeError):
+        return
 
 
 _flags_show_no_type()
