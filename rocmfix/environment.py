@@ -105,8 +105,15 @@ def _request(patches: Iterable[Patch]) -> dict[str, Any]:
             {"distribution": patch.distribution, "package": patch.package, "files": []},
         )
         for rel in (patch.path, *patch.related):
-            if rel not in target["files"]:
-                target["files"].append(rel)
+            # "dist:path" names a file of another distribution (vllm's, for mineru-vl-utils).
+            owner, _, path = rel.rpartition(":")
+            where = target
+            if owner:
+                where = targets.setdefault(
+                    owner, {"distribution": owner, "package": path.split("/")[0], "files": []}
+                )
+            if path not in where["files"]:
+                where["files"].append(path)
     return {
         "targets": list(targets.values()),
         "extras": list(EXTRAS),

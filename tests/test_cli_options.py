@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import releases
 from conftest import NO_GPU, PYTHONPATH, run_cli
 
 _WITHOUT_DISPLAY_TYPE = """
@@ -73,3 +74,37 @@ def test_cli_runs_with_the_newest_typer_click_and_rich(tmp_path: Path) -> None:
 def test_flags_show_no_bool_type() -> None:
     shown = run_cli("apply", "--help", env={"COLUMNS": "100"}).stdout
     assert "--dry-run" in shown and "<bool>" not in shown and "BOOLEAN" not in shown
+
+
+def _tokenizer_env(root: Path, vllm: str) -> Path:
+    """mineru-vl-utils 0.1.13 (the unguarded call) beside vllm's tokenizer-group files of
+    the release ``vllm`` (with its real RECORD), as MinerU 2.5.4 pins them."""
+    from patches.mineru_tokenizer import TOKENIZER_GROUP
+
+    python = releases.make_venv(root)
+    releases.pip_install(python, releases.wheel("mineru-vl-utils", "0.1.13"))
+    wanted = ["vllm/__init__.py"] + [rel.split(":", 1)[1] for rel in TOKENIZER_GROUP]
+    there = releases.wheel_members("vllm", vllm, wanted)
+    releases.partial_install(python, "vllm", vllm, [m for m in wanted if there[m] is not None])
+    return python
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(
+    ("vllm", "verdict"), [("0.10.1.1", "not-needed"), ("0.11.0", "applicable")]
+)
+def test_tokenizer_verdict_reads_the_installed_vllm(
+    tmp_path: Path, vllm: str, verdict: str
+) -> None:
+    python = _tokenizer_env(tmp_path / "env", vllm)
+    document = run_cli("status", "--json", "--python", str(python)).json()
+    patch = {p["id"]: p for p in document["patches"]}["mineru-tokenizer"]
+    assert patch["verdict"] == verdict, patch
+    check = run_cli("status", "--check", "--python", str(python))
+    if verdict == "not-needed":
+        # vllm 0.10's tokenizer group has the method: the environment cannot crash.
+        assert f"vllm {vllm} still defines" in patch["reason"]
+        assert check.returncode == 0, check.stderr
+    else:
+        assert any("defines no get_lora_tokenizer()" in n for n in patch["notes"]), patch
+        assert check.returncode == 1 and "mineru-tokenizer" in check.stderr

@@ -126,7 +126,10 @@ def one_line(exc: BaseException) -> str:
 def context(env: Environment, patch: Patch, dist: Distribution) -> TargetContext:
     related: dict[str, bytes | None] = {}
     for rel in patch.related:
-        target = dist.files.get(rel)
+        # "dist:path" is a file of another distribution; absent when that one is.
+        owner, _, path = rel.rpartition(":")
+        source = env.distributions.get(owner) if owner else dist
+        target = source.files.get(path) if source is not None else None
         try:
             related[rel] = fsops.read_regular(target.path) if target is not None else None
         except (fsops.NotRegularError, OSError):
