@@ -42,8 +42,10 @@ STYLE = {
 def out() -> Console:
     console = Console(soft_wrap=False, highlight=False)
     if not console.is_terminal:
-        # Piped output is read by people in logs and CI, not by an 80-column tty.
+        # Piped output is read by people in logs and CI, not by an 80-column tty: tables get
+        # room, and text is never wrapped (each reason stays one greppable line).
         console.width = max(console.width, 140)
+        console.soft_wrap = True
     return console
 
 
@@ -77,7 +79,11 @@ def wrapper(console: Console) -> Wrap:
 
 
 def err() -> Console:
-    return Console(stderr=True, soft_wrap=True)
+    # A terminal gets lines rich wraps between words (the terminal itself would cut a word
+    # in two); piped, a line stays whole for grep and for logs pasted into an issue.
+    console = Console(stderr=True)
+    console.soft_wrap = not console.is_terminal
+    return console
 
 
 def environment_line(env: Environment) -> str:
