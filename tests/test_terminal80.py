@@ -201,3 +201,55 @@ def test_top_level_python_and_the_next_line(env: InstalledEnv) -> None:
     assert "next: rocmfix apply --dry-run" in status.stderr
     misplaced = run_cli("--python", str(env.python), "status")
     assert misplaced.returncode == 2 and "after the command" in misplaced.stderr
+
+
+ARCHS = (["gfx942"], ["gfx1100"], ["sm_90"])
+KERNEL_ARGS = ("--op", "patch-embed", "--arch", "gfx942", "--arch", "gfx1100", "--arch", "sm_90")
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_kernels_fit_the_terminal_and_cut_no_arch(columns: int) -> None:
+    screen = at_terminal(columns, "kernels", *KERNEL_ARGS, stdout_to_null=False)
+    body = screen[screen.index("Environment") :]
+    fits(body, columns)
+    assert "…" not in body
+    words = _words(body)
+    document = run_cli("kernels", "--json", *KERNEL_ARGS, timeout=600).json()
+    for check in document["checks"]:
+        assert check["arch"] in words, check["arch"]
+    header = next(line for line in body.splitlines() if line.split()[:1] == ["arch"])
+    assert header.split() == ["arch", "regs", "spills", "LDS", "waves", "matrix", "check",
+                              "config"]  # fmt: skip
+    # One row per compile, each with its whole verdict.
+    rows = [line.split() for line in body.splitlines() if line.split()[:1] in ARCHS]
+    assert len(rows) == len(document["checks"]), body
+    assert all("ok" in row for row in rows), body
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_doctor_fits_the_terminal_and_cuts_no_verdict(columns: int) -> None:
+    screen = at_terminal(columns, "doctor", "--op", "dilated-conv")
+    body = screen[screen.index("Environment") :]
+    fits(body, columns)
+    assert "…" not in body
+    lines = body.splitlines()
+    header = next(line for line in lines if line.split()[:1] == ["impl"] and "check" in line)
+    assert header.split() == ["impl", "first", "call", "eager", "kernel", "vs", "native",
+                              "rel", "err", "check"]  # fmt: skip
+    # Every measurement row ends in its whole verdict.
+    rows = [line.split() for line in lines if line.split()[:1] in (["native"], ["gemm"],
+            ["linear"])]  # fmt: skip
+    assert len(rows) == 18, body
+    assert all(row[-1] in ("ok", "reference") for row in rows), body
+    assert "act(bn(F.conv2d)) (CPU)" in " ".join(body.split())
+
+
+def test_piped_doctor_and_kernels_have_whole_headers_and_no_trailing_spaces() -> None:
+    doctor = run_cli("doctor", "--op", "dilated-conv", timeout=600)
+    kernels = run_cli("kernels", *KERNEL_ARGS, timeout=600)
+    for done in (doctor, kernels):
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert all(line == line.rstrip() for line in lines)
+        assert any(line.split()[-1:] == ["check"] or "check" in line.split() for line in lines)
+        assert "…" not in done.stdout

@@ -66,13 +66,18 @@ def status_table(report: StatusReport, *, verbose: bool = False) -> None:
     if verbose:
         patches_block(console, report)
     else:
-        _todo_block(console, report)
-        _settled_block(console, report)
+        verdicts_block(console, report)
     warnings_block(console, report.warnings)
     if report.state_problem:
         console.print(wrap(f"rocmfix's state: {report.state_problem}", "", "    "), style="red")
     if report.hint:
         err().print(f"hint: {escape(report.hint)}")
+
+
+def verdicts_block(console: Console, report: StatusReport) -> None:
+    """What needs doing in full, then the rest one line per reason (doctor shows it too)."""
+    _todo_block(console, report)
+    _settled_block(console, report)
 
 
 def _todo_block(console: Console, report: StatusReport) -> None:
