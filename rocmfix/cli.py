@@ -23,8 +23,8 @@ from .registry import all_patches, named, scheme_names, select
 # Choices come from the op registry and the patch list, and --help shows them; the values are
 # checked by the engine (registry.select, registry.check_scheme, doctor.select_ops), whose
 # errors name what is wrong in rocmfix's own words instead of click's.
-SCHEMES = "|".join(scheme_names())
-OPS_CHOICE = "|".join(op.name for op in OPS)
+SCHEMES = ", ".join(scheme_names())
+OPS_CHOICE = ", ".join(op.name for op in OPS)
 DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
 
 
@@ -198,9 +198,10 @@ def apply(
         str | None,
         typer.Option(
             "--scheme",
-            metavar=f"[{SCHEMES}]",
-            help="How the kernel patches run their op (`rocmfix list` describes each); a "
-            "patch that does not offer it keeps its default, gemm.",
+            metavar="SCHEME",
+            help=f"How the kernel patches run their op: {SCHEMES} (`rocmfix list` describes "
+            "each; direct is a slow parity oracle, for tests); a patch that does not offer it "
+            "keeps its default, gemm.",
         ),
     ] = None,
     dry_run: Annotated[
@@ -281,8 +282,8 @@ OpOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--op",
-        metavar=f"[{OPS_CHOICE}]",
-        help="An op to measure; repeat to select several (default: all).",
+        metavar="OP",
+        help=f"An op to measure: {OPS_CHOICE}; repeat to select several (default: all).",
     ),
 ]
 
@@ -401,8 +402,9 @@ def kernels_(
         list[str] | None,
         typer.Option(
             "--arch",
-            metavar=f"[{'|'.join(kernels.ARCHS)}]",
-            help="A GPU to compile for; repeat to select several (default: all).",
+            metavar="ARCH",
+            help=f"A GPU to compile for: {', '.join(kernels.ARCHS)}; repeat to select "
+            "several (default: all).",
         ),
     ] = None,
     op: OpOpt = None,
@@ -447,14 +449,21 @@ class ModelSource(str, enum.Enum):
 
 @app.command("env")
 def env_(
-    shell: Annotated[Shell, typer.Option("--shell", help="Syntax of the lines printed.")] = (
-        Shell.bash
-    ),
+    shell: Annotated[
+        Shell,
+        typer.Option(
+            "--shell",
+            metavar="SHELL",
+            help="Syntax of the lines printed: bash, zsh, fish or powershell.",
+        ),
+    ] = Shell.bash,
     model_source: Annotated[
         ModelSource | None,
         typer.Option(
             "--model-source",
-            help="Also export MINERU_MODEL_SOURCE (never set unless asked for).",
+            metavar="SOURCE",
+            help="Also export MINERU_MODEL_SOURCE: huggingface (MinerU's default), modelscope "
+            "or local (never set unless asked for).",
         ),
     ] = None,
     python: PythonOpt = None,

@@ -138,6 +138,11 @@ def _meaningful(stderr: str, *noise: str) -> str:
     else the first; the long arguments rocmfix passed cut out."""
     for text in noise:
         stderr = stderr.replace(text, "…")
+    # A program that is not Python may quote the code in its own way (ls shell-quotes it):
+    # any line of it left in the output, and the output is not worth showing.
+    code = [line.strip() for text in noise for line in text.splitlines() if len(line) > 16]
+    if any(line in stderr for line in code):
+        return "(it printed rocmfix's probe code back; not shown)"
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     if not lines:
         return "(no output)"
@@ -201,7 +206,14 @@ def _run_probe(python: str, request: dict[str, Any]) -> dict[str, Any]:
     try:
         data = json.loads(done.stdout.decode("utf-8"))
     except ValueError:
-        raise ProbeError(f"{python} answered the probe with something that is not JSON") from None
+        python_hint = (
+            None
+            if _python_version(python) is not None
+            else "give --python the interpreter of the environment that runs MinerU (…/bin/python)"
+        )
+        raise ProbeError(
+            f"{python} answered the probe with something that is not JSON", hint=python_hint
+        ) from None
     if not isinstance(data, dict) or data.get("probe") != probe.PROBE_SCHEMA:
         raise ProbeError(f"{python} answered with an unknown probe format")
     return data

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,68 @@ def test_tokenizer_verdict_reads_the_installed_vllm(
     else:
         assert any("defines no get_lora_tokenizer()" in n for n in patch["notes"]), patch
         assert check.returncode == 1 and "mineru-tokenizer" in check.stderr
+
+
+def _help(*args: str, columns: int = 80) -> str:
+    result = run_cli(*args, "--help", env={"COLUMNS": str(columns)})
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_help_names_every_target_and_keeps_choices_whole() -> None:
+    assert "transformers" in " ".join(_help(columns=100).split())
+    for command, choices in (
+        ("kernels", ("gfx1100", "gfx1201", "gfx90a", "gfx942", "gfx950", "sm_90")),
+        ("apply", ("gemm", "direct", "linear")),
+        ("env", ("bash", "zsh", "fish", "powershell", "huggingface", "modelscope", "local")),
+    ):
+        shown = _help(command)
+        words = {w.strip(",.:;()") for w in shown.split()}
+        # At 80 columns every choice is a whole word, never "gfx9" + "42".
+        assert set(choices) <= words, (command, shown)
+        assert "<" not in shown and "|" not in shown.replace("│", ""), shown
+    revert = " ".join(_help("revert", columns=100).split())
+    assert "Restore a file" in revert and "Patch or restore" not in revert
+
+
+def test_model_source_says_what_each_source_does(tmp_path: Path) -> None:
+    python = releases.make_venv(tmp_path / "env")
+    said = {}
+    for source in ("huggingface", "modelscope", "local"):
+        done = run_cli("env", "--model-source", source, "--python", str(python))
+        assert done.returncode == 0, done.stderr
+        said[source] = done.stdout
+    assert "instead of the default" not in said["huggingface"]
+    assert "its default" in said["huggingface"]
+    assert "from local" not in said["local"] and "local paths" in said["local"]
+
+
+def test_unknown_only_names_the_distributions_not_every_id() -> None:
+    done = run_cli("status", "--only", "mineru")
+    assert done.returncode == 2
+    hint = next(line for line in done.stderr.splitlines() if line.startswith("hint:"))
+    for name in ("vllm", "transformers", "doclayout-yolo", "mineru-vl-utils"):
+        assert name in hint
+    assert "transformers-glm4v" not in hint  # not every patch id on one line
+
+
+@pytest.mark.parametrize("program", ["/bin/echo", "/bin/ls"])
+def test_a_program_that_is_not_python_gets_a_hint_and_no_probe_code(program: str) -> None:
+    done = run_cli("status", "--python", program)
+    assert done.returncode == 1
+    assert "hint: give --python the interpreter" in done.stderr
+    assert "import importlib" not in done.stderr and "sys.path" not in done.stderr
+
+
+@pytest.mark.network
+def test_direct_scheme_warns_that_it_is_the_slow_oracle(vllm_env: Any) -> None:
+    from test_environment_checks import fake_distribution
+
+    env = vllm_env("0.10.1.1", torch="2.9.1+rocm6.4", hip="6.4.43482")
+    fake_distribution(env.site, "pytorch-triton-rocm", "3.5.0")
+    done = env.cli("apply", "--dry-run", "--scheme", "direct", "--only", "vllm-qwen2-vl")
+    assert done.returncode == 0, done.stderr
+    assert "would be applied (direct)" in done.stderr
+    assert "warning: the direct scheme is the slow parity oracle" in done.stderr
+    plain = env.cli("apply", "--dry-run", "--only", "vllm-qwen2-vl")
+    assert "parity oracle" not in plain.stderr
