@@ -148,7 +148,7 @@ def _settled_block(console: Console, report: StatusReport) -> None:
         names = ", ".join(
             f"{name} ({n} patch{'es' if n > 1 else ''})" for name, n in absent.items()
         )
-        console.print(wrap(f"Not installed: {names}", "", "    "), style="dim")
+        console.print(wrap(f"not installed: {names}", "", "    "), style="dim")
 
 
 def patches_block(console: Console, report: StatusReport) -> None:
