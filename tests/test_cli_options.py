@@ -174,3 +174,18 @@ def test_direct_scheme_warns_that_it_is_the_slow_oracle(vllm_env: Any) -> None:
     assert "warning: the direct scheme is the slow parity oracle" in done.stderr
     plain = env.cli("apply", "--dry-run", "--only", "vllm-qwen2-vl")
     assert "parity oracle" not in plain.stderr
+
+
+@pytest.mark.network
+def test_force_says_which_check_it_overrode(doclayout_env: Any) -> None:
+    env = doclayout_env("0.0.4")
+    mine = env.target.parent / "g2l_crm_triton.py"
+    mine.write_bytes(b"# my own kernels\n")
+    env.target.write_bytes(env.original + b"\n# my edit\n")
+    refused = env.cli("apply", "--dry-run")
+    assert refused.returncode == 1 and "use --force" in refused.stderr
+    forced = env.cli("apply", "--dry-run", "--force")
+    assert forced.returncode == 0, forced.stderr
+    line = next(x for x in forced.stderr.splitlines() if "would be applied" in x)
+    assert "--force overrode: someone else changed the file" in line
+    assert "a file rocmfix did not drop was where a kernel goes" in line

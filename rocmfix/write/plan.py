@@ -238,6 +238,9 @@ def plan_apply(
                 _change("target", patch.distribution, patch.path, root, current, patched)
             )
         drops = _plan_drops(plan, patch, chosen, dist, root, manifest, planned, selected, force)
+        if any(d.replaced and d.replaced != _replaced(manifest, patch.distribution, d.path)
+               for d in drops):  # fmt: skip
+            forced += ("a file rocmfix did not drop was where a kernel goes (kept as a backup)",)
         for old in entry.drops if entry is not None else ():
             superseded[(patch.distribution, old.path)] = (patch, dist, root, old)
         plan.entries[patch.id] = Entry(
