@@ -2,7 +2,9 @@
 
 vllm#24078 removed the tokenizer group, so on every vllm >= 0.11.0 (and ROCm source builds
 after it) ``VllmAsyncEngineVlmClient.__init__`` dies with AttributeError. mineru-vl-utils
-0.1.14 guards the call with ``hasattr``; 0.1.1 to 0.1.13 do not. The rewrite wraps each
+0.1.14 guards the call with ``hasattr``; 0.1.1 to 0.1.13 do not, which is harmless where the
+installed vllm's tokenizer group still defines the method (read from vllm's code, as a ROCm
+build's version string says little). The rewrite wraps each
 unguarded ``X = Y.get_lora_tokenizer()`` in ``try/except AttributeError: X = Y``.
 """
 
@@ -11,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-from packaging.version import InvalidVersion, Version
 
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.patch import Classification, MinerUUse, Patch, Shape, TargetContext
@@ -106,17 +107,49 @@ class _Finder(cst.CSTVisitor):
             self.calls.append(_Call(guard=self.guards.innermost, statement=self._statement))
 
 
+# Where vllm's tokenizer group (the object whose get_lora_tokenizer() the client calls) has
+# lived: one module until vllm#24078 removed it in 0.11, a package before that.
+TOKENIZER_GROUP = (
+    "vllm:vllm/transformers_utils/tokenizer_group.py",
+    "vllm:vllm/transformers_utils/tokenizer_group/tokenizer_group.py",
+    "vllm:vllm/transformers_utils/tokenizer_group/base_tokenizer_group.py",
+)
+
+
+class _Defines(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found = False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.found = self.found or node.name.value == _METHOD
+
+
+def _vllm_has_method(ctx: TargetContext) -> str | None:
+    """The vllm file that still defines get_lora_tokenizer(), read from the installed vllm;
+    None when none does (or vllm is not installed)."""
+    for rel in TOKENIZER_GROUP:
+        data = ctx.related.get(rel)
+        if data is None:
+            continue
+        try:
+            module = cst.parse_module(data)
+        except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError):
+            continue
+        finder = _Defines()
+        module.visit(finder)
+        if finder.found:
+            return rel.split(":", 1)[1]
+    return None
+
+
 def _vllm_note(ctx: TargetContext) -> tuple[str, ...]:
     installed = ctx.versions.get("vllm")
     if installed is None:
         return ("vllm is not installed here; the crash needs vllm >= 0.11",)
-    try:
-        crashes = Version(installed).release >= (0, 11)
-    except InvalidVersion:
-        return (f"vllm {installed}: cannot tell its version apart",)
-    if crashes:
-        return (f"vllm {installed} is installed: without the patch the VLM client crashes",)
-    return (f"vllm {installed} still has get_lora_tokenizer(); the guard is harmless there",)
+    return (
+        f"vllm {installed} is installed and defines no get_lora_tokenizer() (read from its "
+        "code): without the patch the VLM client crashes",
+    )
 
 
 def classify(module: cst.Module, ctx: TargetContext) -> Classification:
@@ -136,6 +169,14 @@ def classify(module: cst.Module, ctx: TargetContext) -> Classification:
         )
         return Classification(Shape.FIXED_UPSTREAM, how)
     if all(call.statement for call in calls if call.guard == "none"):
+        defined = _vllm_has_method(ctx)
+        if defined is not None:
+            return Classification(
+                Shape.FIXED_UPSTREAM,
+                f"calls tokenizer.get_lora_tokenizer() unguarded, which vllm "
+                f"{ctx.versions.get('vllm')} still defines ({defined}): harmless here; "
+                "vllm >= 0.11 would crash it",
+            )
         return Classification(
             Shape.NEEDS_PATCH,
             "calls tokenizer.get_lora_tokenizer() unguarded; vllm >= 0.11 raises AttributeError",
@@ -211,9 +252,11 @@ PATCH = Patch(
     missing_reason="mineru-vl-utils {version} has no vllm async engine client",
     known=(
         "0.1.0: no async engine client (not needed)",
-        "0.1.1-0.1.13: unguarded call (needed with vllm >= 0.11)",
+        "0.1.1-0.1.13: unguarded call (needed where the installed vllm's code defines no "
+        "get_lora_tokenizer(): vllm >= 0.11)",
         "0.1.14 and later: hasattr guard upstream (not needed)",
     ),
+    related=TOKENIZER_GROUP,
     mineru=MinerUUse(
         "its vllm-async-engine backend",
         imports=("mineru_vl_utils.vlm_client.vllm_async_engine_client",),

@@ -18,34 +18,41 @@ from .environment import Environment, discover
 from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, RocmfixError, UsageError
 from .ops import OPS
 from .patch import Patch
-from .registry import all_patches, scheme_names, select
+from .registry import all_patches, named, scheme_names, select
 
 # Choices come from the op registry and the patch list, and --help shows them; the values are
 # checked by the engine (registry.select, registry.check_scheme, doctor.select_ops), whose
 # errors name what is wrong in rocmfix's own words instead of click's.
-SCHEMES = "|".join(scheme_names())
-OPS_CHOICE = "|".join(op.name for op in OPS)
+SCHEMES = ", ".join(scheme_names())
+OPS_CHOICE = ", ".join(op.name for op in OPS)
 DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
 
 
 def _flags_show_no_type() -> None:
     """typer's help shows a ``<bool>`` type beside every flag, its own --help and
-    --install-completion included, where there is no value to give; show none."""
-    option = typer.core.TyperOption
-    shown = option.display_type_rich
+    --install-completion included, where there is no value to give; show none. This patches
+    a private attribute: a typer without it (older, newer, or another tool's) keeps its own
+    help rather than stopping rocmfix at import."""
+    option = getattr(getattr(typer, "core", None), "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if option is None or not callable(shown):
+        return
 
-    def display_type_rich(self: typer.core.TyperOption, ctx: Any) -> str | None:
-        return None if self.is_flag else shown(self, ctx)
+    def display_type_rich(self: Any, ctx: Any) -> Any:
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
 
-    option.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    try:
+        option.display_type_rich = display_type_rich
+    except (AttributeError, TypeError):
+        return
 
 
 _flags_show_no_type()
 
 app = typer.Typer(
     name="rocmfix",
-    help="Safe, reversible fixes for MinerU's slow paths on AMD GPUs (vllm, DocLayout-YOLO, "
-    "mineru-vl-utils).",
+    help="Safe, reversible fixes for MinerU's slow paths on AMD GPUs (vllm, transformers, "
+    "DocLayout-YOLO, mineru-vl-utils).",
     add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
@@ -64,14 +71,28 @@ OnlyOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--only",
-        metavar="PATCH",
-        help=f"A patch id (`rocmfix list`) or a distribution ({DISTRIBUTIONS}); repeat to "
-        "select several (default: all).",
+        metavar="NAME",
+        help=f"A distribution ({DISTRIBUTIONS}): only its patches, of those that apply; or a "
+        "patch id (`rocmfix list`): that patch even where MinerU never runs it. Repeat to "
+        "select several (default: all that apply).",
     ),
 ]
 ForceOpt = Annotated[
     bool,
-    typer.Option("--force", help="Patch or restore a file even if someone else changed it."),
+    typer.Option(
+        "--force",
+        help="Override rocmfix's refusals: patch a file someone else changed (or that "
+        "cannot be checked), and patch on a torch that is not a ROCm build. Each line says "
+        "what it overrode. Never overrides what MinerU runs (--only PATCH does).",
+    ),
+]
+RevertForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Restore a file, or remove a dropped one, even if someone else changed it since "
+        "rocmfix patched it.",
+    ),
 ]
 
 
@@ -140,6 +161,15 @@ def status(
             help="Exit 1 unless every selected patch is applied, not needed or not installed.",
         ),
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Every patch with its reason and notes, by distribution (default: what needs "
+            "doing in full, the rest one line per reason).",
+        ),
+    ] = False,
 ) -> None:
     """Show what is installed, patched and needed, and why.
 
@@ -148,11 +178,12 @@ def status(
 
     def body() -> int:
         env, patches = _setup(python, only)
-        report = write.status(env, patches, explicit=bool(only))
+        report = write.status(env, patches, explicit=named(patches, only or ()))
         if as_json:
             render.status_json(report)
         else:
-            render.status_table(report)
+            render.status_table(report, verbose=verbose)
+            render.next_step(report)
         if check and not report.settled:
             render.check_failures(report)
             return EXIT_FAILED
@@ -167,9 +198,10 @@ def apply(
         str | None,
         typer.Option(
             "--scheme",
-            metavar=f"[{SCHEMES}]",
-            help="How the kernel patches run their op (`rocmfix list` describes each); a "
-            "patch that does not offer it keeps its default, gemm.",
+            metavar="SCHEME",
+            help=f"How the kernel patches run their op: {SCHEMES} (`rocmfix list` describes "
+            "each; direct is a slow parity oracle, for tests); a patch that does not offer it "
+            "keeps its default, gemm.",
         ),
     ] = None,
     dry_run: Annotated[
@@ -196,7 +228,12 @@ def apply(
     def body() -> int:
         env, patches = _setup(python, only)
         result = write.apply(
-            env, patches, scheme=scheme, force=force, dry_run=dry_run or check, explicit=bool(only)
+            env,
+            patches,
+            scheme=scheme,
+            force=force,
+            dry_run=dry_run or check,
+            explicit=named(patches, only or ()),
         )
         if result.dry_run:
             render.diff(result)
@@ -208,7 +245,7 @@ def apply(
 
 @app.command()
 def revert(
-    force: ForceOpt = False,
+    force: RevertForceOpt = False,
     python: PythonOpt = None,
     only: OnlyOpt = None,
 ) -> None:
@@ -245,8 +282,8 @@ OpOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--op",
-        metavar=f"[{OPS_CHOICE}]",
-        help="An op to measure; repeat to select several (default: all).",
+        metavar="OP",
+        help=f"An op to measure: {OPS_CHOICE}; repeat to select several (default: all).",
     ),
 ]
 
@@ -365,8 +402,9 @@ def kernels_(
         list[str] | None,
         typer.Option(
             "--arch",
-            metavar=f"[{'|'.join(kernels.ARCHS)}]",
-            help="A GPU to compile for; repeat to select several (default: all).",
+            metavar="ARCH",
+            help=f"A GPU to compile for: {', '.join(kernels.ARCHS)}; repeat to select "
+            "several (default: all).",
         ),
     ] = None,
     op: OpOpt = None,
@@ -411,14 +449,21 @@ class ModelSource(str, enum.Enum):
 
 @app.command("env")
 def env_(
-    shell: Annotated[Shell, typer.Option("--shell", help="Syntax of the lines printed.")] = (
-        Shell.bash
-    ),
+    shell: Annotated[
+        Shell,
+        typer.Option(
+            "--shell",
+            metavar="SHELL",
+            help="Syntax of the lines printed: bash, zsh, fish or powershell.",
+        ),
+    ] = Shell.bash,
     model_source: Annotated[
         ModelSource | None,
         typer.Option(
             "--model-source",
-            help="Also export MINERU_MODEL_SOURCE (never set unless asked for).",
+            metavar="SOURCE",
+            help="Also export MINERU_MODEL_SOURCE: huggingface (MinerU's default), modelscope "
+            "or local (never set unless asked for).",
         ),
     ] = None,
     python: PythonOpt = None,
@@ -450,13 +495,28 @@ def _main(
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
     ] = False,
+    python: Annotated[
+        str | None,
+        typer.Option(
+            "--python",
+            metavar="PATH",
+            help="With no command: the interpreter whose environment to look at (each "
+            "command takes its own --python).",
+        ),
+    ] = None,
 ) -> None:
     """With no command: a short status and the next command to run."""
     if ctx.invoked_subcommand is not None:
+        if python is not None:
+            # `rocmfix --python P status` would silently look at rocmfix's own interpreter.
+            raise typer.BadParameter(
+                f"give --python after the command: rocmfix {ctx.invoked_subcommand} --python PATH",
+                param_hint="--python",
+            )
         return
 
     def body() -> int:
-        env, patches = _setup(None, None)
+        env, patches = _setup(python, None)
         report = write.status(env, patches)
         render.status_table(report)
         render.next_step(report)

@@ -130,8 +130,15 @@ def _request(patches: Iterable[Patch]) -> dict[str, Any]:
             {"distribution": patch.distribution, "package": patch.package, "files": []},
         )
         for rel in (patch.path, *patch.related):
-            if rel not in target["files"]:
-                target["files"].append(rel)
+            # "dist:path" names a file of another distribution (vllm's, for mineru-vl-utils).
+            owner, _, path = rel.rpartition(":")
+            where = target
+            if owner:
+                where = targets.setdefault(
+                    owner, {"distribution": owner, "package": path.split("/")[0], "files": []}
+                )
+            if path not in where["files"]:
+                where["files"].append(path)
     return {
         "targets": list(targets.values()),
         "extras": list(EXTRAS),
@@ -156,6 +163,11 @@ def _meaningful(stderr: str, *noise: str) -> str:
     else the first; the long arguments rocmfix passed cut out."""
     for text in noise:
         stderr = stderr.replace(text, "…")
+    # A program that is not Python may quote the code in its own way (ls shell-quotes it):
+    # any line of it left in the output, and the output is not worth showing.
+    code = [line.strip() for text in noise for line in text.splitlines() if len(line) > 16]
+    if any(line in stderr for line in code):
+        return "(it printed rocmfix's probe code back; not shown)"
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     if not lines:
         return "(no output)"
@@ -241,7 +253,14 @@ def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], st
     try:
         data = json.loads(answer.decode("utf-8"))
     except (ValueError, RecursionError):
-        raise ProbeError(f"{name} answered the probe with something that is not JSON") from None
+        python_hint = (
+            None
+            if _python_version(python) is not None
+            else "give --python the interpreter of the environment that runs MinerU (…/bin/python)"
+        )
+        raise ProbeError(
+            f"{name} answered the probe with something that is not JSON", hint=python_hint
+        ) from None
     if not isinstance(data, dict) or data.get("probe") != probe.PROBE_SCHEMA:
         raise ProbeError(f"{name} answered with an unknown probe format")
     lines = stray.decode("utf-8", "replace").strip().splitlines()

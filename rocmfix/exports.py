@@ -46,10 +46,17 @@ def exports(env: Environment, model_source: str | None = None) -> tuple[Export, 
             Export(
                 "MINERU_MODEL_SOURCE",
                 model_source,
-                f"MinerU downloads its models from {model_source} instead of the default",
+                _SOURCES.get(model_source, f"MinerU's model source: {model_source}"),
             )
         )
     return tuple(out)
+
+
+_SOURCES = {
+    "huggingface": "MinerU downloads its models from Hugging Face (its default, pinned here)",
+    "modelscope": "MinerU downloads its models from ModelScope instead of Hugging Face",
+    "local": "MinerU loads its models from the local paths in its config file, downloading nothing",
+}
 
 
 def _assign(shell: str, export: Export) -> str:

@@ -45,8 +45,8 @@ class TorchInfo:
 @dataclass(frozen=True)
 class TargetContext:
     """What a classification may know beyond its file: versions are hints, never verdicts;
-    ``related`` holds the bytes of the other files of the same package that the patch reads
-    (None where the package has no such file)."""
+    ``related`` holds the bytes of the other files the patch reads, its own package's or
+    another distribution's as "dist:path" (None where there is no such file)."""
 
     version: str
     versions: Mapping[str, str]
@@ -107,7 +107,8 @@ class Patch:
     op: Op | None = None
     kernel_module: str | None = None
     known: tuple[str, ...] = field(default=())
-    # Files of the same package the classification reads (vllm's conv.py, say).
+    # Files the classification reads: of the same package (vllm's conv.py, say), or of
+    # another distribution as "dist:path" (mineru-vl-utils reads vllm's tokenizer group).
     related: tuple[str, ...] = field(default=())
     # How to tell whether the MinerU in the environment runs this target; None: no opinion.
     mineru: MinerUUse | None = None

@@ -31,14 +31,30 @@ def select(patches: Sequence[Patch], only: Iterable[str] = ()) -> tuple[Patch, .
     wanted = list(dict.fromkeys(only))
     if not wanted:
         return tuple(patches)
-    known = {p.id for p in patches} | {p.distribution for p in patches}
-    unknown = [name for name in wanted if name not in known]
+    ids = {p.id for p in patches}
+    distributions = list(dict.fromkeys(p.distribution for p in patches))
+    unknown = [name for name in wanted if name not in ids and name not in distributions]
     if unknown:
+        near = [
+            known
+            for name in unknown
+            for known in (*distributions, *sorted(ids))
+            if name.lower() in known or known in name.lower()
+        ]
+        maybe = f"did you mean {', '.join(dict.fromkeys(near))}? " if near else ""
         raise UsageError(
-            f"unknown patch {', '.join(unknown)}",
-            hint=f"choose from {', '.join(p.id for p in patches)} or a distribution name",
+            f"unknown patch or distribution {', '.join(unknown)}",
+            hint=f"{maybe}--only takes a distribution ({', '.join(distributions)}) or a "
+            "patch id (`rocmfix list` shows them)",
         )
     return tuple(p for p in patches if p.id in wanted or p.distribution in wanted)
+
+
+def named(patches: Sequence[Patch], only: Iterable[str] = ()) -> frozenset[str]:
+    """The patches ``only`` names by id: those the user asks for whatever MinerU runs. A
+    distribution name filters within what applies; it overrides nothing."""
+    wanted = set(only)
+    return frozenset(p.id for p in patches if p.id in wanted)
 
 
 def check_scheme(patches: Sequence[Patch], scheme: str | None) -> None:

@@ -104,6 +104,8 @@ class Outcome:
     action: Action
     reason: str
     scheme: str | None = None
+    # The checks --force overrode to do this, in a few words each (empty: none).
+    forced: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -100,3 +100,21 @@ def _refresh() -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     _refresh()
+
+
+def test_the_test_command_installs_a_cpu_torch_with_triton() -> None:
+    """The README's test command (what CI runs) takes PyTorch's CPU build where a user can
+    reach its index, not 6 GB of CUDA packages; the CPU build brings no Triton, so the test
+    extra names it, at the version the CUDA build pins (issue 32)."""
+    text = README.read_text()
+    command = next(
+        line.strip()
+        for line in text.split("Run the tests", 1)[1].splitlines()
+        if line.startswith("    ")
+    )
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in command
+    extra = (ROOT / "pyproject.toml").read_text().split("test = [", 1)[1].split("]", 1)[0]
+    pins = dict(re.findall(r'"(torch|torchvision|triton)==([0-9.]+)"', extra))
+    assert set(pins) == {"torch", "torchvision", "triton"}, pins
+    # What the skips need is said next to the command's section.
+    assert "What the skips need" in text

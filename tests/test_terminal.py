@@ -63,7 +63,7 @@ def test_status_fits_the_terminal_and_breaks_no_word(env: InstalledEnv, columns:
         assert patch["id"] in words and patch["version"] in words
     for warning in document["warnings"]:
         assert set(warning["message"].split()) <= words
-    assert "not installed (3 patches)" in screen
+    assert "not installed: vllm (3 patches)" in screen
 
 
 def test_piped_status_keeps_each_reason_on_one_line(env: InstalledEnv) -> None:

@@ -42,8 +42,10 @@ STYLE = {
 def out() -> Console:
     console = Console(soft_wrap=False, highlight=False)
     if not console.is_terminal:
-        # Piped output is read by people in logs and CI, not by an 80-column tty.
+        # Piped output is read by people in logs and CI, not by an 80-column tty: tables get
+        # room, and text is never wrapped (each reason stays one greppable line).
         console.width = max(console.width, 140)
+        console.soft_wrap = True
     return console
 
 
@@ -77,7 +79,11 @@ def wrapper(console: Console) -> Wrap:
 
 
 def err() -> Console:
-    return Console(stderr=True, soft_wrap=True)
+    # A terminal gets lines rich wraps between words (the terminal itself would cut a word
+    # in two); piped, a line stays whole for grep and for logs pasted into an issue.
+    console = Console(stderr=True)
+    console.soft_wrap = not console.is_terminal
+    return console
 
 
 def environment_line(env: Environment) -> str:
@@ -207,3 +213,60 @@ def config_text(config: Mapping[str, Any] | None) -> str:
         and v not in (None, 0, 1, 8)
     ]
     return " ".join(words)
+
+
+Cell = tuple[str, str]  # text and its rich style ("" for none)
+
+
+def grid(
+    console: Console,
+    header: Sequence[str],
+    rows: Sequence[Sequence[Cell]],
+    *,
+    indent: int = 2,
+    right: Sequence[bool] = (),
+) -> None:
+    """Rows of columns sized to their widest cell, every cell whole (no ellipsis, never a
+    verdict or an arch name cut); a row of one cell heads the rows below it. The last column
+    takes what is left of the terminal and wraps between words under itself, or starts a
+    line of its own where too little is left. Piped, no line is wrapped or ends in spaces."""
+    fixed = len(header) - 1
+    cells = [row for row in rows if len(row) == len(header)]
+    widths = [max([len(header[i]), *(len(row[i][0]) for row in cells)]) for i in range(fixed)]
+    start = indent + sum(w + 2 for w in widths)
+    limit = console.width if console.is_terminal else None
+    room = None if limit is None else limit - start
+    hanging = room is not None and room < 16
+
+    def line(cells: Sequence[Cell], bold: bool = False) -> None:
+        text = Text(" " * indent)
+        for i, (value, style) in enumerate(cells[:fixed]):
+            cell = value.rjust(widths[i]) if i < len(right) and right[i] else value.ljust(widths[i])
+            text.append(cell + "  ", style=style or ("bold" if bold else ""))
+        last, style = cells[fixed]
+        # A word wider than the room left (a long config key) starts a line of its own.
+        hang = hanging or (room is not None and max(map(len, last.split()), default=0) > room)
+        if hang and last:
+            text.rstrip()
+            console.print(text)
+            text = Text(" " * (indent + 4))
+            wrapped = textwrap.wrap(last, (limit or 80) - indent - 4, break_long_words=False)
+        else:
+            wrapped = (
+                textwrap.wrap(last, room, break_long_words=False, break_on_hyphens=False)
+                if room
+                else [last]
+            ) or [""]
+        for index, part in enumerate(wrapped or [""]):
+            if index:
+                text = Text(" " * (start if not hang else indent + 4))
+            text.append(part, style=style or ("bold" if bold else ""))
+            text.rstrip()
+            console.print(text)
+
+    line([(h, "") for h in header], bold=True)
+    for row in rows:
+        if len(row) == 1:  # a heading of the rows below it (a shape, a case)
+            console.print(Text(" " * (indent - 1) + row[0][0], style=row[0][1] or "bold"))
+        else:
+            line(row)

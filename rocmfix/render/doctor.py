@@ -8,19 +8,21 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from rocmfix import __version__, doctor, kernels
 from rocmfix.ops import Op
 from rocmfix.render.console import (
+    Cell,
     duration,
     environment_line,
     failures,
+    grid,
     out,
     warnings_block,
+    wrapper,
 )
 from rocmfix.render.kernels import check_json, tile
-from rocmfix.render.status import patches_block, status_document
+from rocmfix.render.status import status_document, verdicts_block
 
 
 def _case_label(result: doctor.CaseResult) -> str:
@@ -96,8 +98,8 @@ def _compiled_line(c: kernels.KernelCheck) -> str:
         words.append(f"{c.waves} waves/SIMD")
     if c.matrix_wanted:
         words.append(f"{c.matrix_wanted} x{c.matrix}" if c.matrix else f"no {c.matrix_wanted}")
-    text = escape(", ".join(words))
-    return text if c.ok else f"{text} [yellow]{escape('; '.join(c.problems))}[/]"
+    text = ", ".join(words)
+    return text if c.ok else f"{text}; {'; '.join(c.problems)}"
 
 
 def _compiled_block(console: Console, report: doctor.DoctorReport) -> None:
@@ -117,47 +119,82 @@ def _compiled_block(console: Console, report: doctor.DoctorReport) -> None:
     if not lines:
         return
     console.print(f"[bold]Compiled for {escape(arch)}[/] (the configs above, ahead of time)")
+    wrap = wrapper(console)
     for label, texts in lines.items():
         for text in dict.fromkeys(texts):
-            console.print(f"  {escape(label)}: {text}")
+            console.print(wrap(f"{label}: {text}", "  ", "    "))
+
+
+DOCTOR_HEADER = ("impl", "first call", "eager", "kernel", "vs native", "rel err", "check")
+
+
+def _check_cell(m: doctor.Measurement) -> Cell:
+    """The check column as plain text and a style: every verdict whole at any width."""
+    if m.status == "ok":
+        return ("ok", "green") if m.checked else ("reference", "dim")
+    if m.status == "failed":
+        return (f"WRONG (> {m.tolerance:.0e})" if m.tolerance else "WRONG", "red")
+    if m.status == "timeout":
+        return (f"no result within {m.limit_s:g} s" if m.limit_s else "timeout", "yellow")
+    if m.status == "unavailable":
+        return (f"unavailable: {m.message or ''}", "dim")
+    return (f"{m.status}: {m.message or ''}", "red")
+
+
+def _op_rows(op: doctor.OpReport) -> list[list[Cell]]:
+    rows: list[list[Cell]] = []
+    for result in op.cases:
+        rows.append([(_case_label(result), "bold")])
+        for m in (result.native, *result.schemes):
+            ratio = result.speedup(m) if m.checked else None
+            rows.append(
+                [
+                    (m.impl, ""),
+                    (duration(m.first_ms), ""),
+                    (duration(m.ms if result.timed else None), ""),
+                    (_kernel_time(m, result.timed), ""),
+                    ("-" if ratio is None else f"{ratio:.1f}x", ""),
+                    (_err_text(m.rel_err), ""),
+                    _check_cell(m),
+                ]
+            )
+    return rows
 
 
 def doctor_table(report: doctor.DoctorReport) -> None:
+    """The device and verdicts, then per op its cases as rows of one implementation each
+    (short names, spelled out once above them), fitting the terminal at any width."""
     console = out()
-    console.print(f"[bold]Environment[/] {escape(environment_line(report.environment))}")
-    console.print(f"[bold]Device[/]      {escape(_device_line(report))}")
-    console.print(f"[bold]Packages[/]    {escape(_packages_line(report))}")
-    console.print(f"[bold]Tuned[/]       {escape(_tuned_line(report))}")
-    patches_block(console, report.status)
-    console.print()
-    table = Table(show_edge=False, pad_edge=False)
-    for name in ("op", "case", "implementation", "first call", "eager", "kernel", "vs native"):
-        table.add_column(name, no_wrap=True, justify="right" if name != "op" else "left")
-    table.columns[1].justify = table.columns[2].justify = "left"
-    table.add_column("rel err", no_wrap=True, justify="right")
-    table.add_column("check", overflow="fold")
+    wrap = wrapper(console)
+    for title, text in (
+        ("Environment", environment_line(report.environment)),
+        ("Device", _device_line(report)),
+        ("Packages", _packages_line(report)),
+        ("Tuned", _tuned_line(report)),
+    ):
+        console.print(wrap(f"{title:<11} {text}", "", "    ", bold=len(title)))
+    verdicts_block(console, report.status)
     for op in report.ops:
-        for index, result in enumerate(op.cases):
-            for m in (result.native, *result.schemes):
-                ratio = result.speedup(m) if m.checked else None
-                table.add_row(
-                    op.op.title if index == 0 and m.impl == "native" else "",
-                    _case_label(result) if m.impl == "native" else "",
-                    _impl_label(report, op.op, m.impl),
-                    duration(m.first_ms),
-                    duration(m.ms if result.timed else None),
-                    _kernel_time(m, result.timed),
-                    "-" if ratio is None else f"{ratio:.1f}x",
-                    _err_text(m.rel_err),
-                    _check(m),
-                )
-        table.add_section()
-    console.print(table)
+        console.print()
+        console.print(f"[bold]{escape(op.op.title)}[/]")
+        impls = dict.fromkeys(m.impl for r in op.cases for m in (r.native, *r.schemes))
+        names = [
+            f"native = {_impl_label(report, op.op, i)}" if i == "native"
+            else _impl_label(report, op.op, i)
+            for i in impls
+        ]  # fmt: skip
+        console.print(wrap(f"impl: {', '.join(names)}", "  ", "    "), style="dim")
+        grid(console, DOCTOR_HEADER, _op_rows(op), right=(False, True, True, True, True, True))
+    console.print()
     if any(m.launch_bound for op in report.ops for r in op.cases for m in (r.native, *r.schemes)):
         console.print(
-            f"* launch-bound: the eager time per call is over {doctor.LAUNCH_BOUND:g}x the "
-            "kernel's, so the host's per-call cost sets it. Eager times decide the advice: "
-            "they are what MinerU gets."
+            wrap(
+                f"* launch-bound: the eager time per call is over {doctor.LAUNCH_BOUND:g}x the "
+                "kernel's, so the host's per-call cost sets it. Eager times decide the advice: "
+                "they are what MinerU gets.",
+                "",
+                "  ",
+            )
         )
     _compiled_block(console, report)
     for op in report.ops:
@@ -167,9 +204,9 @@ def doctor_table(report: doctor.DoctorReport) -> None:
                 f"{_impl_label(report, op.op, impl).split(' (')[0]} {duration(ms)}"
                 for impl, ms in op.totals.items()
             )
-            console.print(f"  all {len(op.cases)} shapes: {escape(totals)}")
-        console.print(f"  {escape(op.why)}")
-        console.print(f"  {escape(op.advice)}")
+            console.print(wrap(f"all {len(op.cases)} shapes: {totals}", "  ", "    "))
+        console.print(wrap(op.why, "  ", "    "))
+        console.print(wrap(op.advice, "  ", "    "))
     warnings_block(console, report.warnings)
     failures(report.failures, report.worker_log)
 

@@ -8,10 +8,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.markup import escape
-from rich.table import Table
 
 from rocmfix import __version__, kernels
-from rocmfix.render.console import config_text, environment_line, failures, out
+from rocmfix.render.console import (
+    Cell,
+    config_text,
+    environment_line,
+    failures,
+    grid,
+    out,
+    wrapper,
+)
 
 
 def tile(check: kernels.KernelCheck) -> str:
@@ -31,10 +38,12 @@ def _shared(check: kernels.KernelCheck) -> str:
     return f"{check.shared / 1024:.0f}/{check.shared_limit // 1024} KiB"
 
 
-def _matrix(check: kernels.KernelCheck) -> str:
+def _matrix(check: kernels.KernelCheck) -> Cell:
     if not check.matrix_wanted:
-        return "[dim]FMA[/]" if check.operands else "[dim]-[/]"
-    return f"{check.matrix_wanted} x{check.matrix}" if check.matrix else "[red]missing[/]"
+        return ("FMA" if check.operands else "-", "dim")
+    if check.matrix:
+        return (f"{check.matrix_wanted} x{check.matrix}", "")
+    return ("missing", "red")
 
 
 def _spills(check: kernels.KernelCheck) -> str:
@@ -43,13 +52,53 @@ def _spills(check: kernels.KernelCheck) -> str:
     return str(check.spills) + (f" ({check.sgpr_spills} sgpr)" if check.sgpr_spills else "")
 
 
+HEADER = ("arch", "regs", "spills", "LDS", "waves", "matrix", "check", "config")
+LEGEND = (
+    "regs: VGPRs (AMD) or registers (NVIDIA) per lane; LDS: shared memory used of the GPU's; "
+    "waves: per SIMD, as registers allow; matrix: the GPU's matrix instruction and how many "
+    "the kernel issues (FMA: none for this dtype)."
+)
+
+
+def _rows(rows: list[kernels.KernelCheck]) -> list[list[Cell]]:
+    out: list[list[Cell]] = []
+    previous = ""
+    for c in rows:
+        if c.shape_label != previous:
+            out.append([(c.shape_label, "bold")])
+            previous = c.shape_label
+        compiled = c.registers is not None
+        out.append(
+            [
+                (c.arch, ""),
+                ("-" if c.registers is None else str(c.registers), ""),
+                (_spills(c), ""),
+                (_shared(c) if compiled else "-", ""),
+                ("-" if c.waves is None else str(c.waves), ""),
+                _matrix(c),
+                ("ok", "green") if c.ok else ("FAILED", "red"),
+                (tile(c), ""),
+            ]
+        )
+        for problem in c.problems:
+            out.append([*([("", "")] * (len(HEADER) - 1)), (problem, "red")])
+    return out
+
+
 def kernels_table(report: kernels.KernelsReport) -> None:
+    """Per kernel, a block of rows by shape and GPU arch, every arch name and verdict whole at
+    any width (the config wraps under itself), and one legend at the end."""
     console = out()
+    wrap = wrapper(console)
     d = report.device
-    console.print(f"[bold]Environment[/] {escape(environment_line(report.environment))}")
+    console.print(wrap(f"Environment {environment_line(report.environment)}", "", "    ", bold=11))
     console.print(
-        f"[bold]Compiler[/]    triton {escape(d.triton or '-')}, ahead of time for each GPU "
-        "(none needed here)"
+        wrap(
+            f"Compiler triton {d.triton or '-'}, ahead of time for each GPU (none needed here)",
+            "",
+            "    ",
+            bold=8,
+        )
     )
     groups: dict[tuple[str, str, str], list[kernels.KernelCheck]] = {}
     for c in report.checks:
@@ -57,37 +106,14 @@ def kernels_table(report: kernels.KernelsReport) -> None:
     for (op, scheme, kernel), rows in groups.items():
         console.print()
         console.print(f"[bold]{escape(op)} · {escape(scheme)}[/] [dim]({escape(kernel)})[/]")
-        table = Table(show_edge=False, pad_edge=False)
-        for name in ("shape", "arch", "config", "regs", "spills", "LDS", "waves", "matrix",
-                     "check"):  # fmt: skip
-            numeric = name in ("regs", "spills", "LDS", "waves")
-            table.add_column(name, no_wrap=name != "check", overflow="fold", min_width=5,
-                             justify="right" if numeric else "left")  # fmt: skip
-        previous = ""
-        for c in rows:
-            if previous and c.shape_label != previous:
-                table.add_section()
-            table.add_row(
-                escape(c.shape_label) if c.shape_label != previous else "",
-                c.arch,
-                escape(tile(c)),
-                "-" if c.registers is None else str(c.registers),
-                _spills(c),
-                _shared(c) if c.registers is not None else "-",
-                "-" if c.waves is None else str(c.waves),
-                _matrix(c),
-                "[green]ok[/]" if c.ok else "[red]" + escape("; ".join(c.problems)) + "[/]",
-            )
-            previous = c.shape_label
-        console.print(table)
+        grid(console, HEADER, _rows(rows), right=(False, True, True, True, True))
     problems = sum(1 for c in report.checks if not c.ok)
     console.print()
-    console.print(
-        f"{len(report.checks)} compiles: "
-        + ("[green]no problems[/]" if not problems else f"[red]{problems} with problems[/]")
-        + ". regs: VGPRs (AMD) or registers (NVIDIA) per lane; waves: per SIMD, as registers "
-        "allow."
-    )
+    verdict = "no problems" if not problems else f"{problems} with problems"
+    line = wrap(f"{len(report.checks)} compiles: {verdict}. {LEGEND}", "", "")
+    line.stylize("green" if not problems else "red", len(f"{len(report.checks)} compiles: "),
+                 len(f"{len(report.checks)} compiles: {verdict}"))  # fmt: skip
+    console.print(line)
     failures(report.failures, report.worker_log)
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path, PurePosixPath
 
 from rich.markup import escape
 
 from rocmfix.diffing import unified_diffs
-from rocmfix.render.console import err
-from rocmfix.results import Action, FileChange, RunResult
+from rocmfix.render.console import err, wrapper
+from rocmfix.results import Action, FileChange, Outcome, RunResult
 
 
 def diff(result: RunResult) -> None:
@@ -18,12 +19,18 @@ def diff(result: RunResult) -> None:
     sys.stdout.buffer.flush()
 
 
+_WRITES = (Action.APPLY, Action.REAPPLY, Action.UNCHANGED)
+
+
 def run_summary(result: RunResult) -> None:
+    """What the run did (or would do) first, then what it left alone, grouped by reason;
+    in a terminal the lines wrap at its width, never inside a word."""
     console = err()
+    wrap = wrapper(console)
     for warning in result.warnings:
         console.print(f"[yellow]warning[/] {warning.code}: {escape(warning.message)}")
     for note in result.recovered:
-        console.print(f"[yellow]recovered[/] {escape(note)}")
+        console.print(f"[yellow]recovered:[/] {escape(note)}")
     if result.command == "revert" and not result.outcomes:
         console.print("Nothing to revert: rocmfix has not patched this environment.")
         return
@@ -33,18 +40,38 @@ def run_summary(result: RunResult) -> None:
     )
     if absent:
         console.print(f"[dim]not installed here: {', '.join(absent)}[/]")
+    # What the run does first, then what it leaves: one line per reason.
+    left: dict[tuple[Action, str | None, str], list[Outcome]] = {}
     for outcome in result.outcomes:
         if outcome.action is Action.ABSENT:
             continue
         scheme = f" ({outcome.scheme})" if outcome.scheme else ""
         if outcome.action in (Action.SKIP, Action.UNCHANGED):
-            console.print(
-                f"[dim]{outcome.patch.id}: {outcome.action.value}{scheme}: "
-                f"{escape(outcome.reason)}[/]"
-            )
+            left.setdefault((outcome.action, outcome.scheme, outcome.reason), []).append(outcome)
         else:
             label = f"{verb} {outcome.action.value}".strip()
-            console.print(f"[green]{outcome.patch.id}[/]: {label}{scheme}")
+            forced = f"; --force overrode: {'; '.join(outcome.forced)}" if outcome.forced else ""
+            line = wrap(f"{outcome.patch.id}: {label}{scheme}{forced}", "", "    ")
+            line.stylize("green", 0, len(outcome.patch.id))
+            console.print(line)
+    for (action, scheme_name, reason), group in left.items():
+        scheme = f" ({scheme_name})" if scheme_name else ""
+        if len(group) == 1:
+            label = group[0].patch.id
+        else:
+            counts = Counter(o.patch.distribution for o in group)
+            label = f"{len(group)} patches ({', '.join(f'{d} {n}' for d, n in counts.items())})"
+        console.print(wrap(f"{label}: {action.value}{scheme}: {reason}", "", "    "), style="dim")
+    if any(o.scheme == "direct" for o in result.outcomes if o.action in _WRITES):
+        console.print(
+            wrap(
+                "warning: the direct scheme is the slow parity oracle (one program per output "
+                "element), for tests; MinerU runs far faster with gemm or linear",
+                "",
+                "    ",
+            ),
+            style="yellow",
+        )
     count = len(result.changes)
     if result.dry_run:
         console.print(f"{count} file(s) would change; nothing was written.")

@@ -56,19 +56,99 @@ def _verdict(item: PatchStatus) -> str:
     return f"[{STYLE[item.verdict]}]{item.verdict.value}[/]{escape(scheme)}"
 
 
-def status_table(report: StatusReport) -> None:
-    """One block per distribution: each patch's verdict on its own line, the reason wrapped
-    under it. A distribution that is not installed is one line; rows that read alike are one
-    group. In a terminal the text wraps at its width; piped, every reason stays one line."""
+def status_table(report: StatusReport, *, verbose: bool = False) -> None:
+    """What needs doing first, each patch with its reason and notes; then what does not,
+    one line per reason (``verbose``: every patch in its distribution's block). In a terminal
+    the text wraps at its width, never inside a word; piped, every reason stays one line."""
     console = out()
     wrap = wrapper(console)
     console.print(wrap(f"Environment {environment_line(report.environment)}", "", "    ", bold=11))
-    patches_block(console, report)
+    if verbose:
+        patches_block(console, report)
+    else:
+        verdicts_block(console, report)
     warnings_block(console, report.warnings)
     if report.state_problem:
         console.print(wrap(f"rocmfix's state: {report.state_problem}", "", "    "), style="red")
     if report.hint:
         err().print(f"hint: {escape(report.hint)}")
+
+
+def verdicts_block(console: Console, report: StatusReport) -> None:
+    """What needs doing in full, then the rest one line per reason (doctor shows it too)."""
+    _todo_block(console, report)
+    _settled_block(console, report)
+
+
+def _todo_block(console: Console, report: StatusReport) -> None:
+    """Every patch that is not settled, in full: what ``apply`` (or a person) has to do.
+    That MinerU runs it is said on the patch's line; ``--verbose`` says how rocmfix knows."""
+    wrap = wrapper(console)
+    mineru = report.environment.mineru
+    runs = f"mineru {mineru.version} runs it" if mineru is not None else None
+    todo = [i for i in report.patches if not i.verdict.settled]
+    width = max((len(i.patch.id) for i in todo), default=0) + 2
+    for item in todo:
+        where = f"{item.patch.distribution} {item.version or ''}".rstrip()
+        notes = [n for n in item.notes if runs is None or not n.startswith(runs)]
+        if len(notes) < len(item.notes) and mineru is not None:
+            where += f" · MinerU {mineru.version} runs it"
+        console.print(
+            f"[bold]{escape(item.patch.id):<{width}}[/]{_verdict(item)}  [dim]{escape(where)}[/]"
+        )
+        console.print(wrap(item.reason, "    ", "    "))
+        if len(notes) > 1:
+            # A stack's general notes (vllm's run modes, say) would push the next patch off
+            # the screen; one line says they are there.
+            console.print(f"    [dim]{len(notes)} notes: rocmfix status --verbose[/]")
+            continue
+        for note in notes:
+            console.print(wrap(f"note: {note}", "    ", "      "))
+
+
+def _settled_key(item: PatchStatus) -> tuple[Any, ...]:
+    if item.verdict is Verdict.NOT_NEEDED and item.path is None:
+        # Files a release does not have read alike, whatever each patch calls its file.
+        return (item.verdict, item.scheme, item.patch.distribution, item.version)
+    return (item.verdict, item.scheme, item.reason)
+
+
+def _settled_block(console: Console, report: StatusReport) -> None:
+    """What needs nothing: one line per reason (notes left to ``--verbose``), and the
+    distributions that are not installed on one line."""
+    wrap = wrapper(console)
+    settled = [i for i in report.patches if i.verdict.settled]
+    absent: dict[str, int] = {}
+    groups: dict[tuple[Any, ...], list[PatchStatus]] = {}
+    for item in settled:
+        if item.verdict is Verdict.NOT_INSTALLED and item.path is None and not item.notes:
+            absent[item.patch.distribution] = absent.get(item.patch.distribution, 0) + 1
+        else:
+            groups.setdefault(_settled_key(item), []).append(item)
+    if not groups and not absent:
+        return
+    if groups:
+        many = any(len(g) > 1 for g in groups.values())
+        more = " (--verbose: each patch)" if many else ""
+        console.print(f"[bold]Nothing to do[/]{more}")
+    for group in groups.values():
+        first = group[0]
+        reason = first.reason
+        if first.verdict is Verdict.NOT_NEEDED and first.path is None and len(group) > 1:
+            reason = f"{first.patch.distribution} {first.version} has none of these files"
+        if len(group) == 1:
+            label = f"{first.patch.id} {first.verdict.value}"
+        else:
+            counts = Counter(i.patch.distribution for i in group)
+            each = ", ".join(f"{name} {n}" for name, n in counts.items())
+            label = f"{len(group)} patches {first.verdict.value} ({each})"
+        line = wrap(f"{label}: {reason}", "  ", "    ")
+        console.print(line)
+    if absent:
+        names = ", ".join(
+            f"{name} ({n} patch{'es' if n > 1 else ''})" for name, n in absent.items()
+        )
+        console.print(wrap(f"not installed: {names}", "", "    "), style="dim")
 
 
 def patches_block(console: Console, report: StatusReport) -> None:
@@ -110,23 +190,27 @@ def check_failures(report: StatusReport) -> None:
 
 
 def next_step(report: StatusReport) -> None:
+    """The one command to run next, on stderr (wrapped between words in a terminal)."""
     verdicts = {item.verdict for item in report.patches}
     python = (
         "" if report.environment.in_process else f" --python {report.environment.python.executable}"
     )
     if Verdict.INTERRUPTED in verdicts:
-        step = f"rocmfix revert{python}   (or rocmfix apply{python}) finishes the interrupted run"
+        step = f"rocmfix revert{python} (or rocmfix apply{python}) finishes the interrupted run"
     elif verdicts & {Verdict.APPLICABLE, Verdict.STALE}:
-        step = f"rocmfix apply --dry-run{python}   then   rocmfix apply{python}"
+        step = f"rocmfix apply --dry-run{python}, then the same without --dry-run"
     elif verdicts & {Verdict.CHANGED, Verdict.UNSUPPORTED}:
         step = "read the reasons above; rocmfix leaves files it does not recognise alone"
     elif verdicts <= {Verdict.NOT_INSTALLED}:
         if report.hint:
             return  # the hint above already says where to point rocmfix
-        step = "rocmfix status --python PATH   (point it at the environment that runs MinerU)"
+        step = "rocmfix status --python PATH (point it at the environment that runs MinerU)"
     else:
         step = f"nothing to do; rocmfix revert{python} undoes the patches"
-    err().print(f"[bold]next:[/] {escape(step)}", highlight=False)
+    console = err()
+    line = wrapper(console)(f"next: {step}", "", "    ")
+    line.stylize("bold", 0, 5)
+    console.print(line)
 
 
 def _patch_json(item: PatchStatus) -> dict[str, Any]:

@@ -10,7 +10,7 @@ transaction.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from rocmfix import fsops
 from rocmfix.checks import environment_warnings
@@ -25,9 +25,11 @@ from rocmfix.write.transaction import check_pending, check_writable, execute, re
 from rocmfix.write.verdicts import inspect, pending_patches
 
 
-def status(env: Environment, patches: Sequence[Patch], *, explicit: bool = False) -> StatusReport:
+def status(
+    env: Environment, patches: Sequence[Patch], *, explicit: Collection[str] = ()
+) -> StatusReport:
     """What is installed, patched and needed, and why. Reads only; creates nothing.
-    ``explicit``: the user named ``patches`` (``--only``)."""
+    ``explicit``: the patch ids the user named (``--only``)."""
     state = env.state
     manifest = state.load()
     busy = state.busy()
@@ -75,7 +77,7 @@ def apply(
     scheme: str | None = None,
     force: bool = False,
     dry_run: bool = False,
-    explicit: bool = False,
+    explicit: Collection[str] = (),
 ) -> RunResult:
     """Rewrite every selected target that needs it, all or nothing."""
     check_scheme(patches, scheme)

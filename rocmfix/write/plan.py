@@ -9,7 +9,7 @@ so a rewrite that would not import is refused too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,20 +148,23 @@ class _Builder:
         return Plan(tuple(self.outcomes), tuple(self.changes), self.entries)
 
 
-def _refusal(patch: Patch, st: PatchStatus, force: bool) -> str | None:
-    """Why ``patch`` cannot be applied as it is (``--force`` overrules all but unsupported)."""
+def _refusal(patch: Patch, st: PatchStatus, force: bool) -> tuple[str | None, tuple[str, ...]]:
+    """Why ``patch`` cannot be applied as it is, and what ``--force`` overrode to apply it
+    anyway (it overrules all but unsupported)."""
     if st.verdict is Verdict.UNSUPPORTED:
-        return f"{patch.id}: unsupported: {st.reason}"
-    if force:
-        return None
+        return f"{patch.id}: unsupported: {st.reason}", ()
     if st.verdict is Verdict.CHANGED:
-        return f"{patch.id}: {st.reason} (use --force to patch it anyway)"
+        if force:
+            return None, ("someone else changed the file",)
+        return f"{patch.id}: {st.reason} (use --force to patch it anyway)", ()
     if st.pristine is Pristine.UNKNOWN:
+        if force:
+            return None, ("the file cannot be checked against its package",)
         return (
             f"{patch.id}: cannot tell whether {st.path} is pristine "
             f"({Pristine.UNKNOWN.value}); use --force if you know it is unmodified"
-        )
-    return None
+        ), ()
+    return None, ()
 
 
 def plan_apply(
@@ -171,7 +174,7 @@ def plan_apply(
     state: StateDir,
     scheme: str | None,
     force: bool,
-    explicit: bool = False,
+    explicit: Collection[str] = (),
 ) -> Plan:
     plan = _Builder(manifest)
     planned: dict[tuple[str, str], tuple[str, bytes, str | None]] = {}
@@ -186,9 +189,12 @@ def plan_apply(
         if st.verdict is Verdict.NOT_INSTALLED:
             plan.outcomes.append(Outcome(patch, Action.ABSENT, st.reason))
             continue
-        if st.verdict is Verdict.NOT_NEEDED and not (force and seen.forceable):
-            plan.outcomes.append(Outcome(patch, Action.SKIP, st.reason))
-            continue
+        forced: tuple[str, ...] = ()
+        if st.verdict is Verdict.NOT_NEEDED:
+            if not (force and seen.forceable):
+                plan.outcomes.append(Outcome(patch, Action.SKIP, st.reason))
+                continue
+            forced = ("torch is not a ROCm build",)
         if st.verdict is Verdict.APPLIED and st.scheme == chosen:
             plan.outcomes.append(Outcome(patch, Action.UNCHANGED, "already applied", chosen))
             continue
@@ -198,14 +204,16 @@ def plan_apply(
             and scheme_data.needs_triton
             and env.torch is not None
             and not has_triton(env)
-            and not force
         ):
-            plan.refusals.append(
-                f"{patch.id}: no Triton in this environment for the {chosen} scheme "
-                "(use --scheme linear)"
-            )
-            continue
-        refusal = _refusal(patch, st, force)
+            if not force:
+                plan.refusals.append(
+                    f"{patch.id}: no Triton in this environment for the {chosen} scheme "
+                    "(use --scheme linear)"
+                )
+                continue
+            forced += ("no Triton here",)
+        refusal, overrode = _refusal(patch, st, force)
+        forced += overrode
         if refusal is not None:
             plan.refusals.append(refusal)
             continue
@@ -230,6 +238,9 @@ def plan_apply(
                 _change("target", patch.distribution, patch.path, root, current, patched)
             )
         drops = _plan_drops(plan, patch, chosen, dist, root, manifest, planned, selected, force)
+        if any(d.replaced and d.replaced != _replaced(manifest, patch.distribution, d.path)
+               for d in drops):  # fmt: skip
+            forced += ("a file rocmfix did not drop was where a kernel goes (kept as a backup)",)
         for old in entry.drops if entry is not None else ():
             superseded[(patch.distribution, old.path)] = (patch, dist, root, old)
         plan.entries[patch.id] = Entry(
@@ -245,7 +256,7 @@ def plan_apply(
             applied_at=now(),
         )
         action = Action.APPLY if entry is None else Action.REAPPLY
-        plan.outcomes.append(Outcome(patch, action, st.reason, chosen))
+        plan.outcomes.append(Outcome(patch, action, st.reason, chosen, forced))
     kept = {(e.distribution, d.path) for e in plan.entries.values() for d in e.drops}
     for (key, rel), (patch, dist, root, old) in superseded.items():
         existing = fsops.read_regular(root / rel) if (key, rel) not in kept else None

@@ -137,7 +137,10 @@ def one_line(exc: BaseException) -> str:
 def context(env: Environment, patch: Patch, dist: Distribution) -> TargetContext:
     related: dict[str, bytes | None] = {}
     for rel in patch.related:
-        target = dist.files.get(rel)
+        # "dist:path" is a file of another distribution; absent when that one is.
+        owner, _, path = rel.rpartition(":")
+        source = env.distributions.get(owner) if owner else dist
+        target = source.files.get(path) if source is not None else None
         try:
             related[rel] = fsops.read_regular(target.path) if target is not None else None
         except (fsops.NotRegularError, OSError):
@@ -158,10 +161,10 @@ class _Inspector:
         manifest: Manifest,
         interrupted: Collection[str],
         busy: bool,
-        explicit: bool,
+        explicit: Collection[str],
     ) -> None:
         self.env = env
-        self.explicit = explicit
+        self.explicit = patch.id in explicit
         self.patch = patch
         self.entry = manifest.entries.get(patch.id)
         if self.entry is not None:
@@ -330,6 +333,12 @@ class _Inspector:
         assert self.dist is not None
         entry = self.entry
         torch = self.env.torch
+        # What MinerU never runs is decided first: --force overrides the torch check below,
+        # never MinerU's choice of targets (naming the patch with --only does that).
+        if entry is None:
+            unused = self._unused_by_mineru()
+            if unused is not None:
+                return self.done(Verdict.NOT_NEEDED, unused, notes=notes)
         if self.patch.needs_rocm and torch is not None and not is_rocm(self.env):
             return self.done(
                 Verdict.NOT_NEEDED,
@@ -339,9 +348,6 @@ class _Inspector:
                 forceable=True,
             )
         if entry is None:
-            unused = self._unused_by_mineru()
-            if unused is not None:
-                return self.done(Verdict.NOT_NEEDED, unused, notes=notes)
             notes = (*notes, *self._used_by_mineru())
         if entry is not None:
             was = (
@@ -358,11 +364,12 @@ class _Inspector:
 
     def _unused_by_mineru(self) -> str | None:
         """Why the MinerU installed here never runs this target, unless the user named the
-        patch (``--only``): then it is theirs to apply."""
+        patch by its id (``--only``): then it is theirs to apply."""
         use, mineru = self.patch.mineru, self.env.mineru
         if self.explicit or use is None or mineru is None:
             return None
-        anyway = f"`--only {self.patch.id}` patches it anyway"
+        # One wording for every patch, so that status groups them on one line.
+        anyway = "`--only` with its patch id patches it anyway"
         if use.never:
             return f"mineru {mineru.version} never runs it: {use.what}; {anyway}"
         if mineru.found.shows(use) is None:
@@ -391,8 +398,8 @@ def inspect(
     manifest: Manifest,
     interrupted: Collection[str] = (),
     busy: bool = False,
-    explicit: bool = False,
+    explicit: Collection[str] = (),
 ) -> Inspection:
     """The verdict on ``patch`` in ``env``, with what planning needs to act on it.
-    ``explicit``: the user named the patches, so MinerU's use of them does not matter."""
+    ``explicit``: the ids the user named (``--only``): MinerU's use of those does not matter."""
     return _Inspector(env, patch, manifest, interrupted, busy, explicit).run()
