@@ -37,7 +37,7 @@ def _stock(
     bn: Callable[[torch.Tensor], torch.Tensor] | None,
     act: Callable[[torch.Tensor], torch.Tensor] | None,
 ) -> torch.Tensor:
-    y = conv(x)
+    y: torch.Tensor = conv(x)
     if bn is not None:
         y = bn(y)
     if act is not None:

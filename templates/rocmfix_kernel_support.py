@@ -1,12 +1,10 @@
 """Plumbing the newer rocmfix kernel templates share (rocmfix template).
 
 rocmfix drops this file, under this name, beside the kernel modules that import it (the
-depthwise conv); ``rocmfix revert`` removes it with them. Standard library and torch only:
-Triton is imported here, once, for every kernel that asks.
+depthwise conv); ``rocmfix revert`` removes it with them. Standard library and torch only.
 
-- :func:`import_triton`: Triton or the reason it is missing, and :func:`interpreted`, whether a
-  ``@triton.jit`` function runs in Triton's CPU interpreter (``TRITON_INTERPRET=1`` when it
-  was decorated);
+- :func:`interpreted`: whether a ``@triton.jit`` function runs in Triton's CPU interpreter
+  (``TRITON_INTERPRET=1`` when it was decorated);
 - :class:`BoundedCache`: the one cache type, a least-recently-used map of fixed size;
 - :func:`fold_bn`: an eval-mode ``BatchNorm2d`` (and the conv's bias) as a per-channel scale
   and shift, recomputed only when one of its tensors changes;
@@ -25,17 +23,6 @@ import torch
 
 K = TypeVar("K")
 V = TypeVar("V")
-
-
-def import_triton() -> tuple[Any, Any, BaseException | None]:
-    """``(triton, triton.language, None)``, or ``(None, None, why)``: a broken Triton must
-    not break the import of the model the kernel was dropped into."""
-    try:
-        import triton
-        import triton.language as tl
-    except Exception as exc:  # noqa: BLE001 - ImportError, or an install failing on import
-        return None, None, exc
-    return triton, tl, None
 
 
 def interpreted(kernel: Any) -> bool:

@@ -82,12 +82,16 @@ class TuneTarget:
 
 @dataclass(frozen=True)
 class Op:
+    """An op and everything rocmfix knows about it, as data. A module of this package that
+    defines ``OP`` is an op: the registry finds it there (see :mod:`rocmfix.ops`)."""
+
     name: str
     title: str
     native: str
     schemes: tuple[Scheme, ...]
     cases: tuple[Case, ...]
-    # The template's tunable kernel: its key in the tuned file and the template ``tune`` runs.
+    # The template's tunable kernel: its key in the tuned file and the template ``tune`` runs
+    # ("" for an op whose schemes are all vendor formulations: nothing to tune or compile).
     kernel: str
     kernel_template: str
     tune: tuple[TuneTarget, ...]
@@ -96,8 +100,23 @@ class Op:
     harness: str
     # How a table row or a progress line names one of this op's shapes.
     label: Callable[[Shape], str]
+    # The environment variable its kernel templates read a config override from (each
+    # template declares it as ``CONFIG_ENV``; tune measures without it, doctor reports it).
+    config_env: str | None = None
+    # The scheme that runs without Triton, offered where Triton is missing.
+    fallback: str | None = None
+    # Where the op sorts among the others: tables, progress and the worker's order.
+    order: int = 100
     # The dtypes its kernels are checked in, ahead of time, on every GPU.
     dtypes: tuple[str, ...] = ("bfloat16", "float16", "float32")
+
+    def __post_init__(self) -> None:
+        names = self.scheme_names
+        assert len(set(names)) == len(names), f"{self.name}: scheme names must be unique"
+        if self.fallback is not None:
+            fallback = self.scheme(self.fallback)
+            assert not fallback.needs_triton, f"{self.name}: the fallback scheme needs Triton"
+        assert not self.kernel_template or self.kernel_template in {s.entry for s in self.schemes}
 
     @property
     def scheme_names(self) -> tuple[str, ...]:
@@ -123,6 +142,7 @@ class Op:
         return {
             "name": self.name,
             "harness": self.harness,
+            "config_env": self.config_env,
             "kernel": self.kernel,
             "kernel_template": self.kernel_template,
             "schemes": {s.name: s.entry for s in self.schemes},
