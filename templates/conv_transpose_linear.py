@@ -71,15 +71,18 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     """``F.conv_transpose2d(x, weight, bias, stride=kernel)`` as a GEMM + pixel shuffle."""
     n, cin, h, w = x.shape
     _, cout, kh, kw = weight.shape
-    wm = weight.reshape(cin, cout * kh * kw)
-    if x.stride(1) == 1 and x.shape[1] > 1 and x.is_contiguous(memory_format=torch.channels_last):
-        # Channels-last: the pixels are rows already. y[n, hw, (co, i, j)]
+    wm = weight.view(cin, cout * kh * kw) if weight.is_contiguous() else weight.reshape(cin, -1)
+    if x.is_contiguous():
+        # NCHW: y[n, (co, i, j), hw] = W^T @ x[n], no copy of x; one GEMM for a batch of one.
+        if n == 1:
+            y = torch.mm(wm.t(), x.view(cin, h * w))
+        else:
+            y = torch.matmul(wm.t(), x.view(n, cin, h * w))
+        blocks = y.view(n, cout, kh, kw, h, w).permute(0, 1, 4, 2, 5, 3)
+    else:
+        # Channels-last (or any other layout): the pixels as rows.
         y = torch.matmul(x.permute(0, 2, 3, 1).reshape(n, h * w, cin), wm)
         blocks = y.view(n, h, w, cout, kh, kw).permute(0, 3, 1, 4, 2, 5)
-    else:
-        # NCHW: y[n, (co, i, j), hw] = W^T @ x[n], no copy of x.
-        y = torch.matmul(wm.t(), x.reshape(n, cin, h * w))
-        blocks = y.view(n, cout, kh, kw, h, w).permute(0, 1, 4, 2, 5, 3)
     out = torch.empty((n, cout, h * kh, w * kw), dtype=x.dtype, device=x.device)
     target = out.view(n, cout, h, kh, w, kw)
     if bias is None:
@@ -89,23 +92,48 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     return out
 
 
+# Calls already checked, by everything handled() reads but the tensors' contents: a model
+# calls each of its layers once a forward with the same input layout.
+_checked: dict[tuple[Any, ...], bool] = {}
+_CHECKED_SIZE = 256
+
+
 def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
     """``deconv(x)`` for any input: a kernel == stride ``nn.ConvTranspose2d`` on GPU tensors
     (outside autograd) runs as one GEMM and a pixel shuffle; anything else, and any error, calls
     the module itself."""
-    if not x.is_cuda or not handled(x, deconv):
+    params = getattr(deconv, "_parameters", None)
+    if not x.is_cuda or params is None:
         return deconv(x)  # type: ignore[no-any-return]
-    if torch.is_grad_enabled() and (
-        x.requires_grad
-        or deconv.weight.requires_grad
-        or (deconv.bias is not None and deconv.bias.requires_grad)
+    weight, bias = params.get("weight"), params.get("bias")
+    if weight is None or (
+        torch.is_grad_enabled()
+        and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     ):
         return deconv(x)  # type: ignore[no-any-return]
+    key = (id(deconv), id(weight), id(bias), x.shape, x.dtype, x.device, deconv.stride,
+           deconv.padding, deconv.output_padding, deconv.dilation, deconv.groups)  # fmt: skip
+    ok = _checked.get(key)
+    if ok is None:
+        ok = handled(x, deconv)
+        if len(_checked) >= _CHECKED_SIZE:
+            _checked.clear()
+        _checked[key] = ok
+    if not ok or deconv._forward_hooks or deconv._forward_pre_hooks or _global_hooks():
+        return deconv(x)  # type: ignore[no-any-return]
     try:
-        return gemm(x, deconv.weight, deconv.bias)
+        return gemm(x, weight, bias)
     except Exception as exc:  # noqa: BLE001 - never take the model down
         _warn_once(
             f"rocmfix: the transposed conv as a GEMM failed ({type(exc).__name__}: {exc}); "
             "running the module",
         )
         return deconv(x)  # type: ignore[no-any-return]
+
+
+def _global_hooks() -> bool:
+    module = torch.nn.modules.module
+    return bool(
+        getattr(module, "_global_forward_hooks", None)
+        or getattr(module, "_global_forward_pre_hooks", None)
+    )

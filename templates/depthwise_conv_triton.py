@@ -45,22 +45,37 @@ except Exception:  # noqa: BLE001 - a broken triton install must not break the m
 
 # Layers, least specific first: "any", the input layout ("nchw" or "nhwc"), the precision
 # class ("fp32", "f16"), the shape class ("k5_s1", "k1x7_s1") and "<shape>_<precision>".
-# BLOCK_P output pixels (whole rows and more of a plane) by BLOCK_C channels per program.
+# BLOCK_P output pixels (whole rows and more of a plane) by BLOCK_C channels per program. An
+# arch's entry replaces the default's fields, whatever their layer: each arch names its own
+# channels-last tile.
 _NCHW = {"BLOCK_P": 256, "BLOCK_C": 1, "num_warps": 4, "num_stages": 1}
+# Channels-last input: channels are the contiguous axis, so a program reads them first.
+_NHWC = {"BLOCK_P": 32, "BLOCK_C": 32}
+
+
+def _arch(**layers: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {"any": dict(_NCHW), "nhwc": dict(_NHWC), **layers}
+
+
 SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
-    "default": {
-        "any": dict(_NCHW),
-        # Channels-last input: channels are the contiguous axis, so a program reads them first.
-        "nhwc": {"BLOCK_P": 32, "BLOCK_C": 32},
-    },
-    # wave64 CDNA: a 256-pixel tile is four waves of one row of lanes each.
-    "gfx90a": {"any": dict(_NCHW)},
-    "gfx942": {"any": dict(_NCHW)},
-    "gfx950": {"any": dict(_NCHW)},
-    # RDNA (wave32): 8 pixels a lane at 4 warps would hold 8 accumulators; 2 is enough.
-    "gfx1100": {"any": dict(_NCHW, BLOCK_P=128)},
-    "gfx1201": {"any": dict(_NCHW, BLOCK_P=128)},
-    "sm_90": {"any": dict(_NCHW)},
+    "default": _arch(),
+    # CDNA (wave64): a 256-pixel tile is four waves of one row of lanes each. Unmeasured.
+    "gfx90a": _arch(),
+    "gfx942": _arch(),
+    "gfx950": _arch(),
+    # RDNA (wave32): 128 pixels on 4 warps, one per lane. Unmeasured.
+    "gfx1100": _arch(any=dict(_NCHW, BLOCK_P=128)),
+    "gfx1201": _arch(any=dict(_NCHW, BLOCK_P=128)),
+    # Hopper: the best of bench/depthwise_conv.py's sweep at MinerU's shapes (H100, torch
+    # 2.11, Triton 3.6, 2026-11-24; docs/performance-depthwise.md). 5x5 planes of 25x25 and
+    # smaller waste half a 256-pixel tile; the fp16 5x5 convs (formula encoder, 24x24 and
+    # 12x12 at batch 8) are bound by instructions, and 4 channels of 64 pixels on 2 warps
+    # measured 1.01x and 1.14x of cuDNN where 256x1 measured 0.82x and 0.94x.
+    "sm_90": _arch(
+        k5_s1={"BLOCK_P": 128},
+        k5_s1_f16={"BLOCK_P": 64, "BLOCK_C": 4, "num_warps": 2},
+        k1x7_s1_f16={"BLOCK_P": 64, "BLOCK_C": 4, "num_warps": 2},
+    ),
 }
 
 CONFIG = kc.KernelConfig(
@@ -377,36 +392,80 @@ def _epilogue(layer: Any, bn: Any, act: Any) -> tuple[Any, Any, int, bool, bool]
     return plain[0], plain[1], code if fuse_act and code is not None else 0, bn is None, fuse_act
 
 
+def _stamps(layer: Any, bn: Any) -> tuple[Any, ...] | None:
+    """Every tensor a plan depends on with its address and version, flat: the conv's weight
+    and bias, the BatchNorm's statistics and affine parameters; None for inference tensors,
+    which have no version to see an update by (such calls are not cached)."""
+    params = layer._parameters
+    tensors = [params["weight"], params.get("bias")]
+    if bn is not None:
+        buffers, affine = bn._buffers, bn._parameters
+        tensors += [buffers.get("running_mean"), buffers.get("running_var"),
+                    affine.get("weight"), affine.get("bias")]  # fmt: skip
+    out: list[Any] = []
+    try:
+        for t in tensors:
+            out += (t, None, None) if t is None else (t, t.data_ptr(), t._version)
+    except RuntimeError:
+        return None
+    return tuple(out)
+
+
+def _current(stamps: tuple[Any, ...], layer: Any, bn: Any) -> bool:
+    """Whether the tensors of ``stamps`` are still the modules' own, unchanged."""
+    params = layer._parameters
+    now = [params["weight"], params.get("bias")]
+    if bn is not None:
+        buffers, affine = bn._buffers, bn._parameters
+        now += [buffers.get("running_mean"), buffers.get("running_var"),
+                affine.get("weight"), affine.get("bias")]  # fmt: skip
+    for index, t in enumerate(now):
+        seen = stamps[3 * index]
+        if t is not seen:
+            return False
+        if t is not None and (t.data_ptr() != stamps[3 * index + 1]
+                              or t._version != stamps[3 * index + 2]):  # fmt: skip
+            return False
+    return True
+
+
+def _hooked(layer: Any, bn: Any, act: Any) -> bool:
+    return (
+        ks.hooked(layer)
+        or (bn is not None and (ks.hooked(bn) or bn.training))
+        or (act is not None and ks.hooked(act))
+        or ks.global_hooks()
+    )
+
+
 def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
-    weight = layer.weight
+    weight = layer._parameters.get("weight") if isinstance(layer, torch.nn.Module) else None
+    if weight is None:
+        return None
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return None
-    if ks.global_hooks():  # they would see the modules called
-        return None
-    geometry = _conv_geometry(x, layer)
-    if geometry is None:
-        return None
-    epilogue = _epilogue(layer, bn, act)
-    if epilogue is None:
-        return None
-    scale, shift, code, bn_done, act_done = epilogue
-    stride, padding = geometry
-    try:
-        version = weight._version
-    except RuntimeError:  # an inference tensor: no version to key a plan on
-        version = None
-    key = (kc.layout_key(x), id(weight), weight.data_ptr(), version, stride, padding, code,
-           scale is not None, shift is not None)  # fmt: skip
-    if _broken.get(key):
-        return None
-    plan = _plans.get(key) if version is not None else None
-    if plan is not None and plan[1] is weight:
-        # The key fixed everything but the tensors' addresses: sizes, strides, the grid.
-        launcher, _w, wk, out_shape, tail = plan
+    # Everything a launch depends on but the tensors: their layout, the modules and their
+    # settings. A model calls each layer once a forward with the same shapes, so after the
+    # first call a layer's call checks that its tensors are unchanged and launches.
+    key = (kc.layout_key(x), id(layer), layer.stride, layer.padding, layer.dilation,
+           layer.groups, id(bn), id(act), bn.eps if bn is not None else None)  # fmt: skip
+    plan = _plans.get(key)
+    if plan is not None and not _hooked(layer, bn, act) and _current(plan[0], layer, bn):
+        stamps, launcher, wk, scale, shift, out_shape, tail, bn_done, act_done = plan
         out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
         launcher(x, wk, wk if scale is None else scale, wk if shift is None else shift, out,
                  *tail)  # fmt: skip
     else:
+        if _broken.get(key) or _hooked(layer, bn, act):
+            return None
+        geometry = _conv_geometry(x, layer)
+        if geometry is None:
+            return None
+        epilogue = _epilogue(layer, bn, act)
+        if epilogue is None:
+            return None
+        scale, shift, code, bn_done, act_done = epilogue
+        stride, padding = geometry
         kh, kw = int(weight.shape[2]), int(weight.shape[3])
         cfg = resolve_config(x.device, kh, kw, stride[0], x.dtype, layout_class(x))
         kernel, grid, args, kwargs, out = prepare_launch(
@@ -418,8 +477,10 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
         except Exception:
             _broken.put(key, True)
             raise
-        if version is not None:
-            _plans.put(key, (launcher, weight, args[1], tuple(out.shape), args[5:]))
+        stamps = _stamps(layer, bn)
+        if stamps is not None:
+            _plans.put(key, (stamps, launcher, args[1], scale, shift, tuple(out.shape),
+                             args[5:], bn_done, act_done))  # fmt: skip
     if not bn_done and bn is not None:
         out = bn(out)
     if not act_done and act is not None:
