@@ -18,7 +18,16 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import KERNEL_CONFIG_TEMPLATE, Case, GridGroup, Op, Scheme, TuneTarget
+from .base import (
+    KERNEL_CONFIG_TEMPLATE,
+    Case,
+    GridGroup,
+    KernelTemplate,
+    Op,
+    Scheme,
+    Template,
+    TuneTarget,
+)
 
 __all__ = [
     "DILATED_CONV",
@@ -27,8 +36,10 @@ __all__ = [
     "PATCH_EMBED",
     "Case",
     "GridGroup",
+    "KernelTemplate",
     "Op",
     "Scheme",
+    "Template",
     "TuneTarget",
     "op",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 Shape = Mapping[str, Any]
 Config = Mapping[str, Any]
@@ -27,6 +27,34 @@ def tile(bm: int, bn: int, bk: int, warps: int, stages: int, **extra: Any) -> di
         "num_stages": stages,
         **extra,
     }
+
+
+@runtime_checkable
+class Template(Protocol):
+    """What every template module a scheme drops exposes: its scheme's name, and the op's
+    entry function (named by :attr:`Op.function`, the same signature in every scheme of the
+    op), which the patched code calls."""
+
+    SCHEME: str
+
+
+@runtime_checkable
+class KernelTemplate(Template, Protocol):
+    """What an op's tunable Triton template (:attr:`Op.kernel_template`) exposes besides:
+    its key in the tuned file, the environment variable it reads a config override from,
+    how it resolves a config, names a GPU and a precision class, and forgets what it cached.
+    ``tune``, ``doctor`` and ``kernels`` rely on these (the op's harness on the rest)."""
+
+    KERNEL: str
+    CONFIG_ENV: str
+
+    def resolve_config(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+    def clear_config_cache(self) -> None: ...
+
+    def precision_class(self, *args: Any) -> str: ...
+
+    def device_arch(self, *args: Any) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -100,6 +128,8 @@ class Op:
     harness: str
     # How a table row or a progress line names one of this op's shapes.
     label: Callable[[Shape], str]
+    # The function of every scheme's template that the patched code calls.
+    function: str = ""
     # The environment variable its kernel templates read a config override from (each
     # template declares it as ``CONFIG_ENV``; tune measures without it, doctor reports it).
     config_env: str | None = None

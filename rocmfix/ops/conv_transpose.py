@@ -54,6 +54,7 @@ OP = Op(
     grid=(),
     harness="conv_transpose",
     label=label,
+    function="conv_transpose2d",
     fallback="linear",
     order=40,
 )

@@ -150,6 +150,7 @@ OP = Op(
     grid=GRID,
     harness="depthwise_conv",
     label=label,
+    function="depthwise_conv2d",
     config_env="ROCMFIX_DEPTHWISE_CONV_CONFIG",
     fallback="channels-last",
     order=30,

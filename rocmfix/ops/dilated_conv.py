@@ -139,4 +139,5 @@ OP = Op(
     order=20,
     harness="dilated_conv",
     label=label,
+    function="dilated_conv2d",
 )

@@ -158,4 +158,5 @@ OP = Op(
     order=10,
     harness="patch_embed",
     label=label,
+    function="triton_conv3d_patchify",
 )
