@@ -232,6 +232,25 @@ def one_transposed(
     return row
 
 
+@torch.no_grad()
+def compiled(results: dict[str, Any]) -> None:
+    """torch.compile(fullgraph=True) of a patched layer: one rocmfix::depthwise_conv2d node,
+    the same output as eager."""
+    tri = _load.template("depthwise_conv_triton")
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(time.time() * 1e6) % 2**31)
+    x, conv, bn, act = layer(dict(op("depthwise-conv").cases[0].gpu), gen)
+
+    def forward(t: torch.Tensor) -> torch.Tensor:
+        return tri.depthwise_conv2d(t, conv, bn, act)  # type: ignore[no-any-return]
+
+    torch._dynamo.reset()
+    fn = torch.compile(forward, fullgraph=True)
+    ref = fp64_ref(x, conv, bn, act)
+    results["compile"] = {"err": rel(fn(x), ref), "graph_us": graph_ms(lambda: fn(x)) * 1e3}
+    print(f"torch.compile(fullgraph=True): {results['compile']}", flush=True)
+
+
 def table(results: dict[str, Any]) -> str:
     lines = [
         "| shape | cuDNN layer µs | Triton µs | ratio | best tile µs | channels-last µs | "
@@ -278,6 +297,7 @@ def main() -> int:
     finally:
         try:
             transposed(results)
+            compiled(results)
         finally:
             if args.json:
                 with open(args.json, "w", encoding="utf-8") as handle:
