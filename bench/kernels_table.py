@@ -184,12 +184,55 @@ NOTES = """
 """
 
 
+MEMORY_OPS = ("global_load", "buffer_load", "global_store", "buffer_store", "ds_read", "ds_write")
+
+
+def memory_section(op_name: str, archs: tuple[str, ...] = ("gfx1100", "gfx1201", "gfx90a",
+                   "gfx942", "gfx950")) -> str:  # fmt: skip
+    """The memory instructions of ``op_name``'s kernel per AMD arch, at its tune targets in
+    their dtypes, compiled here as `rocmfix kernels` compiles them (its templates' shipped
+    configs): what one program issues, vector widths included."""
+    import re
+
+    from rocmfix.guest import aot, context, templates
+    from rocmfix.guest.harness import module as harness
+    from rocmfix.ops import op
+
+    context.import_torch()
+    spec = op(op_name)
+    kernel_module = templates.load(str(ROOT / "templates"), spec.kernel_template, fresh=True)
+    kc = __import__(kernel_module.__package__ + ".rocmfix_kernel_config", fromlist=["x"])
+    launch = harness(spec.harness).launch
+    rows = [
+        f"### {op_name}: memory instructions per program (AMD, Triton "
+        f"{__import__('triton').__version__})",
+        "",
+        "| shape | dtype | arch | " + " | ".join(MEMORY_OPS) + " |",
+        "|" + "---|" * (3 + len(MEMORY_OPS)),
+    ]
+    for target in spec.tune:
+        for dtype in (target.gpu["dtype"],):
+            for arch in archs:
+                with kc.emulating(kc.Emulation(arch, True, 0, 132)):
+                    kernel_module.clear_config_cache()
+                    kernel, args, kwargs, _ = launch(kernel_module, dict(target.gpu), dtype)
+                    code = aot._compile(kernel, args, kwargs, arch).asm["amdgcn"]
+                counts = [len(re.findall(r"\b" + name + r"\w*", code)) for name in MEMORY_OPS]
+                rows.append(f"| {spec.label(target.gpu)} | {dtype} | {arch} | "
+                            + " | ".join(map(str, counts)) + " |")  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", action="append", default=[])
     parser.add_argument("--out", default=str(ROOT / "docs" / "amd-kernels.md"))
     parser.add_argument("--only-op", help="regenerate this op's rows of --out, nothing else")
+    parser.add_argument("--memory", help="print this op's memory instructions per AMD arch")
     args = parser.parse_args()
+    if args.memory:
+        print(memory_section(args.memory))
+        return
     if args.only_op:
         doc = check((args.python or [sys.executable])[0], [args.only_op])
         out = Path(args.out)

@@ -392,52 +392,6 @@ def _epilogue(layer: Any, bn: Any, act: Any) -> tuple[Any, Any, int, bool, bool]
     return plain[0], plain[1], code if fuse_act and code is not None else 0, bn is None, fuse_act
 
 
-def _stamps(layer: Any, bn: Any) -> tuple[Any, ...] | None:
-    """Every tensor a plan depends on with its address and version, flat: the conv's weight
-    and bias, the BatchNorm's statistics and affine parameters; None for inference tensors,
-    which have no version to see an update by (such calls are not cached)."""
-    params = layer._parameters
-    tensors = [params["weight"], params.get("bias")]
-    if bn is not None:
-        buffers, affine = bn._buffers, bn._parameters
-        tensors += [buffers.get("running_mean"), buffers.get("running_var"),
-                    affine.get("weight"), affine.get("bias")]  # fmt: skip
-    out: list[Any] = []
-    try:
-        for t in tensors:
-            out += (t, None, None) if t is None else (t, t.data_ptr(), t._version)
-    except RuntimeError:
-        return None
-    return tuple(out)
-
-
-def _current(stamps: tuple[Any, ...], layer: Any, bn: Any) -> bool:
-    """Whether the tensors of ``stamps`` are still the modules' own, unchanged."""
-    params = layer._parameters
-    now = [params["weight"], params.get("bias")]
-    if bn is not None:
-        buffers, affine = bn._buffers, bn._parameters
-        now += [buffers.get("running_mean"), buffers.get("running_var"),
-                affine.get("weight"), affine.get("bias")]  # fmt: skip
-    for index, t in enumerate(now):
-        seen = stamps[3 * index]
-        if t is not seen:
-            return False
-        if t is not None and (t.data_ptr() != stamps[3 * index + 1]
-                              or t._version != stamps[3 * index + 2]):  # fmt: skip
-            return False
-    return True
-
-
-def _hooked(layer: Any, bn: Any, act: Any) -> bool:
-    return (
-        ks.hooked(layer)
-        or (bn is not None and (ks.hooked(bn) or bn.training))
-        or (act is not None and ks.hooked(act))
-        or ks.global_hooks()
-    )
-
-
 def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
     weight = layer._parameters.get("weight") if isinstance(layer, torch.nn.Module) else None
     if weight is None:
@@ -450,13 +404,17 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
     key = (kc.layout_key(x), id(layer), layer.stride, layer.padding, layer.dilation,
            layer.groups, id(bn), id(act), bn.eps if bn is not None else None)  # fmt: skip
     plan = _plans.get(key)
-    if plan is not None and not _hooked(layer, bn, act) and _current(plan[0], layer, bn):
+    if (
+        plan is not None
+        and not ks.layer_hooked(layer, bn, act)
+        and ks.layer_current(plan[0], layer, bn)
+    ):
         stamps, launcher, wk, scale, shift, out_shape, tail, bn_done, act_done = plan
         out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
         launcher(x, wk, wk if scale is None else scale, wk if shift is None else shift, out,
                  *tail)  # fmt: skip
     else:
-        if _broken.get(key) or _hooked(layer, bn, act):
+        if _broken.get(key) or ks.layer_hooked(layer, bn, act):
             return None
         geometry = _conv_geometry(x, layer)
         if geometry is None:
@@ -477,7 +435,7 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
         except Exception:
             _broken.put(key, True)
             raise
-        stamps = _stamps(layer, bn)
+        stamps = ks.layer_stamps(layer, bn)
         if stamps is not None:
             _plans.put(key, (stamps, launcher, args[1], scale, shift, tuple(out.shape),
                              args[5:], bn_done, act_done))  # fmt: skip

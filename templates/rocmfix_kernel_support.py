@@ -8,7 +8,9 @@ depthwise conv); ``rocmfix revert`` removes it with them. Standard library and t
 - :class:`BoundedCache`: the one cache type, a least-recently-used map of fixed size;
 - :func:`fold_bn`: an eval-mode ``BatchNorm2d`` (and the conv's bias) as a per-channel scale
   and shift, recomputed only when one of its tensors changes;
-- :func:`act_code`: the activations a kernel can apply in its store.
+- :func:`act_code`: the activations a kernel can apply in its store;
+- :func:`layer_stamps` / :func:`layer_current`: whether a conv-norm layer's tensors are the
+  ones a cached launch plan was made from, unchanged.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Optional, TypeVar
 
 import torch
 
@@ -117,7 +119,7 @@ def apply_act(y: torch.Tensor, code: int) -> torch.Tensor:
     return y
 
 
-Fold = tuple[torch.Tensor | None, torch.Tensor | None]
+Fold = tuple[Optional[torch.Tensor], Optional[torch.Tensor]]  # evaluated: 3.9's syntax
 _folds: BoundedCache[tuple[int, int], tuple[Any, ...]] = BoundedCache(512)
 
 
@@ -210,6 +212,55 @@ def fold_traced(bn: Any, bias: torch.Tensor | None) -> Fold:
     if bn.bias is not None:
         shift = shift + bn.bias.float()
     return scale, shift
+
+
+# A launch plan's validity: the tensors it was made from, unchanged, and no hooks.
+
+
+def layer_stamps(layer: Any, bn: Any) -> tuple[Any, ...] | None:
+    """Every tensor a plan depends on with its address and version, flat: the conv's weight
+    and bias, the BatchNorm's statistics and affine parameters; None for inference tensors,
+    which have no version to see an update by (such calls are not cached)."""
+    params = layer._parameters
+    tensors = [params["weight"], params.get("bias")]
+    if bn is not None:
+        buffers, affine = bn._buffers, bn._parameters
+        tensors += [buffers.get("running_mean"), buffers.get("running_var"),
+                    affine.get("weight"), affine.get("bias")]  # fmt: skip
+    out: list[Any] = []
+    try:
+        for t in tensors:
+            out += (t, None, None) if t is None else (t, t.data_ptr(), t._version)
+    except RuntimeError:
+        return None
+    return tuple(out)
+
+
+def layer_current(stamps: tuple[Any, ...], layer: Any, bn: Any) -> bool:
+    """Whether the tensors of ``stamps`` are still the modules' own, unchanged."""
+    params = layer._parameters
+    now = [params["weight"], params.get("bias")]
+    if bn is not None:
+        buffers, affine = bn._buffers, bn._parameters
+        now += [buffers.get("running_mean"), buffers.get("running_var"),
+                affine.get("weight"), affine.get("bias")]  # fmt: skip
+    for index, t in enumerate(now):
+        seen = stamps[3 * index]
+        if t is not seen:
+            return False
+        if t is not None and (t.data_ptr() != stamps[3 * index + 1]
+                              or t._version != stamps[3 * index + 2]):  # fmt: skip
+            return False
+    return True
+
+
+def layer_hooked(layer: Any, bn: Any, act: Any) -> bool:
+    return (
+        hooked(layer)
+        or (bn is not None and (hooked(bn) or bn.training))
+        or (act is not None and hooked(act))
+        or global_hooks()
+    )
 
 
 def stock(
