@@ -66,15 +66,15 @@ SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
     # RDNA (wave32): 128 pixels on 4 warps, one per lane. Unmeasured.
     "gfx1100": _arch(any=dict(_NCHW, BLOCK_P=128)),
     "gfx1201": _arch(any=dict(_NCHW, BLOCK_P=128)),
-    # Hopper: the best of bench/depthwise_conv.py's sweep at MinerU's shapes (H100, torch
-    # 2.11, Triton 3.6, 2026-11-24; docs/performance-depthwise.md). 5x5 planes of 25x25 and
-    # smaller waste half a 256-pixel tile; the fp16 5x5 convs (formula encoder, 24x24 and
-    # 12x12 at batch 8) are bound by instructions, and 4 channels of 64 pixels on 2 warps
-    # measured 1.01x and 1.14x of cuDNN where 256x1 measured 0.82x and 0.94x.
+    # Hopper: from bench/depthwise_conv.py's sweep at MinerU's shapes (H100, torch 2.11,
+    # Triton 3.6, 2026-11-24; docs/performance-depthwise.md). 5x5 planes of 25x25 and smaller
+    # waste half a 256-pixel tile. The fp16 5x5 convs (formula encoder, 24x24 and 12x12 at
+    # batch 8) are bound by instructions: 2 channels of 128 pixels measured 0.98x and 0.96x of
+    # the cuDNN layer where 256x1 measured 0.82x and 0.94x (4 channels of 64 on 2 warps, at
+    # 1.01x/1.15x, spills 40 registers under Triton 3.8: not shipped).
     "sm_90": _arch(
         k5_s1={"BLOCK_P": 128},
-        k5_s1_f16={"BLOCK_P": 64, "BLOCK_C": 4, "num_warps": 2},
-        k1x7_s1_f16={"BLOCK_P": 64, "BLOCK_C": 4, "num_warps": 2},
+        k5_s1_f16={"BLOCK_P": 128, "BLOCK_C": 2, "num_warps": 4},
     ),
 }
 
