@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from rocmfix.registry import all_patches
+from rocmfix.ops import OPS
+from rocmfix.registry import all_patches, scheme_names
 
 from conftest import PYTHONPATH, InstalledEnv, fake_torch, require, run_cli
 
@@ -211,7 +212,8 @@ def test_every_help_has_an_example_and_names_its_choices(command: str) -> None:
     assert "Example:" in result.stdout
     # Flags take no value, so no type is shown beside them; valued options name their choices.
     assert "<bool>" not in result.stdout and "<str>" not in result.stdout
-    choices = {"apply": "gemm, direct, linear", "doctor": "patch-embed, dilated-conv",
+    choices = {"apply": ", ".join(scheme_names()),
+               "doctor": ", ".join(op.name for op in OPS),
                "kernels": "gfx1100, gfx1201"}  # fmt: skip
     if command in choices:
         assert choices[command] in result.stdout
