@@ -13,6 +13,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from .environment import Environment
+from .ops import OPS
 
 TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm")
 FLASH_ATTN_TRITON_AMD = "flash_attn/flash_attn_triton_amd"
@@ -115,10 +116,10 @@ def environment_warnings(env: Environment) -> tuple[EnvWarning, ...]:
         out.append(
             EnvWarning(
                 "triton-missing",
-                "no Triton in this environment: the gemm and direct schemes cannot run "
-                "their kernels",
-                "use `rocmfix apply --scheme linear` (vendor libraries, no Triton), or "
-                "install the Triton your torch was built with",
+                "no Triton in this environment: the Triton schemes "
+                f"({', '.join(_triton_schemes())}) cannot run their kernels",
+                f"use {_fallbacks()} (vendor libraries, no Triton), or install the Triton "
+                "your torch was built with",
             )
         )
     flash = env.installed.get("flash-attn")
@@ -141,3 +142,19 @@ def environment_warnings(env: Environment) -> tuple[EnvWarning, ...]:
         for note in env.notes
     )
     return tuple(out)
+
+
+def _triton_schemes() -> list[str]:
+    return list(dict.fromkeys(s.name for op in OPS for s in op.schemes if s.needs_triton))
+
+
+def _fallbacks() -> str:
+    """The no-Triton scheme of each op, as the commands that pick them."""
+    by_scheme: dict[str, list[str]] = {}
+    for op in OPS:
+        if op.fallback is not None:
+            by_scheme.setdefault(op.fallback, []).append(op.name)
+    return " or ".join(
+        f"`rocmfix apply --scheme {scheme}` ({', '.join(names)})"
+        for scheme, names in by_scheme.items()
+    )
