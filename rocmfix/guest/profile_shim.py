@@ -157,8 +157,13 @@ def _hooks(torch):
                 for qual, sub in mod.named_modules():
                     names.setdefault(id(sub), qual)
         qual = names.get(id(mod))
-        label = type(mod).__name__ if qual is None else (qual or "<root>")
-        path = (stack[-1][0] + "/" if stack else "") + label
+        cls = type(mod).__name__
+        if qual:
+            path = "%s (%s)" % (qual, cls)
+        elif qual is None and stack:
+            path = "%s/%s" % (stack[-1][0], cls)
+        else:
+            path = cls
         rf = None
         if _state["prof"] is not None:
             try:
@@ -338,18 +343,21 @@ def _op_record(event):
                 source = frame
             python_seen = True
         parent = parent.cpu_parent
-    kernels, leaves = {}, []
+    kernels, selves = {}, {}
 
     def walk(node, depth):
         for kernel in getattr(node, "kernels", ()) or ():
             kernels[kernel.name] = kernels.get(kernel.name, 0.0) + float(kernel.duration)
-        children = [c for c in node.cpu_children if c.name.startswith("aten::")]
-        if not children and depth and node.name not in leaves:
-            leaves.append(node.name)
-        for child in children:
-            walk(child, depth + 1)
+        if depth:
+            selves[node.name] = selves.get(node.name, 0.0) + float(node.self_cpu_time_total)
+        for child in node.cpu_children:
+            if child.name.startswith("aten::"):
+                walk(child, depth + 1)
 
     walk(event, 0)
+    # On CPU the callee that spends the time names the implementation (mkldnn_convolution,
+    # slow_conv_dilated2d), as a kernel name does on a GPU.
+    leaves = sorted(selves, key=lambda n: -selves[n])[:3]
     concrete = []
     for value in list(getattr(event, "concrete_inputs", None) or []):
         concrete.append(value if isinstance(value, (int, float, bool, list, str)) else None)
