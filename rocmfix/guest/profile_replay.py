@@ -209,10 +209,15 @@ def _replay(torch, gpu, item, templates):
 
         if torch.backends.cudnn.enabled:
             forms["native fallback"] = native
-    if dims == 2 and groups == 1 and b is None and max(dl) > 1 and len(set(dl)) == 1 and templates:
+    if dims == 2 and groups == 1 and max(dl) > 1 and len(set(dl)) == 1 and templates:
         phase = _template(templates, "dilated_conv_phase")
         if phase is not None and len(set(st)) == 1 and st[0] == 1:
-            forms["rocmfix phase split"] = lambda: phase.dilated_conv2d(x, w, dl[0], tuple(pd))
+
+            def split():
+                y = phase.dilated_conv2d(x, w, dl[0], tuple(pd))
+                return y if b is None else y + b.view(1, -1, 1, 1)
+
+            forms["rocmfix phase split"] = split
     results = {}
     ref = None
     for label, fn in forms.items():

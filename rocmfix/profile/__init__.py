@@ -70,7 +70,7 @@ def run(
         result = replayed.results.get(by_key.get(row.key, ""))
         fields = analyse.verdict(row, result, patch, routed, found.device, hip,
                                  groups[row.key].backend)  # fmt: skip
-        final.append(dataclasses.replace(row, **fields))
+        final.append(dataclasses.replace(row, patch=patch.id if patch else None, **fields))
     report = ProfileReport(
         command=tuple(command),
         exit_code=code,

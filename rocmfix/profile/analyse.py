@@ -88,7 +88,8 @@ def patch_for(op: Mapping[str, Any], source: str | None, patches: Sequence[Patch
     came from a file a patch drops (already routed)."""
     if not source:
         return None, False
-    path = source.replace("\\", "/")
+    # The profiler names files relative to their sys.path entry (doclayout_yolo/nn/...).
+    path = "/" + source.split(" ")[0].rsplit(":", 1)[0].replace("\\", "/").lstrip("/")
     params = conv_params(op)
     for patch in patches:
         if any(path.endswith("/" + drop) for drop in patch.drop_paths):
@@ -125,7 +126,12 @@ def rows(
                 bound = min(peak * 1e12, flops / moved * calibration.copy_gbps * 1e9)
                 roof = (flops / mean_s) / bound if bound > 0 else None
         source = op.get("source")
-        where = f"{source[0]}:{source[1]}" if isinstance(source, list) and len(source) >= 2 else None
+        # The profiler's Python frames carry the line of the function's ``def``, not the call.
+        where = (
+            f"{source[0]}:{source[1]} {source[2] if len(source) > 2 else ''}".rstrip()
+            if isinstance(source, list) and len(source) >= 2
+            else None
+        )
         strides = op.get("strides") or []
         out.append(
             OpStat(

@@ -82,6 +82,8 @@ class OpStat:
     source: str | None
     kernels: tuple[str, ...]
     pids: tuple[int, ...]
+    # The rocmfix patch whose target issued this call, if any (flagged or not).
+    patch: str | None = None
     forms: tuple[Form, ...] = ()
     replay_note: str | None = None
     best: str | None = None
