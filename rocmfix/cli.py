@@ -468,9 +468,7 @@ def profile_(
     ] = 0.0,
     skip_calls: Annotated[
         int,
-        typer.Option(
-            "--skip-calls", metavar="N", help="Skip each process's first N model calls."
-        ),
+        typer.Option("--skip-calls", metavar="N", help="Skip each process's first N model calls."),
     ] = 0,
     seconds: Annotated[
         float | None,

@@ -26,9 +26,18 @@ import torch, torch.nn as nn
 torch.set_num_threads(1)  # GNU OpenMP's threads do not survive a fork
 
 
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(8, 16, 3, padding=2, dilation=2), nn.ReLU())
+
+    def forward(self, x):
+        return self.body(x)
+
+
 def work(tag):
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=2, dilation=2), nn.ReLU()).eval()
+    m = Net().eval()
     with torch.no_grad():
         for _ in range(3):
             m(torch.randn(1, 8, 64, 64))
@@ -108,10 +117,10 @@ def test_children_spawn_and_fork_are_profiled_and_a_failing_command_keeps_its_ou
     assert set(conv["pids"]) == pids  # every process ran the conv, and each was profiled
     assert conv["calls"] == 9 and conv["shapes"][0] == [1, 8, 64, 64]
     assert conv["conv"]["dilation"] == [2, 2] and conv["layout"] == "contiguous"
-    assert conv["modules"] == ["0 (Conv2d)"]
-    # The function that issued it, at its def line (the profiler's Python frames carry that).
-    line = CHILDREN.splitlines().index("def work(tag):") + 1
-    assert conv["source"] == f"children.py:{line} work"
+    assert conv["modules"] == ["body.0 (Conv2d)"]
+    # The forward of the innermost module outside torch, at its def line.
+    line = CHILDREN.splitlines().index("    def forward(self, x):") + 1
+    assert conv["source"] == f"{script}:{line} Net.forward"
     labels = {f["label"] for f in conv["forms"]}
     assert {"as run", "channels-last", "rocmfix phase split"} <= labels, labels
     assert doc["calibration"]["copy_gbps"] > 0
@@ -143,20 +152,20 @@ def test_doclayout_and_a_qwen2_vl_tower_are_attributed_to_their_modules_and_line
                      str(script), env=env, timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     own, doc = _split(result.stdout)
-    assert own == "models ran\n"
+    assert own.endswith("models ran\n")  # after doclayout-yolo's own line
     ops = doc["ops"]
     dilated = [r for r in ops if r["conv"] and max(r["conv"]["dilation"]) > 1]
     assert dilated, [(r["op"], r["source"]) for r in ops]
     for row in dilated:
-        assert row["source"].startswith("doclayout_yolo/nn/modules/g2l_crm.py:")
-        assert row["source"].endswith(" dilated_conv")
+        assert "/doclayout_yolo/nn/modules/g2l_crm.py:" in row["source"]
+        assert row["source"].endswith(" DilatedBlock.forward")
         assert all("(DilatedBlock)" in m for m in row["modules"]), row["modules"]
         assert row["patch"] == "doclayout-dilated-conv"
     embed = [r for r in ops if r["op"] == "conv3d"]
     if embed:  # in the top 12 on this machine
         row = embed[0]
         assert row["shapes"][0] == [64, 3, 2, 14, 14] and row["patch"] == "transformers-qwen2-vl"
-        assert row["source"].startswith("transformers/models/qwen2_vl/modeling_qwen2_vl.py:")
+        assert "/transformers/models/qwen2_vl/modeling_qwen2_vl.py:" in row["source"]
         assert "reshape+matmul" in {f["label"] for f in row["forms"]}
     assert (out / "profile.json").is_file() and list(out.glob("trace-*.json"))
     json.loads(next(out.glob("trace-*.json")).read_text())  # Perfetto reads it

@@ -1,3 +1,5 @@
+# mypy: ignore-errors
+# (Untyped for now: it runs in the target interpreter, stdlib and torch only; to annotate.)
 """The replay side of ``rocmfix profile``: runs in the target interpreter as
 ``python -c BOOT FOLDER profile_replay REQUEST`` and speaks the worker protocol of
 :mod:`rocmfix.supervise` (``hello``, then ``start``/``item`` per op, then ``end``), so the host
@@ -12,6 +14,7 @@ Python 3.9+, standard library and torch only.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import statistics
@@ -33,12 +36,12 @@ def main(argv):
     try:
         import torch
     except Exception as exc:  # noqa: BLE001
-        send({"event": "fatal", "message": "cannot import torch: %r" % (exc,)})
+        send({"event": "fatal", "message": f"cannot import torch: {exc!r}"})
         return 0
     gpu = request.get("device") == "cuda" and torch.cuda.is_available()
     _backend(torch, request.get("backend") or {})
     send({"event": "hello", "pid": os.getpid(), "gpu": gpu, "device": _device_name(torch, gpu)})
-    items = [{"id": "calibrate"}] + list(request.get("ops", ()))
+    items = [{"id": "calibrate"}, *list(request.get("ops", ()))]
     for item in items:
         if item["id"] in skip:
             continue
@@ -55,7 +58,7 @@ def main(argv):
                     "event": "item",
                     "id": item["id"],
                     "status": "error",
-                    "message": "%s: %s" % (type(exc).__name__, exc),
+                    "message": f"{type(exc).__name__}: {exc}",
                     "traceback": traceback.format_exc()[-1500:],
                 }
             )
@@ -68,7 +71,7 @@ def _device_name(torch, gpu):
         return torch.cuda.get_device_name(0)
     import platform
 
-    return "CPU (%s, %d threads)" % (platform.machine(), torch.get_num_threads())
+    return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def _backend(torch, flags):
@@ -82,10 +85,8 @@ def _backend(torch, flags):
     }
     for key, value in flags.items():
         if key in setters:
-            try:
+            with contextlib.suppress(Exception):
                 setters[key](value)
-            except Exception:  # noqa: BLE001
-                pass
 
 
 def _sync(torch, gpu):
@@ -126,7 +127,7 @@ def _calibrate(torch, gpu):
         dtype = getattr(torch, name)
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
-        _first, ms = _time_ms(torch, gpu, lambda: torch.mm(a, b))
+        _first, ms = _time_ms(torch, gpu, lambda a=a, b=b: torch.mm(a, b))
         out["matmul_tflops"][name] = 2 * n**3 / (ms * 1e-3) / 1e12
     elems = (256 if gpu else 32) * 2**20 // 4
     src = torch.empty(elems, device=device, dtype=torch.float32).normal_()
@@ -232,7 +233,7 @@ def _replay(torch, gpu, item, templates):
             limit = 1e-3 if out.dtype in (torch.float32, torch.float64) else 3e-2
             results[label] = {"ms": ms, "first_ms": first, "rel_err": error, "ok": error <= limit}
         except Exception as exc:  # noqa: BLE001
-            results[label] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+            results[label] = {"error": f"{type(exc).__name__}: {exc}"}
     return {"forms": results}
 
 
@@ -241,7 +242,7 @@ def _gemm_conv(torch, x, w, b, kernel):
     n, c = x.shape[:2]
     dims = len(kernel)
     out = [s // k for s, k in zip(x.shape[2:], kernel)]
-    crop = x[(slice(None), slice(None)) + tuple(slice(0, o * k) for o, k in zip(out, kernel))]
+    crop = x[(slice(None), slice(None), *tuple(slice(0, o * k) for o, k in zip(out, kernel)))]
     view = [n, c]
     for o, k in zip(out, kernel):
         view += [o, k]
@@ -250,7 +251,7 @@ def _gemm_conv(torch, x, w, b, kernel):
     order = [0] + [2 + 2 * i for i in range(dims)] + [1] + [3 + 2 * i for i in range(dims)]
     rows = patches.permute(order).reshape(-1, w[0].numel())
     y = torch.nn.functional.linear(rows, w.reshape(w.shape[0], -1), b)
-    return y.reshape([n] + out + [w.shape[0]]).movedim(-1, 1)
+    return y.reshape([n, *out, w.shape[0]]).movedim(-1, 1)
 
 
 _loaded = {}

@@ -1,3 +1,5 @@
+# mypy: ignore-errors
+# (Untyped for now: it runs in the target interpreter, stdlib and torch only; to annotate.)
 """The ``sitecustomize`` that ``rocmfix profile`` puts first on the command's PYTHONPATH.
 
 rocmfix copies this file, as ``sitecustomize.py``, into a folder of its own (mode 0700, outside
@@ -19,6 +21,7 @@ Python 3.9+, standard library and torch only.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -45,19 +48,17 @@ def _chain():
         import sitecustomize  # noqa: F401 - the environment's own, if it has one
     except ImportError as exc:
         if exc.name != "sitecustomize":
-            _note("the environment's sitecustomize failed: %r" % (exc,))
+            _note(f"the environment's sitecustomize failed: {exc!r}")
         if me is not None:
             sys.modules["sitecustomize"] = me
     except Exception as exc:  # noqa: BLE001 - site.py reports these the same way
-        _note("the environment's sitecustomize failed: %r" % (exc,))
+        _note(f"the environment's sitecustomize failed: {exc!r}")
 
 
 def _note(message):
-    try:
-        with open(os.path.join(_DIR, "notes-%d.txt" % os.getpid()), "a") as handle:
-            handle.write(message + "\n")
-    except Exception:  # noqa: BLE001
-        pass
+    path = os.path.join(_DIR, f"notes-{os.getpid()}.txt")
+    with contextlib.suppress(Exception), open(path, "a") as handle:
+        handle.write(message + "\n")
 
 
 class _TorchFinder:
@@ -85,10 +86,8 @@ class _TorchFinder:
 
         def exec_module(module):
             original(module)
-            try:
+            with contextlib.suppress(Exception):
                 loader.exec_module = original
-            except Exception:  # noqa: BLE001
-                pass
             _arm(module)
 
         try:
@@ -113,7 +112,7 @@ def _arm(torch):
             before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork
         )
     except Exception as exc:  # noqa: BLE001
-        _note("profiling not armed: %r" % (exc,))
+        _note(f"profiling not armed: {exc!r}")
 
 
 def _main_thread():
@@ -121,7 +120,10 @@ def _main_thread():
 
 
 def _gated():
-    return any(_window.get(k) for k in ("skip_s", "skip_calls"))
+    # The profiler starts at the first model call, not at ``import torch``: with the Python
+    # stack on, building a model (YAML parsing, thousands of module constructors) would cost
+    # gigabytes of events that say nothing about the run.
+    return True
 
 
 def _start():
@@ -130,7 +132,9 @@ def _start():
     if _state["prof"] is not None or _state["done"]:
         return
     activities = list(torch.profiler.supported_activities())
-    prof = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=True)
+    # No with_stack: its Python tracer costs gigabytes on a real model; the module hooks name
+    # the module and the file of its forward instead.
+    prof = torch.profiler.profile(activities=activities, record_shapes=True)
     prof.start()
     _state["prof"] = prof
     _state["started"] = time.time()
@@ -143,7 +147,7 @@ def _hooks(torch):
     profiled window to the options: one call is one forward of an outermost module."""
     from torch.nn.modules import module as nn_module
 
-    names = {}
+    names, roots = {}, set()
 
     def pre(mod, _args):
         stack = getattr(_tls, "stack", None)
@@ -153,21 +157,30 @@ def _hooks(torch):
             if _state.pop("pending", False):
                 _restart()
             _window_tick()
-            if id(mod) not in names:
+            if id(mod) not in roots:
+                # A new outermost module: the model itself is usually called after its parts
+                # were (stride probes at build time), so its names win.
+                roots.add(id(mod))
                 for qual, sub in mod.named_modules():
-                    names.setdefault(id(sub), qual)
+                    names[id(sub)] = qual
         qual = names.get(id(mod))
         cls = type(mod).__name__
         if qual:
-            path = "%s (%s)" % (qual, cls)
+            path = f"{qual} ({cls})"
         elif qual is None and stack:
-            path = "%s/%s" % (stack[-1][0], cls)
+            path = f"{stack[-1][0]}/{cls}"
         else:
             path = cls
         rf = None
         if _state["prof"] is not None:
             try:
-                rf = torch.autograd.profiler.record_function(_PREFIX + path)
+                code = getattr(type(mod).forward, "__code__", None)
+                where = (
+                    f"|{code.co_filename}:{code.co_firstlineno} {cls}.forward"
+                    if code is not None
+                    else ""
+                )
+                rf = torch.autograd.profiler.record_function(_PREFIX + path + where)
                 rf.__enter__()
             except Exception:  # noqa: BLE001
                 rf = None
@@ -176,12 +189,10 @@ def _hooks(torch):
     def post(mod, _args, _out):
         stack = getattr(_tls, "stack", None)
         while stack:
-            path, rf, owner = stack.pop()
+            _path, rf, owner = stack.pop()
             if rf is not None:
-                try:
+                with contextlib.suppress(Exception):
                     rf.__exit__(None, None, None)
-                except Exception:  # noqa: BLE001
-                    pass
             if owner is mod:
                 break
         if not stack:
@@ -228,6 +239,7 @@ class _Holder:
 
 _HOLDER = _Holder()
 
+
 def _child_finalizer():
     import multiprocessing.util as mp_util
 
@@ -246,7 +258,7 @@ def _before_fork():
             prof.stop()
             _finished.append(prof)
         except Exception as exc:  # noqa: BLE001
-            _note("profiler not stopped at fork: %r" % (exc,))
+            _note(f"profiler not stopped at fork: {exc!r}")
 
 
 def _after_fork_parent():
@@ -267,7 +279,7 @@ def _restart():
     try:
         _start()
     except Exception as exc:  # noqa: BLE001
-        _note("profiler not restarted after fork: %r" % (exc,))
+        _note(f"profiler not restarted after fork: {exc!r}")
 
 
 def _on_term(signum, _frame):
@@ -288,7 +300,7 @@ def _dump():
         if _finished:
             _write(_finished)
     except Exception as exc:  # noqa: BLE001
-        _note("profile not written: %r" % (exc,))
+        _note(f"profile not written: {exc!r}")
 
 
 def _backend():
@@ -304,10 +316,8 @@ def _backend():
         ("float32_matmul_precision", torch.get_float32_matmul_precision),
         ("num_threads", torch.get_num_threads),
     ):
-        try:
+        with contextlib.suppress(Exception):
             out[key] = get()
-        except Exception:  # noqa: BLE001
-            pass
     return out
 
 
@@ -329,19 +339,20 @@ def _is_torch_file(path):
 
 def _op_record(event):
     """One top-level op: everything the report and the replay need, or None."""
-    module, source, python_seen = "", None, False
+    module, source = "", None
     parent = event.cpu_parent
     while parent is not None:
         name = parent.name
         if name.startswith("aten::"):
             return None  # not top level: its time is counted in its caller
-        if not module and name.startswith(_PREFIX):
-            module = name[len(_PREFIX):]
-        if source is None and getattr(parent, "is_python_function", False):
-            frame = _frame(name)
-            if frame is not None and not _is_torch_file(frame[0]):
-                source = frame
-            python_seen = True
+        if name.startswith(_PREFIX):
+            label, _, where = name[len(_PREFIX) :].partition("|")
+            module = module or label
+            if source is None and where:
+                place, _, func = where.partition(" ")
+                path, _, line = place.rpartition(":")
+                if line.isdigit() and not _is_torch_file(path):
+                    source = (path, int(line), func)
         parent = parent.cpu_parent
     kernels, selves = {}, {}
 
@@ -378,7 +389,6 @@ def _op_record(event):
         "leaves": leaves,
         "module": module,
         "source": list(source) if source else None,
-        "python": python_seen,
         "thread": int(event.thread),
     }
 
@@ -398,10 +408,8 @@ def _write(profs):
     ops.sort(key=lambda op: op["start_us"])
     pid = os.getpid()
     cuda = False
-    try:
+    with contextlib.suppress(Exception):
         cuda = torch.cuda.is_initialized()
-    except Exception:  # noqa: BLE001
-        pass
     body = {
         "schema": "rocmfix-profile-process/1",
         "pid": pid,
@@ -418,23 +426,21 @@ def _write(profs):
     if os.environ.get("ROCMFIX_PROFILE_TRACE") == "1":
         try:
             for n, prof in enumerate(profs):
-                suffix = "" if n == 0 else "-%d" % n
-                prof.export_chrome_trace(os.path.join(_DIR, "trace-%d%s.json" % (pid, suffix)))
+                suffix = "" if n == 0 else f"-{n}"
+                prof.export_chrome_trace(os.path.join(_DIR, f"trace-{pid}{suffix}.json"))
         except Exception as exc:  # noqa: BLE001
-            _note("trace not written: %r" % (exc,))
-    tmp = os.path.join(_DIR, ".events-%d.tmp" % pid)
+            _note(f"trace not written: {exc!r}")
+    tmp = os.path.join(_DIR, f".events-{pid}.tmp")
     with open(tmp, "w") as handle:
         json.dump(body, handle)
-    os.replace(tmp, os.path.join(_DIR, "events-%d.json" % pid))
+    os.replace(tmp, os.path.join(_DIR, f"events-{pid}.json"))
 
 
 def _install():
     if not _DIR or not os.path.isdir(_DIR):
         return
-    try:
+    with contextlib.suppress(ValueError):
         _window.update(json.loads(os.environ.get("ROCMFIX_PROFILE_WINDOW") or "{}"))
-    except ValueError:
-        pass
     # Kineto logs its start and stop on stderr; the command's stderr must stay its own.
     if "KINETO_LOG_LEVEL" not in os.environ:
         os.environ["KINETO_LOG_LEVEL"] = "6"
@@ -442,8 +448,6 @@ def _install():
     sys.meta_path.insert(0, _TorchFinder())
 
 
-try:
+with contextlib.suppress(Exception):
     _install()
-except Exception:  # noqa: BLE001
-    pass
 _chain()

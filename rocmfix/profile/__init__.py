@@ -9,8 +9,9 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import UsageError
-from ..patch import Patch
+from rocmfix.errors import UsageError
+from rocmfix.patch import Patch
+
 from . import analyse, collect, launch, replay
 from .model import SCHEMA, Calibration, OpStat, ProfileReport, Window
 
@@ -50,7 +51,7 @@ def run(
     items = analyse.replay_items(hot, groups) if replay_ops else []
     first = groups[rows[0].key]
     target = python or first.python
-    hip = False
+    hip = found.hip
     replayed = replay.run(target, items, found.device, first.backend)
     if replayed.fatal:
         notes.append(f"replay: {replayed.fatal}")
@@ -67,7 +68,7 @@ def run(
     final: list[OpStat] = []
     for row in hot:
         patch, routed = analyse.patch_for(groups[row.key].op, row.source, patches)
-        result = replayed.results.get(by_key.get(row.key, ""))
+        result = replayed.results.get(str(by_key.get(row.key, "")))
         fields = analyse.verdict(row, result, patch, routed, found.device, hip,
                                  groups[row.key].backend)  # fmt: skip
         final.append(dataclasses.replace(row, patch=patch.id if patch else None, **fields))
@@ -88,7 +89,9 @@ def run(
     return report
 
 
-def _keyed(hot: Sequence[OpStat], items: list[dict[str, object]]) -> list[tuple[str, dict[str, object]]]:
+def _keyed(
+    hot: Sequence[OpStat], items: list[dict[str, object]]
+) -> list[tuple[str, dict[str, object]]]:
     """Each replay item with the key of the row it came from (items are numbered by row)."""
     out = []
     for item in items:

@@ -8,7 +8,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..patch import Patch
+from rocmfix.patch import Patch
+
 from .collect import Group, layout
 from .model import (
     FLAG_ROOFLINE,
@@ -83,7 +84,9 @@ def work(op: Mapping[str, Any]) -> tuple[float | None, float | None]:
     return None, None
 
 
-def patch_for(op: Mapping[str, Any], source: str | None, patches: Sequence[Patch]) -> tuple[Patch | None, bool]:
+def patch_for(
+    op: Mapping[str, Any], source: str | None, patches: Sequence[Patch]
+) -> tuple[Patch | None, bool]:
     """The patch whose op this call is, from the file that issued it; and whether the call
     came from a file a patch drops (already routed)."""
     if not source:

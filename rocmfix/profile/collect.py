@@ -36,6 +36,8 @@ class Collected:
     device: str
     notes: list[str]
     traces: list[Path]
+    # A ROCm build of torch ran (the repro then carries a MIOpenDriver line).
+    hip: bool = False
 
 
 def layout(shape: list[int], strides: list[int]) -> str:
@@ -43,7 +45,7 @@ def layout(shape: list[int], strides: list[int]) -> str:
     if not shape or not strides or len(shape) != len(strides):
         return "-"
     expect, contiguous = 1, True
-    for size, stride in zip(reversed(shape), reversed(strides)):
+    for size, stride in zip(reversed(shape), reversed(strides), strict=False):
         if size != 1 and stride != expect:
             contiguous = False
         expect *= size
@@ -64,7 +66,9 @@ def layout(shape: list[int], strides: list[int]) -> str:
 def _key(op: dict[str, Any]) -> str:
     source = op.get("source")
     where = f"{source[0]}:{source[1]}" if isinstance(source, list) and len(source) >= 2 else ""
-    return json.dumps([op["name"], op["shapes"], op["dtypes"], op["strides"], op["concrete"], where])
+    return json.dumps(
+        [op["name"], op["shapes"], op["dtypes"], op["strides"], op["concrete"], where]
+    )
 
 
 def _valid(op: Any) -> bool:
@@ -133,4 +137,5 @@ def collect(folder: Path) -> Collected:
                     group.kernels[str(name)] = group.kernels.get(str(name), 0.0) + float(us or 0)
             group.pids[pid] = None
     traces = sorted(folder.glob("trace-*.json"))
-    return Collected(processes, groups, "cuda" if cuda else "cpu", notes, traces)
+    hip = any(bool(body.get("hip")) for body, _ in files)
+    return Collected(processes, groups, "cuda" if cuda else "cpu", notes, traces, hip)

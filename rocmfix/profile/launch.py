@@ -17,7 +17,8 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ..errors import UsageError
+from rocmfix.errors import UsageError
+
 from .model import Window
 
 SHIM = Path(__file__).resolve().parents[1] / "guest" / "profile_shim.py"

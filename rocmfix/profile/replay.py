@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import guest, supervise
-from .._resources import data_dir
+from rocmfix import guest, supervise
+from rocmfix._resources import data_dir
 
 REPLAY_LIMIT_S = 120.0
 _MAX_RESTARTS = 8

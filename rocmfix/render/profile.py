@@ -9,7 +9,7 @@ import sys
 from typing import Any, TextIO
 
 from rocmfix import __version__
-from rocmfix.profile.model import SCHEMA, FLAG_SHARE, OpStat, ProfileReport
+from rocmfix.profile.model import FLAG_SHARE, SCHEMA, OpStat, ProfileReport
 
 WIDTH = 80
 BAR = 10
@@ -36,7 +36,11 @@ def _shape(row: OpStat) -> str:
             if any(v != neutral for v in values):
                 parts.append(tag + "x".join(str(v) for v in dict.fromkeys(values)))
     if row.dtypes:
-        parts.append({"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(row.dtypes[0], row.dtypes[0]))
+        parts.append(
+            {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(
+                row.dtypes[0], row.dtypes[0]
+            )
+        )
     if row.layout == "channels-last":
         parts.append("NHWC")
     return " ".join(parts)
@@ -86,15 +90,23 @@ def profile_table(report: ProfileReport, stream: TextIO | None = None) -> None:
                    WIDTH) + "\n")  # fmt: skip
     cal = report.calibration
     if cal is not None:
-        rates = ", ".join(f"{k.replace('float', 'fp')} {v:.2f}" for k, v in cal.matmul_tflops.items())
-        w(_clip(f"measured here: matmul TFLOP/s {rates} · copy {cal.copy_gbps:.1f} GB/s", WIDTH) + "\n")
+        rates = ", ".join(
+            f"{k.replace('float', 'fp')} {v:.2f}" for k, v in cal.matmul_tflops.items()
+        )
+        w(
+            _clip(f"measured here: matmul TFLOP/s {rates} · copy {cal.copy_gbps:.1f} GB/s", WIDTH)
+            + "\n"
+        )
     w("\n share             op  call shape                          calls     mean\n")
     for row in report.ops:
         filled = round(row.share * BAR)
         bar = "█" * filled + "░" * (BAR - filled)
-        head = f"{row.share:6.1%} {bar}  {_clip(row.op + '  ' + _shape(row), 34):<34} {row.calls:>6} {_ms(row.mean_ms):>8}"
+        what = _clip(row.op + "  " + _shape(row), 34)
+        head = f"{row.share:6.1%} {bar}  {what:<34} {row.calls:>6} {_ms(row.mean_ms):>8}"
         w(head + "\n")
-        where = " · ".join(x for x in ((row.modules[0] if row.modules else ""), row.source or "") if x)
+        where = " · ".join(
+            x for x in ((row.modules[0] if row.modules else ""), row.source or "") if x
+        )
         if where:
             w("        " + _clip(where, WIDTH - 8) + "\n")
         facts = []
@@ -111,9 +123,17 @@ def profile_table(report: ProfileReport, stream: TextIO | None = None) -> None:
         w("        " + _clip(_verdict(row), WIDTH - 8) + "\n")
         fix = row.fix
         if fix is not None and fix.kind == "patch":
-            w("        " + _clip(f"fix: {fix.command} ({fix.speedup:.1f}x measured here)", WIDTH - 8) + "\n")
+            w(
+                "        "
+                + _clip(f"fix: {fix.command} ({fix.speedup:.1f}x measured here)", WIDTH - 8)
+                + "\n"
+            )
         elif fix is not None and fix.kind == "none" and row.flagged:
-            w("        fix: none yet; repro" + (" in --out" if report.out_dir else " with --out DIR") + "\n")
+            w(
+                "        fix: none yet; repro"
+                + (" in --out" if report.out_dir else " with --out DIR")
+                + "\n"
+            )
             if fix.driver:
                 w("        " + fix.driver + "\n")
     w("\n" + summary(report) + "\n")
