@@ -101,9 +101,9 @@ def patch_for(
             continue
         dims = len(op["shapes"][0]) - 2 if op["shapes"] and op["shapes"][0] else 0
         dilated = max(params["dilation"]) > 1
-        if patch.op.name == "patch_embed" and dims == 3:
+        if patch.op.name == "patch-embed" and dims == 3:
             return patch, False
-        if patch.op.name == "dilated_conv" and dims == 2 and dilated:
+        if patch.op.name == "dilated-conv" and dims == 2 and dilated:
             return patch, False
     return None, False
 
