@@ -127,10 +127,16 @@ def test_children_spawn_and_fork_are_profiled_and_a_failing_command_keeps_its_ou
     assert "take" in doc["summary"] and "the command exited with 3" in result.stderr
 
 
-def test_a_command_without_torch_has_nothing_to_profile() -> None:
-    result = run_cli("profile", "--", PY, "-c", "import sys; print('hi'); sys.exit(5)")
+def test_a_command_without_torch_has_nothing_to_profile_and_the_env_sitecustomize_runs(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "sitecustomize.py").write_text("print('the environment sitecustomize ran')\n")
+    # The environment's folder goes after rocmfix's (the shell appends it), as a venv's
+    # site-packages comes after PYTHONPATH.
+    script = f'PYTHONPATH="$PYTHONPATH:{tmp_path}" exec "$0" -c "print(1); raise SystemExit(5)"'
+    result = run_cli("profile", "--", "sh", "-c", script, PY)
     assert result.returncode == 5
-    assert result.stdout == "hi\n"
+    assert result.stdout == "the environment sitecustomize ran\n1\n"
     assert "nothing to profile" in result.stderr
 
 
