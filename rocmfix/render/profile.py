@@ -70,7 +70,7 @@ def summary(report: ProfileReport) -> str:
         return line + "none is flagged."
     ids = list(dict.fromkeys(f.patch_id for f in fixes if f.patch_id))
     if not ids:
-        return line + f"{len(report.flagged)} flagged, no fix yet (repro below)."
+        return line + f"{len(report.flagged)} flagged, no fix yet (see each repro)."
     commands = list(dict.fromkeys(f.command for f in fixes if f.command))
     return line + f"{len(ids)} {'has' if len(ids) == 1 else 'have'} a fix: " + "; ".join(commands)
 
