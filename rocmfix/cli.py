@@ -478,7 +478,14 @@ def profile_(
         int | None,
         typer.Option("--calls", metavar="N", help="Profile N model calls, then stop."),
     ] = None,
-    python: PythonOpt = None,
+    python: Annotated[
+        str | None,
+        typer.Option(
+            "--python",
+            metavar="PATH",
+            help="Interpreter that replays the hot ops (default: the profiled process's own).",
+        ),
+    ] = None,
 ) -> None:
     """Profile a command's torch processes; name each slow op's fix.
 
