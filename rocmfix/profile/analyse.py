@@ -28,7 +28,7 @@ DTYPE = {"float": "float32", "c10::half": "float16", "c10::bfloat16": "bfloat16"
 # Which replayed formulation a patch's scheme is: the fix names the scheme measured here.
 ROOFLINE_MIN_MS_GPU = 0.1
 ROOFLINE_MIN_MS_CPU = 1.0
-SCHEME_OF = {"reshape+matmul": "linear", "rocmfix phase split": "linear"}
+SCHEME_OF = {"reshape+matmul": "linear", "rocmfix phase split": "linear", "rocmfix Triton": "gemm"}
 
 
 def conv_params(op: Mapping[str, Any]) -> dict[str, Any] | None:
