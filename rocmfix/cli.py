@@ -482,6 +482,82 @@ def env_(
     _run(body)
 
 
+@app.command(
+    "profile",
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+)
+def profile_(
+    command: Annotated[
+        list[str], typer.Argument(metavar="-- COMMAND [ARGS]...", help="The command to run.")
+    ],
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="After the command ends, print a JSON document (schema rocmfix-profile/1) on "
+            "stdout, after anything the command printed there.",
+        ),
+    ] = False,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            metavar="DIR",
+            help="Write the traces (Perfetto / chrome://tracing), the repro snippets and "
+            "profile.json there.",
+        ),
+    ] = None,
+    top: Annotated[int, typer.Option("--top", metavar="N", help="Ops to show.")] = 10,
+    skip_seconds: Annotated[
+        float, typer.Option("--skip-seconds", metavar="S", help="Skip each process's first S s.")
+    ] = 0.0,
+    skip_calls: Annotated[
+        int,
+        typer.Option("--skip-calls", metavar="N", help="Skip each process's first N model calls."),
+    ] = 0,
+    seconds: Annotated[
+        float | None,
+        typer.Option("--seconds", metavar="S", help="Profile S seconds, then stop."),
+    ] = None,
+    calls: Annotated[
+        int | None,
+        typer.Option("--calls", metavar="N", help="Profile N model calls, then stop."),
+    ] = None,
+    python: Annotated[
+        str | None,
+        typer.Option(
+            "--python",
+            metavar="PATH",
+            help="Interpreter that replays the hot ops (default: the profiled process's own).",
+        ),
+    ] = None,
+) -> None:
+    """Profile a command's torch processes; name each slow op's fix.
+
+    The command runs unmodified (children included); its output and exit code pass through.
+    A model call is one forward of an outermost nn.Module. The report goes to stderr.
+
+    Example: [bold]rocmfix profile -- mineru -p doc.pdf -o out -b pipeline[/]
+    """
+    from . import profile as profile_mod
+    from .render import profile as render_profile
+
+    def body() -> int:
+        args = command[1:] if command and command[0] == "--" else command
+        window = profile_mod.Window(skip_seconds, skip_calls, seconds, calls)
+        report = profile_mod.run(
+            args, all_patches(), window=window, top=top, out_dir=out_dir, python=python
+        )
+        render_profile.profile_table(report)
+        if out_dir is not None and report.ops:
+            render_profile.write_out(report, out_dir)
+        if as_json:
+            render_profile.profile_json(report)
+        return report.exit_code
+
+    _run(body)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"rocmfix {__version__}")

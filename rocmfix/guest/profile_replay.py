@@ -1,0 +1,276 @@
+# mypy: ignore-errors
+# (Untyped for now: it runs in the target interpreter, stdlib and torch only; to annotate.)
+"""The replay side of ``rocmfix profile``: runs in the target interpreter as
+``python -c BOOT FOLDER profile_replay REQUEST`` and speaks the worker protocol of
+:mod:`rocmfix.supervise` (``hello``, then ``start``/``item`` per op, then ``end``), so the host
+can kill it when one op outlasts its time limit.
+
+First a calibration (this machine's matmul rate and copy bandwidth), then each hot op's exact
+call (shapes, dtypes, strides, arguments), under the backend flags the run had, against the
+formulations that compute the same thing; each is checked against the call as it ran.
+Python 3.9+, standard library and torch only.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+CONVS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution")
+
+
+def send(event):
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv):
+    request = json.loads(base64.b64decode(argv[1]).decode("utf-8"))
+    skip = set(request.get("skip", ()))
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001
+        send({"event": "fatal", "message": f"cannot import torch: {exc!r}"})
+        return 0
+    gpu = request.get("device") == "cuda" and torch.cuda.is_available()
+    _backend(torch, request.get("backend") or {})
+    send({"event": "hello", "pid": os.getpid(), "gpu": gpu, "device": _device_name(torch, gpu)})
+    items = [{"id": "calibrate"}, *list(request.get("ops", ()))]
+    for item in items:
+        if item["id"] in skip:
+            continue
+        send({"event": "start", "id": item["id"]})
+        try:
+            if item["id"] == "calibrate":
+                result = _calibrate(torch, gpu)
+            else:
+                result = _replay(torch, gpu, item, request.get("templates"))
+            send({"event": "item", "id": item["id"], "status": "ok", **result})
+        except Exception as exc:  # noqa: BLE001 - one op's failure is that op's verdict
+            send(
+                {
+                    "event": "item",
+                    "id": item["id"],
+                    "status": "error",
+                    "message": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()[-1500:],
+                }
+            )
+    send({"event": "end"})
+    return 0
+
+
+def _device_name(torch, gpu):
+    if gpu:
+        return torch.cuda.get_device_name(0)
+    import platform
+
+    return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def _backend(torch, flags):
+    setters = {
+        "cudnn.enabled": lambda v: setattr(torch.backends.cudnn, "enabled", bool(v)),
+        "cudnn.benchmark": lambda v: setattr(torch.backends.cudnn, "benchmark", bool(v)),
+        "cudnn.deterministic": lambda v: setattr(torch.backends.cudnn, "deterministic", bool(v)),
+        "cudnn.allow_tf32": lambda v: setattr(torch.backends.cudnn, "allow_tf32", bool(v)),
+        "matmul.allow_tf32": lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", bool(v)),
+        "float32_matmul_precision": torch.set_float32_matmul_precision,
+    }
+    for key, value in flags.items():
+        if key in setters:
+            with contextlib.suppress(Exception):
+                setters[key](value)
+
+
+def _sync(torch, gpu):
+    if gpu:
+        torch.cuda.synchronize()
+
+
+def _time_ms(torch, gpu, fn, budget_s=0.5, reps=25):
+    """(first call ms, median steady ms)."""
+    _sync(torch, gpu)
+    start = time.perf_counter()
+    fn()
+    _sync(torch, gpu)
+    first = (time.perf_counter() - start) * 1e3
+    times = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < reps and (len(times) < 3 or time.perf_counter() < deadline):
+        if gpu:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return first, statistics.median(times)
+
+
+def _calibrate(torch, gpu):
+    device = "cuda" if gpu else "cpu"
+    out = {"matmul_tflops": {}}
+    dtypes = ("float32", "float16", "bfloat16") if gpu else ("float32",)
+    n = 4096 if gpu else 1024
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        _first, ms = _time_ms(torch, gpu, lambda a=a, b=b: torch.mm(a, b))
+        out["matmul_tflops"][name] = 2 * n**3 / (ms * 1e-3) / 1e12
+    elems = (256 if gpu else 32) * 2**20 // 4
+    src = torch.empty(elems, device=device, dtype=torch.float32).normal_()
+    dst = torch.empty_like(src)
+    _first, ms = _time_ms(torch, gpu, lambda: dst.copy_(src))
+    out["copy_gbps"] = 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+    return out
+
+
+def _tensor(torch, shape, dtype, strides, device):
+    """A random tensor of the recorded shape, dtype and strides (so its memory layout)."""
+    dtype = getattr(torch, dtype)
+    if strides and len(strides) == len(shape):
+        t = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    else:
+        t = torch.empty(shape, dtype=dtype, device=device)
+    return t.normal_() if t.is_floating_point() else t.zero_()
+
+
+def _dtype_name(raw):
+    table = {"float": "float32", "c10::half": "float16", "half": "float16",
+             "c10::bfloat16": "bfloat16", "bfloat16": "bfloat16", "double": "float64"}  # fmt: skip
+    return table.get((raw or "float").lower(), "float32")
+
+
+def _conv_args(item):
+    """(stride, padding, dilation, groups, transposed) from the recorded call."""
+    c = item.get("concrete") or []
+    name = item["name"]
+
+    def at(i, default):
+        return c[i] if i < len(c) and c[i] is not None else default
+
+    if name in ("aten::convolution", "aten::_convolution"):
+        return at(3, [1]), at(4, [0]), at(5, [1]), at(8, 1), bool(at(6, False))
+    return at(3, [1]), at(4, [0]), at(5, [1]), at(6, 1), False
+
+
+def _replay(torch, gpu, item, templates):
+    device = "cuda" if gpu else "cpu"
+    shapes, strides = item["shapes"], item.get("strides") or []
+    dtypes = [_dtype_name(d) for d in item.get("dtypes") or []]
+    if item["name"] not in CONVS:
+        raise ValueError("no replay for " + item["name"])
+    stride, padding, dilation, groups, transposed = _conv_args(item)
+    if transposed:
+        raise ValueError("no replay for transposed convolutions yet")
+    torch.manual_seed(0)
+    x = _tensor(torch, shapes[0], dtypes[0], strides[0] if strides else None, device)
+    w = _tensor(torch, shapes[1], dtypes[1], strides[1] if len(strides) > 1 else None, device)
+    has_bias = len(shapes) > 2 and bool(shapes[2])
+    b = _tensor(torch, shapes[2], dtypes[2], None, device) if has_bias else None
+    dims = x.dim() - 2
+    conv = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d,
+            3: torch.nn.functional.conv3d}[dims]  # fmt: skip
+
+    def as_run():
+        return conv(x, w, b, stride, padding, dilation, groups)
+
+    forms = {"as run": as_run}
+    layout = {2: torch.channels_last, 3: torch.channels_last_3d}.get(dims)
+    if layout is not None:
+        xc, wc = x.contiguous(memory_format=layout), w.contiguous(memory_format=layout)
+        if not (xc.stride() == x.stride() and wc.stride() == w.stride()):
+            forms["channels-last"] = lambda: conv(xc, wc, b, stride, padding, dilation, groups)
+        else:
+            xn, wn = x.contiguous(), w.contiguous()
+            forms["contiguous"] = lambda: conv(xn, wn, b, stride, padding, dilation, groups)
+    kernel = list(w.shape[2:])
+    st = list(stride) * dims if len(stride) == 1 else list(stride)
+    pd = list(padding) * dims if len(padding) == 1 else list(padding)
+    dl = list(dilation) * dims if len(dilation) == 1 else list(dilation)
+    if groups == 1 and kernel == st and not any(pd) and all(d == 1 for d in dl):
+        forms["reshape+matmul"] = lambda: _gemm_conv(torch, x, w, b, kernel)
+    if gpu:
+
+        def native():
+            with torch.backends.cudnn.flags(enabled=False):
+                return as_run()
+
+        if torch.backends.cudnn.enabled:
+            forms["native fallback"] = native
+    if dims == 2 and groups == 1 and max(dl) > 1 and len(set(dl)) == 1 and templates:
+        phase = _template(templates, "dilated_conv_phase")
+        if phase is not None and len(set(st)) == 1 and st[0] == 1:
+
+            def split():
+                y = phase.dilated_conv2d(x, w, dl[0], tuple(pd))
+                return y if b is None else y + b.view(1, -1, 1, 1)
+
+            forms["rocmfix phase split"] = split
+        triton = _template(templates, "dilated_conv_triton") if gpu else None
+        if triton is not None and len(set(st)) == 1 and st[0] == 1:
+
+            def implicit_gemm():
+                y = triton.dilated_conv2d(x, w, dl[0], tuple(pd))
+                return y if b is None else y + b.view(1, -1, 1, 1)
+
+            forms["rocmfix Triton"] = implicit_gemm
+    results = {}
+    ref = None
+    for label, fn in forms.items():
+        try:
+            first, ms = _time_ms(torch, gpu, fn)
+            out = fn()
+            if ref is None:
+                ref = out.double()
+                error = 0.0
+            else:
+                error = float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+            limit = 1e-3 if out.dtype in (torch.float32, torch.float64) else 3e-2
+            results[label] = {"ms": ms, "first_ms": first, "rel_err": error, "ok": error <= limit}
+        except Exception as exc:  # noqa: BLE001
+            results[label] = {"error": f"{type(exc).__name__}: {exc}"}
+    return {"forms": results}
+
+
+def _gemm_conv(torch, x, w, b, kernel):
+    """A conv whose kernel equals its stride (no padding, no dilation) as the GEMM it is."""
+    n, c = x.shape[:2]
+    dims = len(kernel)
+    out = [s // k for s, k in zip(x.shape[2:], kernel)]
+    crop = x[(slice(None), slice(None), *tuple(slice(0, o * k) for o, k in zip(out, kernel)))]
+    view = [n, c]
+    for o, k in zip(out, kernel):
+        view += [o, k]
+    patches = crop.reshape(view)
+    # (n, o..., c, k...) then flattened into rows of c*k... features.
+    order = [0] + [2 + 2 * i for i in range(dims)] + [1] + [3 + 2 * i for i in range(dims)]
+    rows = patches.permute(order).reshape(-1, w[0].numel())
+    y = torch.nn.functional.linear(rows, w.reshape(w.shape[0], -1), b)
+    return y.reshape([n, *out, w.shape[0]]).movedim(-1, 1)
+
+
+_loaded = {}
+
+
+def _template(folder, name):
+    if name not in _loaded:
+        try:
+            from . import templates as loader
+
+            _loaded[name] = loader.load(folder, name)
+        except Exception:  # noqa: BLE001
+            _loaded[name] = None
+    return _loaded[name]

@@ -1,0 +1,453 @@
+# mypy: ignore-errors
+# (Untyped for now: it runs in the target interpreter, stdlib and torch only; to annotate.)
+"""The ``sitecustomize`` that ``rocmfix profile`` puts first on the command's PYTHONPATH.
+
+rocmfix copies this file, as ``sitecustomize.py``, into a folder of its own (mode 0700, outside
+the cwd) and names that folder in ``ROCMFIX_PROFILE_DIR``. Every Python process the command
+starts then runs it at startup, children included, and nothing is written into the target
+environment. It must never change what the command does:
+
+* the environment's own ``sitecustomize`` still runs (imported again with this folder hidden);
+  ``usercustomize`` is imported by ``site`` itself afterwards, as always;
+* nothing happens until the process imports torch (a finder on ``sys.meta_path`` notices);
+  a process that never does writes nothing;
+* each process's events go to the folder when it ends: ``atexit``, multiprocessing's own exit
+  path (fork and forkserver children leave through ``os._exit``), and SIGTERM;
+* every failure here is swallowed: profiling is lost, the command is not.
+
+Python 3.9+, standard library and torch only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+_DIR = os.environ.get("ROCMFIX_PROFILE_DIR", "")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PREFIX = "rocmfix.module:"
+_state = {"prof": None, "done": False, "pid": None, "t0": 0.0, "calls": 0, "set_log": False}
+# Profilers stopped around a fork (a profiler running across a fork deadlocks the child), each
+# with its start time; written out together at exit.
+_finished = []
+_window = {}
+_tls = threading.local()
+
+
+def _chain():
+    """Run the environment's own sitecustomize, with this folder out of sys.path."""
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    me = sys.modules.pop("sitecustomize", None)
+    try:
+        import sitecustomize  # noqa: F401 - the environment's own, if it has one
+    except ImportError as exc:
+        if exc.name != "sitecustomize":
+            _note(f"the environment's sitecustomize failed: {exc!r}")
+        if me is not None:
+            sys.modules["sitecustomize"] = me
+    except Exception as exc:  # noqa: BLE001 - site.py reports these the same way
+        _note(f"the environment's sitecustomize failed: {exc!r}")
+
+
+def _note(message):
+    path = os.path.join(_DIR, f"notes-{os.getpid()}.txt")
+    with contextlib.suppress(Exception), open(path, "a") as handle:
+        handle.write(message + "\n")
+
+
+class _TorchFinder:
+    """Arms the profiler right after ``import torch`` has finished, in whatever finder found it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            return None
+        spec = None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            with contextlib.suppress(Exception):
+                loader.exec_module = original
+            _arm(module)
+
+        try:
+            loader.exec_module = exec_module
+        except Exception:  # noqa: BLE001
+            return spec
+        return spec
+
+
+def _arm(torch):
+    try:
+        _state["pid"] = os.getpid()
+        _state["t0"] = time.time()
+        _hooks(torch)
+        if not _gated():
+            _start()
+        atexit.register(_dump)
+        _mp_exit()
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and _main_thread():
+            signal.signal(signal.SIGTERM, _on_term)
+        os.register_at_fork(
+            before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork
+        )
+    except Exception as exc:  # noqa: BLE001
+        _note(f"profiling not armed: {exc!r}")
+
+
+def _main_thread():
+    return threading.current_thread() is threading.main_thread()
+
+
+def _gated():
+    # The profiler starts at the first model call, not at ``import torch``: with the Python
+    # stack on, building a model (YAML parsing, thousands of module constructors) would cost
+    # gigabytes of events that say nothing about the run.
+    return True
+
+
+def _start():
+    import torch
+
+    if _state["prof"] is not None or _state["done"]:
+        return
+    activities = list(torch.profiler.supported_activities())
+    # No with_stack: its Python tracer costs gigabytes on a real model; the module hooks name
+    # the module and the file of its forward instead.
+    prof = torch.profiler.profile(activities=activities, record_shapes=True)
+    prof.start()
+    _state["prof"] = prof
+    _state["started"] = time.time()
+    if _state["set_log"]:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
+
+
+def _hooks(torch):
+    """Name each module call in the trace (``rocmfix.module:backbone.3.m``), and hold the
+    profiled window to the options: one call is one forward of an outermost module."""
+    from torch.nn.modules import module as nn_module
+
+    names, roots = {}, set()
+
+    def pre(mod, _args):
+        stack = getattr(_tls, "stack", None)
+        if stack is None:
+            stack = _tls.stack = []
+        if not stack:
+            if _state.pop("pending", False):
+                _restart()
+            _window_tick()
+            if id(mod) not in roots:
+                # A new outermost module: the model itself is usually called after its parts
+                # were (stride probes at build time), so its names win.
+                roots.add(id(mod))
+                for qual, sub in mod.named_modules():
+                    names[id(sub)] = qual
+        qual = names.get(id(mod))
+        cls = type(mod).__name__
+        if qual:
+            path = f"{qual} ({cls})"
+        elif qual is None and stack:
+            path = f"{stack[-1][0]}/{cls}"
+        else:
+            path = cls
+        rf = None
+        if _state["prof"] is not None:
+            try:
+                code = getattr(type(mod).forward, "__code__", None)
+                where = (
+                    f"|{code.co_filename}:{code.co_firstlineno} {cls}.forward"
+                    if code is not None
+                    else ""
+                )
+                rf = torch.autograd.profiler.record_function(_PREFIX + path + where)
+                rf.__enter__()
+            except Exception:  # noqa: BLE001
+                rf = None
+        stack.append((path, rf, mod))
+
+    def post(mod, _args, _out):
+        stack = getattr(_tls, "stack", None)
+        while stack:
+            _path, rf, owner = stack.pop()
+            if rf is not None:
+                with contextlib.suppress(Exception):
+                    rf.__exit__(None, None, None)
+            if owner is mod:
+                break
+        if not stack:
+            _window_end()
+
+    nn_module.register_module_forward_pre_hook(pre)
+    nn_module.register_module_forward_hook(post)
+
+
+def _window_tick():
+    _state["calls"] += 1
+    if _state["prof"] is None and not _state["done"]:
+        elapsed = time.time() - _state["t0"]
+        if _state["calls"] > _window.get("skip_calls", 0) and elapsed >= _window.get("skip_s", 0):
+            _state["first_call"] = _state["calls"]
+            _start()
+
+
+def _window_end():
+    if _state["prof"] is None:
+        return
+    calls = _window.get("calls")
+    seconds = _window.get("seconds")
+    done = calls and _state["calls"] - _state.get("first_call", 1) + 1 >= calls
+    if seconds and time.time() - _state["started"] >= seconds:
+        done = True
+    if done:
+        _dump()
+
+
+def _mp_exit():
+    """fork and forkserver children end in os._exit: multiprocessing's finalizers are their
+    last Python code, so the dump rides on one (registered again in each child)."""
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is None:
+        import multiprocessing.util as mp_util
+    mp_util.Finalize(None, _dump, exitpriority=-100)
+    mp_util.register_after_fork(_HOLDER, lambda _obj: _child_finalizer())
+
+
+class _Holder:
+    """Something multiprocessing's after-fork registry can hold a weak reference to."""
+
+
+_HOLDER = _Holder()
+
+
+def _child_finalizer():
+    import multiprocessing.util as mp_util
+
+    mp_util.Finalize(None, _dump, exitpriority=-100)
+    if _state.pop("pending", False):
+        _restart()
+
+
+def _before_fork():
+    """A profiler running across a fork deadlocks the child's first op: stop it here, and
+    start a fresh one on each side."""
+    prof, _state["prof"] = _state["prof"], None
+    _state["forked_from"] = prof is not None
+    if prof is not None:
+        try:
+            prof.stop()
+            _finished.append(prof)
+        except Exception as exc:  # noqa: BLE001
+            _note(f"profiler not stopped at fork: {exc!r}")
+
+
+def _after_fork_parent():
+    if _state.pop("forked_from", False):
+        _restart()
+
+
+def _after_fork():
+    # Starting a profiler inside the at-fork hook hangs the child: it starts at the child's
+    # first Python step instead (multiprocessing's after-fork hooks, or its first module call).
+    _state["pid"] = os.getpid()
+    _state["done"] = False
+    del _finished[:]
+    _state["pending"] = _state.pop("forked_from", False)
+
+
+def _restart():
+    try:
+        _start()
+    except Exception as exc:  # noqa: BLE001
+        _note(f"profiler not restarted after fork: {exc!r}")
+
+
+def _on_term(signum, _frame):
+    _dump()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _dump():
+    if _state["done"] or _state["pid"] != os.getpid():
+        return
+    _state["done"] = True
+    prof, _state["prof"] = _state["prof"], None
+    try:
+        if prof is not None:
+            prof.stop()
+            _finished.append(prof)
+        if _finished:
+            _write(_finished)
+    except Exception as exc:  # noqa: BLE001
+        _note(f"profile not written: {exc!r}")
+
+
+def _backend():
+    import torch
+
+    out = {}
+    for key, get in (
+        ("cudnn.enabled", lambda: torch.backends.cudnn.enabled),
+        ("cudnn.benchmark", lambda: torch.backends.cudnn.benchmark),
+        ("cudnn.deterministic", lambda: torch.backends.cudnn.deterministic),
+        ("cudnn.allow_tf32", lambda: torch.backends.cudnn.allow_tf32),
+        ("matmul.allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+        ("float32_matmul_precision", torch.get_float32_matmul_precision),
+        ("num_threads", torch.get_num_threads),
+    ):
+        with contextlib.suppress(Exception):
+            out[key] = get()
+    return out
+
+
+def _frame(name):
+    """``path/to/file.py(123): func`` -> (file, line, func), else None."""
+    head, sep, func = name.partition("): ")
+    if not sep or "(" not in head:
+        return None
+    path, _, line = head.rpartition("(")
+    if not line.isdigit():
+        return None
+    return path, int(line), func
+
+
+def _is_torch_file(path):
+    norm = path.replace("\\", "/")
+    return norm.startswith("torch/") or "/site-packages/torch/" in norm or "/torch/nn/" in norm
+
+
+def _op_record(event):
+    """One top-level op: everything the report and the replay need, or None."""
+    module, source = "", None
+    parent = event.cpu_parent
+    while parent is not None:
+        name = parent.name
+        if name.startswith("aten::"):
+            return None  # not top level: its time is counted in its caller
+        if name.startswith(_PREFIX):
+            label, _, where = name[len(_PREFIX) :].partition("|")
+            module = module or label
+            if source is None and where:
+                place, _, func = where.partition(" ")
+                path, _, line = place.rpartition(":")
+                if line.isdigit() and not _is_torch_file(path):
+                    source = (path, int(line), func)
+        parent = parent.cpu_parent
+    kernels, selves = {}, {}
+
+    def walk(node, depth):
+        for kernel in getattr(node, "kernels", ()) or ():
+            kernels[kernel.name] = kernels.get(kernel.name, 0.0) + float(kernel.duration)
+        if depth:
+            selves[node.name] = selves.get(node.name, 0.0) + float(node.self_cpu_time_total)
+        for child in node.cpu_children:
+            if child.name.startswith("aten::"):
+                walk(child, depth + 1)
+
+    walk(event, 0)
+    # On CPU the callee that spends the time names the implementation (mkldnn_convolution,
+    # slow_conv_dilated2d), as a kernel name does on a GPU.
+    leaves = sorted(selves, key=lambda n: -selves[n])[:3]
+    concrete = []
+    for value in list(getattr(event, "concrete_inputs", None) or []):
+        concrete.append(value if isinstance(value, (int, float, bool, list, str)) else None)
+    strides = getattr(event, "structured_input_strides", None) or []
+    return {
+        "name": event.name,
+        "shapes": [list(s) if isinstance(s, (list, tuple)) else [] for s in event.input_shapes],
+        "dtypes": [str(d) for d in (event.input_dtypes or [])],
+        "strides": [
+            list(s) if isinstance(s, (list, tuple)) and all(isinstance(x, int) for x in s) else []
+            for s in strides
+        ],
+        "concrete": concrete,
+        "start_us": float(event.time_range.start),
+        "cpu_us": float(event.cpu_time_total),
+        "device_us": float(event.device_time_total),
+        "kernels": kernels,
+        "leaves": leaves,
+        "module": module,
+        "source": list(source) if source else None,
+        "thread": int(event.thread),
+    }
+
+
+def _write(profs):
+    import torch
+
+    ops = []
+    for prof in profs:
+        for event in prof.events():
+            name = event.name
+            if not name.startswith("aten::") or getattr(event, "is_python_function", False):
+                continue
+            record = _op_record(event)
+            if record is not None:
+                ops.append(record)
+    ops.sort(key=lambda op: op["start_us"])
+    pid = os.getpid()
+    cuda = False
+    with contextlib.suppress(Exception):
+        cuda = torch.cuda.is_initialized()
+    body = {
+        "schema": "rocmfix-profile-process/1",
+        "pid": pid,
+        "ppid": os.getppid(),
+        "argv": list(sys.argv),
+        "python": sys.executable,
+        "torch": torch.__version__,
+        "hip": getattr(torch.version, "hip", None),
+        "cuda_used": bool(cuda),
+        "backend": _backend(),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("MIOPEN_", "TORCH_"))},
+        "ops": ops,
+    }
+    if os.environ.get("ROCMFIX_PROFILE_TRACE") == "1":
+        try:
+            for n, prof in enumerate(profs):
+                suffix = "" if n == 0 else f"-{n}"
+                prof.export_chrome_trace(os.path.join(_DIR, f"trace-{pid}{suffix}.json"))
+        except Exception as exc:  # noqa: BLE001
+            _note(f"trace not written: {exc!r}")
+    tmp = os.path.join(_DIR, f".events-{pid}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(body, handle)
+    os.replace(tmp, os.path.join(_DIR, f"events-{pid}.json"))
+
+
+def _install():
+    if not _DIR or not os.path.isdir(_DIR):
+        return
+    with contextlib.suppress(ValueError):
+        _window.update(json.loads(os.environ.get("ROCMFIX_PROFILE_WINDOW") or "{}"))
+    # Kineto logs its start and stop on stderr; the command's stderr must stay its own.
+    if "KINETO_LOG_LEVEL" not in os.environ:
+        os.environ["KINETO_LOG_LEVEL"] = "6"
+        _state["set_log"] = True
+    sys.meta_path.insert(0, _TorchFinder())
+
+
+with contextlib.suppress(Exception):
+    _install()
+_chain()

@@ -1,0 +1,293 @@
+"""From grouped calls to the report's rows: time, share, achieved rates against this machine's
+own, the rocmfix patch that routes an op, and the verdict once the replay has run."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rocmfix.patch import Patch
+
+from .collect import Group, layout
+from .model import (
+    FLAG_ROOFLINE,
+    FLAG_SHARE,
+    FLAG_SPEEDUP,
+    Calibration,
+    Fix,
+    Form,
+    OpStat,
+)
+
+CONVS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution")
+ITEMSIZE = {"float": 4, "c10::half": 2, "c10::bfloat16": 2, "double": 8, "half": 2, "bfloat16": 2}
+DTYPE = {"float": "float32", "c10::half": "float16", "c10::bfloat16": "bfloat16",
+         "double": "float64"}  # fmt: skip
+# Which replayed formulation a patch's scheme is: the fix names the scheme measured here.
+ROOFLINE_MIN_MS_GPU = 0.1
+ROOFLINE_MIN_MS_CPU = 1.0
+SCHEME_OF = {"reshape+matmul": "linear", "rocmfix phase split": "linear", "rocmfix Triton": "gemm"}
+
+
+def conv_params(op: Mapping[str, Any]) -> dict[str, Any] | None:
+    if op["name"] not in CONVS:
+        return None
+    c = list(op.get("concrete") or [])
+
+    def at(i: int, default: Any) -> Any:
+        return c[i] if i < len(c) and c[i] is not None else default
+
+    if op["name"] in ("aten::convolution", "aten::_convolution"):
+        return {"stride": at(3, [1]), "padding": at(4, [0]), "dilation": at(5, [1]),
+                "groups": at(8, 1), "transposed": bool(at(6, False))}  # fmt: skip
+    return {"stride": at(3, [1]), "padding": at(4, [0]), "dilation": at(5, [1]),
+            "groups": at(6, 1), "transposed": False}  # fmt: skip
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 0
+
+
+def _expand(values: Sequence[int], dims: int) -> list[int]:
+    return list(values) * dims if len(values) == 1 else list(values)
+
+
+def work(op: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(flops, bytes moved) of one call, where the op is one rocmfix knows the cost of."""
+    shapes, dtypes = op["shapes"], op.get("dtypes") or []
+    size = ITEMSIZE.get(str(dtypes[0]).lower(), 4) if dtypes else 4
+    name = op["name"]
+    params = conv_params(op)
+    if params is not None and len(shapes) >= 2 and len(shapes[0]) >= 3 and not params["transposed"]:
+        x, w = shapes[0], shapes[1]
+        dims = len(x) - 2
+        st, pd = _expand(params["stride"], dims), _expand(params["padding"], dims)
+        dl = _expand(params["dilation"], dims)
+        out = [
+            (x[2 + i] + 2 * pd[i] - dl[i] * (w[2 + i] - 1) - 1) // st[i] + 1 for i in range(dims)
+        ]
+        outputs = x[0] * w[0] * math.prod(out)
+        flops = 2.0 * outputs * _numel(w[1:])
+        return flops, float(size * (_numel(x) + _numel(w) + outputs))
+    if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"):
+        if len(shapes) < 2 or not shapes[0] or not shapes[1]:
+            return None, None
+        a, b = shapes[0], shapes[1]
+        if name == "aten::addmm" and len(shapes) >= 3:
+            a, b = shapes[1], shapes[2]
+        k = a[-1]
+        n = b[0] if name == "aten::linear" else b[-1]
+        m = _numel(a) // k if k else 0
+        return 2.0 * m * n * k, float(size * (_numel(a) + _numel(b) + m * n))
+    return None, None
+
+
+def patch_for(
+    op: Mapping[str, Any], source: str | None, patches: Sequence[Patch]
+) -> tuple[Patch | None, bool]:
+    """The patch whose op this call is, from the file that issued it; and whether the call
+    came from a file a patch drops (already routed)."""
+    if not source:
+        return None, False
+    # The profiler names files relative to their sys.path entry (doclayout_yolo/nn/...).
+    path = "/" + source.split(" ")[0].rsplit(":", 1)[0].replace("\\", "/").lstrip("/")
+    params = conv_params(op)
+    for patch in patches:
+        if any(path.endswith("/" + drop) for drop in patch.drop_paths):
+            return patch, True
+        if patch.op is None or params is None or not path.endswith("/" + patch.path):
+            continue
+        dims = len(op["shapes"][0]) - 2 if op["shapes"] and op["shapes"][0] else 0
+        dilated = max(params["dilation"]) > 1
+        if patch.op.name == "patch-embed" and dims == 3:
+            return patch, False
+        if patch.op.name == "dilated-conv" and dims == 2 and dilated:
+            return patch, False
+    return None, False
+
+
+def rows(
+    groups: Mapping[str, Group], total_us: float, calibration: Calibration | None
+) -> list[OpStat]:
+    out: list[OpStat] = []
+    for key, group in groups.items():
+        op = group.op
+        times = group.times_us
+        total = sum(times)
+        steady = (sum(times[1:]) / (len(times) - 1)) if len(times) > 1 else times[0]
+        flops, moved = work(op)
+        mean_s = total / len(times) / 1e6 if times else 0.0
+        tflops = flops / mean_s / 1e12 if flops and mean_s > 0 else None
+        gbps = moved / mean_s / 1e9 if moved and mean_s > 0 else None
+        roof = None
+        if calibration and flops and moved and mean_s > 0:
+            dtype = DTYPE.get(str((op.get("dtypes") or ["float"])[0]).lower(), "float32")
+            peak = calibration.matmul_tflops.get(dtype) or calibration.matmul_tflops.get("float32")
+            if peak:
+                bound = min(peak * 1e12, flops / moved * calibration.copy_gbps * 1e9)
+                roof = (flops / mean_s) / bound if bound > 0 else None
+        source = op.get("source")
+        # The profiler's Python frames carry the line of the function's ``def``, not the call.
+        where = (
+            f"{source[0]}:{source[1]} {source[2] if len(source) > 2 else ''}".rstrip()
+            if isinstance(source, list) and len(source) >= 2
+            else None
+        )
+        strides = op.get("strides") or []
+        out.append(
+            OpStat(
+                key=key,
+                op=op["name"].replace("aten::", ""),
+                shapes=tuple(tuple(int(v) for v in s) for s in op["shapes"]),
+                dtypes=tuple(DTYPE.get(str(d).lower(), str(d)) for d in op.get("dtypes") or []),
+                layout=layout(op["shapes"][0], strides[0]) if op["shapes"] and strides else "-",
+                conv=conv_params(op),
+                calls=len(times),
+                total_ms=total / 1e3,
+                first_ms=times[0] / 1e3,
+                steady_ms=steady / 1e3,
+                share=total / total_us if total_us else 0.0,
+                flops=flops,
+                bytes=moved,
+                tflops=tflops,
+                gbps=gbps,
+                roofline=roof,
+                modules=tuple(m for m in group.modules if m)[:8],
+                source=where,
+                kernels=tuple(sorted(group.kernels, key=lambda k: -group.kernels[k]))[:4],
+                pids=tuple(group.pids),
+            )
+        )
+    out.sort(key=lambda r: -r.total_ms)
+    return out
+
+
+def repro(row: OpStat, device: str, backend: Mapping[str, Any]) -> str:
+    """A standalone snippet that times the call as it ran."""
+    conv = row.conv or {}
+    dims = len(row.shapes[0]) - 2 if row.shapes else 2
+    fn = f"torch.nn.functional.conv{dims}d"
+    dtype = row.dtypes[0] if row.dtypes else "float32"
+    lines = [
+        "import time, torch",
+        f"torch.backends.cudnn.enabled = {bool(backend.get('cudnn.enabled', True))}",
+        f"dev, dt = {device!r}, torch.{dtype}",
+        f"x = torch.randn({list(row.shapes[0])}, device=dev, dtype=dt)",
+        f"w = torch.randn({list(row.shapes[1])}, device=dev, dtype=dt)",
+    ]
+    if row.layout == "channels-last":
+        fmt = "channels_last" if dims == 2 else "channels_last_3d"
+        lines.append(f"x = x.contiguous(memory_format=torch.{fmt})")
+    bias = "None"
+    if len(row.shapes) > 2 and row.shapes[2]:
+        lines.append(f"b = torch.randn({list(row.shapes[2])}, device=dev, dtype=dt)")
+        bias = "b"
+    call = (f"{fn}(x, w, {bias}, stride={conv.get('stride')}, padding={conv.get('padding')}, "
+            f"dilation={conv.get('dilation')}, groups={conv.get('groups')})")  # fmt: skip
+    sync = "torch.cuda.synchronize()" if device == "cuda" else "pass"
+    lines += [
+        f"y = {call}",
+        f"{sync}",
+        "t = time.perf_counter()",
+        "for _ in range(10):",
+        f"    y = {call}",
+        f"{sync}",
+        "print(f'{(time.perf_counter() - t) / 10 * 1e3:.3f} ms per call')",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def miopen_driver(row: OpStat) -> str | None:
+    """The MIOpenDriver line for a 2-D conv (what MIOpen's own logging prints)."""
+    conv = row.conv
+    if not conv or len(row.shapes[0]) != 4 or conv["transposed"]:
+        return None
+    n, c, h, w = row.shapes[0]
+    k, _cg, y, x = row.shapes[1]
+    st, pd, dl = (_expand(conv[n_], 2) for n_ in ("stride", "padding", "dilation"))
+    base = {"float32": "conv", "float16": "convfp16", "bfloat16": "convbfp16"}
+    kind = base.get(row.dtypes[0] if row.dtypes else "float32", "conv")
+    return (
+        f"MIOpenDriver {kind} -n {n} -c {c} -H {h} -W {w} -k {k} -y {y} -x {x} "
+        f"-p {pd[0]} -q {pd[1]} -u {st[0]} -v {st[1]} -l {dl[0]} -j {dl[1]} "
+        f"-g {conv['groups']} -F 1 -t 1"
+    )
+
+
+def verdict(
+    row: OpStat,
+    result: Mapping[str, Any] | None,
+    patch: Patch | None,
+    routed: bool,
+    device: str,
+    hip: bool,
+    backend: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The fields of ``row`` the replay decides: forms, best, speedup, flagged, reason, fix."""
+    if routed and patch is not None:
+        return {"fix": Fix(kind="patched", patch_id=patch.id)}
+    forms: list[Form] = []
+    note = None
+    if result is not None:
+        if result.get("status") != "ok":
+            note = str(result.get("message") or result.get("status"))
+        for label, f in (result.get("forms") or {}).items():
+            forms.append(
+                Form(
+                    label=str(label),
+                    ms=f.get("ms"),
+                    first_ms=f.get("first_ms"),
+                    rel_err=f.get("rel_err"),
+                    ok=bool(f.get("ok")),
+                    error=f.get("error"),
+                )
+            )
+    base = next((f for f in forms if f.label == "as run" and f.ms), None)
+    others = [f for f in forms if f.label != "as run" and f.ok and f.ms]
+    best = min(others, key=lambda f: f.ms or math.inf) if others else None
+    speedup = base.ms / best.ms if base and best and base.ms and best.ms else None
+    flagged, reason = False, None
+    hot = row.share >= FLAG_SHARE
+    if hot and speedup is not None and speedup >= FLAG_SPEEDUP and best is not None:
+        flagged, reason = True, f"{speedup:.1f}x faster as {best.label}"
+    elif (
+        hot
+        and row.roofline is not None
+        and row.roofline < FLAG_ROOFLINE
+        and row.mean_ms >= (ROOFLINE_MIN_MS_GPU if device == "cuda" else ROOFLINE_MIN_MS_CPU)
+    ):
+        # Shorter calls are bound by their launch, not by the kernel: no verdict on those.
+        flagged, reason = True, f"{row.roofline:.1%} of this machine's roofline"
+    fields: dict[str, Any] = {"forms": tuple(forms), "replay_note": note,
+                              "best": best.label if best else None, "speedup": speedup,
+                              "flagged": flagged, "reason": reason}  # fmt: skip
+    if not flagged:
+        return fields
+    if patch is not None and best is not None and best.label in SCHEME_OF:
+        scheme = SCHEME_OF[best.label]
+        command = f"rocmfix apply --only {patch.id}"
+        if scheme in patch.scheme_names and scheme != patch.default_scheme:
+            command += f" --scheme {scheme}"
+        fields["fix"] = Fix(kind="patch", patch_id=patch.id, command=command, speedup=speedup)
+    else:
+        fields["fix"] = Fix(
+            kind="none",
+            repro=repro(row, device, backend) if row.conv else None,
+            driver=miopen_driver(row) if hip else None,
+        )
+    return fields
+
+
+def replay_items(rows_: Sequence[OpStat], groups: Mapping[str, Group]) -> list[dict[str, Any]]:
+    """What the replay child needs for each hot op it can replay."""
+    items = []
+    for n, row in enumerate(rows_):
+        if row.share < FLAG_SHARE or row.conv is None or row.conv["transposed"]:
+            continue
+        op = groups[row.key].op
+        items.append({"id": f"op{n}", "name": op["name"], "shapes": op["shapes"],
+                      "dtypes": op["dtypes"], "strides": op["strides"],
+                      "concrete": json.loads(json.dumps(op["concrete"]))})  # fmt: skip
+    return items
