@@ -7,12 +7,19 @@ compiled with ``fullgraph=True``: zero graph breaks, the gemm scheme's 16 dilate
 ``rocmfix::dilated_conv2d`` nodes, no more recompiles than the stock model across page sizes
 and batch sizes, and the stock output. Compiles are slow on a small CPU: one Inductor compile
 per scheme, the recompile counts through ``aot_eager``.
+
+A transformers Qwen2-VL whole model (a real release in a venv, patched by the real CLI): no
+graph break of rocmfix's, the patch embed one ``rocmfix::patch_embed_gemm`` node, and the
+patch embed compiled with ``fullgraph=True`` over image sizes and counts.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
 import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -23,7 +30,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import releases
-from conftest import load_template
+from conftest import load_template, run_cli
 
 pytestmark = pytest.mark.network
 
@@ -151,3 +158,95 @@ def test_page_sizes_recompile_no_more_than_stock(
     finally:
         block.dilated_conv = ours
     assert patched <= stock, (scheme, dynamic, patched, stock)
+
+
+# ---------------------------------------------------------------------------- Qwen2-VL
+
+QWEN_RELEASE = "4.57.6"  # as tests/test_transformers_model.py: this environment's newest fit
+
+QWEN_SCRIPT = r"""
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+vision = dict(depth=1, embed_dim=32, hidden_size=48, num_heads=2, mlp_ratio=2, in_channels=3,
+              patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+config = Qwen2VLConfig(vision_config=vision, hidden_size=48, intermediate_size=64,
+                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                       vocab_size=160, image_token_id=151, video_token_id=152,
+                       vision_start_token_id=150, vision_end_token_id=153,
+                       rope_scaling={"type": "mrope", "mrope_section": [4, 4, 4]})
+torch.manual_seed(0)
+model = Qwen2VLForConditionalGeneration(config).eval()
+embed = model.model.visual.patch_embed
+
+
+def inputs(h, w, images):
+    g = torch.Generator().manual_seed(h * 100 + w * 10 + images)
+    ids = []
+    for _ in range(images):
+        ids += [150] + [151] * (h * w // 4) + [153]
+    ids = torch.tensor([[1, 2, *ids, 3]])
+    return dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                pixel_values=torch.randn(images * h * w, 3 * 2 * 14 * 14, generator=g),
+                image_grid_thw=torch.tensor([[1, h, w]] * images))
+
+
+report = {"forward": type(embed).__module__}
+with torch.no_grad():
+    x = inputs(4, 6, 1)
+    explained = torch._dynamo.explain(model)(**x)
+    report["breaks"] = explained.graph_break_count
+    report["rocmfix_breaks"] = [str(r.reason)[:200] for r in explained.break_reasons
+                                if any("rocmfix" in f.filename for f in r.user_stack)]
+    report["ops"] = sum(str(n.target) == "rocmfix.patch_embed_gemm.default"
+                        for gm in explained.graphs for n in gm.graph.nodes)
+    # The part rocmfix rewrites compiles whole, over image counts and sizes, and matches
+    # the stock conv with the same weights.
+    torch._dynamo.reset()
+    compiled = torch.compile(embed, fullgraph=True, dynamic=True)
+    worst = 0.0
+    for h, w, images in ((4, 6, 1), (6, 8, 2), (8, 4, 3)):
+        pix = inputs(h, w, images)["pixel_values"]
+        ref = embed.proj(pix.view(-1, 3, 2, 14, 14)).view(-1, 32)
+        got = compiled(pix)
+        worst = max(worst, ((got.double() - ref.double()).norm() / ref.double().norm()).item())
+    report["embed_rel_err"] = worst
+print(json.dumps(report))
+"""
+
+
+def _qwen(python: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [str(python), "-c", QWEN_SCRIPT], capture_output=True, text=True, timeout=1200, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_qwen2_vl_patched_adds_no_graph_break_and_its_embed_compiles_whole(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """transformers' own Qwen2-VL breaks the graph where it reads ``image_grid_thw`` (data-
+    dependent shapes): the patched model must break exactly there and nowhere of rocmfix's,
+    with the patch embed as one ``rocmfix::patch_embed_gemm`` node."""
+    root = tmp_path_factory.mktemp("qwen-compile")
+    python = releases.make_venv(root / "venv")
+    releases.pip_install(python, releases.wheel("transformers", QWEN_RELEASE))
+    site = releases.site_packages(python)
+    (site / "zz_test_runner.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    stock = _qwen(python)
+    applied = run_cli("apply", "--scheme", "gemm", "--only", "transformers-qwen2-vl",
+                      "--python", str(python), timeout=600)  # fmt: skip
+    assert applied.returncode == 0, applied.stderr
+    try:
+        patched = _qwen(python)
+    finally:
+        reverted = run_cli("revert", "--python", str(python), timeout=600)
+        assert reverted.returncode == 0, reverted.stderr
+    assert stock["ops"] == 0 and patched["ops"] == 1, (stock, patched)
+    assert patched["breaks"] == stock["breaks"], (stock, patched)
+    assert patched["rocmfix_breaks"] == []
+    assert patched["embed_rel_err"] < 1e-5 and stock["embed_rel_err"] < 1e-6
