@@ -145,6 +145,65 @@ def test_the_patched_model_compiles_whole_and_matches_stock(
             assert _rel(got, ref) < 1e-5, (scheme, page.shape, _rel(got, ref))
 
 
+class _Block(torch.nn.Module):
+    """A weight-shared dilated block in DocLayout-YOLO's shape, small."""
+
+    def __init__(self, act: torch.nn.Module) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8).eval()
+        self.act = act
+        g = torch.Generator().manual_seed(3)
+        self.bn.running_mean.copy_(torch.randn(8, generator=g))
+        self.bn.running_var.copy_(torch.rand(8, generator=g) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tri = _TEMPLATE[0]
+        return sum(  # type: ignore[return-value]
+            tri.dilated_conv2d(x, self.conv.weight, d, d, bn=self.bn, act=self.act)
+            for d in (1, 2, 3)
+        )
+
+
+_TEMPLATE: list[ModuleType] = []
+
+
+@pytest.mark.parametrize(
+    ("act", "code"), [(torch.nn.SiLU(), 2), (torch.nn.Identity(), 1), (torch.nn.ReLU(), 0)]
+)
+def test_the_fold_and_act_travel_as_op_arguments(act: torch.nn.Module, code: int) -> None:
+    """BatchNorm + SiLU (or Identity) become the op's scale, shift and act code; any other
+    activation is called on the op's output, as the block calls it."""
+    if not _TEMPLATE:
+        _TEMPLATE.append(load_template("dilated_conv_triton"))
+    block = _Block(act).eval()
+    x = torch.randn(1, 8, 13, 11)
+    with torch.no_grad():
+        ref = sum(
+            act(block.bn(torch.nn.functional.conv2d(x, block.conv.weight, None, 1, d, d)))
+            for d in (1, 2, 3)
+        )
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(block)(x)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        calls = [
+            n
+            for gm in explained.graphs
+            for n in gm.graph.nodes
+            if str(n.target).startswith("rocmfix.dilated_conv2d")
+        ]
+        assert [n.args[-1] for n in calls] == [code, code]  # d = 2 and 3; d = 1 is aten
+        torch._dynamo.reset()
+        got = torch.compile(block, backend="aot_eager", fullgraph=True, dynamic=True)(x)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    # With autograd recording, the op (which has no backward) stays out of the graph.
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(block)(x.requires_grad_())
+    assert not any(
+        str(n.target).startswith("rocmfix.") for gm in explained.graphs for n in gm.graph.nodes
+    )
+
+
 _STOCK_FRAMES: dict[bool | None, int] = {}
 
 
