@@ -308,7 +308,7 @@ def test_qwen2_vl_patched_adds_no_graph_break_and_its_embed_compiles_whole(
     site = releases.site_packages(python)
     (site / "zz_test_runner.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     stock = _qwen(python)
-    applied = run_cli("apply", "--scheme", "gemm", "--only", "transformers-qwen2-vl",
+    applied = run_cli("apply", "--scheme", "gemm", "--only", "transformers-qwen2-vl", "--force",
                       "--python", str(python), timeout=600)  # fmt: skip
     assert applied.returncode == 0, applied.stderr
     try:
