@@ -70,15 +70,26 @@ from rocmfix.registry import all_patches  # noqa: E402
 import faults  # noqa: E402
 import releases  # noqa: E402
 
-PROJECTS = ("mineru-vl-utils", "doclayout-yolo", "vllm", "transformers")
-OLDEST = {"vllm": Version("0.8.0"), "transformers": Version("4.45.0"), "mineru": Version("2.0.0")}
-# Packages too big to install whole: their patched files are read out of the wheel.
-PARTIAL = ("vllm", "transformers")
+PROJECTS = ("mineru-vl-utils", "doclayout-yolo", "vllm", "transformers", "sglang", "lmdeploy")
+OLDEST = {
+    "vllm": Version("0.8.0"),
+    "transformers": Version("4.45.0"),
+    "mineru": Version("2.0.0"),
+    "sglang": Version("0.4.0"),
+    "lmdeploy": Version("0.6.0"),
+}
+# Packages too big to install whole (or whose wheels are per platform): their patched files
+# are read out of the wheel.
+PARTIAL = ("vllm", "transformers", "sglang", "lmdeploy")
 # Where the vllm patch-embed code changes shape or its surroundings change (see
 # /work/shared/notes/targets.md): the sample takes the first and last release of each era.
 VLLM_ERAS = ("0.8.0", "0.9.0", "0.11.1", "0.14.0", "0.19.0", "0.28.0")
 # transformers: Qwen2-VL arrives, Qwen2.5-VL, the Qwen3-VL/GLM-4V files, the 5.x line.
 TRANSFORMERS_ERAS = ("4.45.0", "4.49.0", "4.57.0", "5.0.0")
+# sglang: nn.Conv3d up to 0.5.9, Conv3dLayer from 0.5.10. lmdeploy: the PyTorch engine's
+# Qwen-VL files, 0.17.0 the release MinerU 4 runs.
+SGLANG_ERAS = ("0.4.0", "0.5.0", "0.5.9", "0.5.10")
+LMDEPLOY_ERAS = ("0.6.0", "0.10.0", "0.17.0")
 MINERU_SAMPLE = ("2.0.0", "2.5.4", "2.7.6", "3.0.0")
 MINERU_BOUNDARY = ("0.1.0", "0.1.1", "0.1.13", "0.1.14")
 MINERU_SAMPLE_SIZE = 12
@@ -144,6 +155,10 @@ def sample_releases(project: str) -> list[str]:
         return _eras(every, VLLM_ERAS)
     if project == "transformers":
         return _eras(every, TRANSFORMERS_ERAS)
+    if project == "sglang":
+        return _eras(every, SGLANG_ERAS)
+    if project == "lmdeploy":
+        return _eras(every, LMDEPLOY_ERAS)
     if project == "mineru":
         return sorted({v for v in MINERU_SAMPLE if v in every} | {every[-1]}, key=Version)
     fixed = sorted({every.index(v) for v in MINERU_BOUNDARY if v in every} | {0, len(every) - 1})

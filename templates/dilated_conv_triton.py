@@ -727,6 +727,8 @@ def dilated_conv2d(
     overrides the resolved launch config field by field (``rocmfix tune`` uses it); it is not
     validated against the hardware.  Output is NCHW-contiguous.
     """
+    if config is None and kc.is_compiling():
+        return _traced(x, weight, dilation, padding, bn, act)
     epilogue, fused = None, False
     if dilation == 1 and config is None:
         # A dense conv: the vendor libraries run it fast (MIOpen leaves out its GEMM solvers
@@ -973,3 +975,129 @@ def _global_hooks() -> bool:
         getattr(module, "_global_forward_hooks", None)
         or getattr(module, "_global_forward_pre_hooks", None)
     )
+
+
+# --------------------------------------------------------------------------------------------
+# torch.compile: one opaque op
+# --------------------------------------------------------------------------------------------
+
+OP_NAME = "dilated_conv2d"
+# The BatchNorm's fold and the activation travel as tensors and a code, never as modules: an
+# op's arguments are what the graph can hold. act 0: none (scale and shift unused), 1: the
+# scale and shift, 2: then SiLU.
+OP_SCHEMA = (
+    "(Tensor x, Tensor weight, int dilation, int[2] padding, Tensor? scale, Tensor? shift, "
+    "int act) -> Tensor"
+)
+
+
+def _apply_fold(
+    y: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, code: int
+) -> torch.Tensor:
+    # What the kernel's store computes: fp32 math, then the output's dtype.
+    z = y.float() * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
+    if code == 2:
+        z = F.silu(z)
+    return z.to(y.dtype)
+
+
+def _impl(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: int,
+    padding: list[int],
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    act: int,
+) -> torch.Tensor:
+    """The op on real tensors: the eager path (the cached launcher, or F.conv2d wherever the
+    kernel does not apply), then the fold in torch where the kernel did not apply it. The
+    result is NCHW-contiguous, as the fake says: Inductor lays out what follows by it."""
+    epilogue = (scale, shift, act) if act and scale is not None and shift is not None else None
+    y, fused = _conv(x, weight, dilation, (padding[0], padding[1]), None, epilogue)
+    if epilogue is not None and not fused:
+        y = _apply_fold(y, epilogue[0], epilogue[1], act)
+    return y.contiguous()
+
+
+def _fake(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: int,
+    padding: list[int],
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    act: int,
+) -> torch.Tensor:
+    n, _, h, w = x.shape
+    co, _, kh, kw = weight.shape
+    oh = h + 2 * padding[0] - dilation * (kh - 1)
+    ow = w + 2 * padding[1] - dilation * (kw - 1)
+    return x.new_empty((n, co, oh, ow))
+
+
+# The CPU implementation is the same function: it runs the interpreted kernel under
+# TRITON_INTERPRET=1 and F.conv2d otherwise (_triton_usable decides, as in eager mode).
+_OP = kc.register_op(OP_NAME, OP_SCHEMA, _impl, _impl, _fake)
+
+
+def _traced_fold(bn: Any, act: Any) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """:func:`_epilogue` as traced ops: the graph recomputes the fold (a few per-channel ops)
+    instead of looking it up by the module's id and versions, which would guard the graph on
+    them."""
+    code = 1 if act is None else _ACTS.get(type(act))
+    if (
+        code is None
+        or type(bn) is not torch.nn.BatchNorm2d
+        or bn.training
+        or bn._forward_hooks
+        or bn._forward_pre_hooks
+        or (act is not None and (act._forward_hooks or act._forward_pre_hooks))
+        or _global_hooks()
+    ):
+        return None
+    tensors = (bn.running_mean, bn.running_var, bn.weight, bn.bias)
+    if tensors[0] is None or tensors[1] is None:
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return None
+    scale, shift = _fold(tensors, bn.eps)
+    return scale, shift, code
+
+
+def _traced(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: Any,
+    padding: Any,
+    bn: Callable[[torch.Tensor], torch.Tensor] | None,
+    act: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> torch.Tensor:
+    """What :func:`dilated_conv2d` is under ``torch.compile``: one ``rocmfix::dilated_conv2d``
+    node (the per-call plan lookup is host-side state the graph must not see), and plain
+    torch wherever eager mode would not run the kernel either."""
+    d = dilation
+    if isinstance(d, (tuple, list)) and len(set(d)) == 1:
+        d = d[0]
+    pad = padding if isinstance(padding, (tuple, list)) else (padding, padding)
+    if (
+        type(d) is not int
+        or d < 2
+        or len(pad) != 2
+        or not all(type(p) is int and p >= 0 for p in pad)
+        or x.dim() != 4
+        or weight.dim() != 4
+        or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    ):
+        # A dense conv (the vendor's is fast), a shape the kernel does not take, or autograd
+        # (the op has no backward): what the block itself runs.
+        y = F.conv2d(x, weight, None, 1, padding, dilation)
+        fold = None
+    else:
+        fold = _traced_fold(bn, act) if bn is not None else None
+        if fold is not None:
+            return _OP(x, weight, d, list(pad), fold[0], fold[1], fold[2])  # type: ignore[no-any-return]
+        y = _OP(x, weight, d, list(pad), None, None, 0)
+    if bn is not None:
+        y = bn(y)
+    return y if act is None else act(y)

@@ -106,6 +106,8 @@ PINNED = {
     "mineru-vl-utils": "2.0.7",
     "doclayout-yolo": "0.0.4",
     "mineru": "4.0.12",
+    "sglang": "0.5.23",
+    "lmdeploy": "0.18.0",
 }
 
 

@@ -27,6 +27,7 @@ from rocmfix.rewrite import MARKER
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CONV_PY = "vllm/model_executor/layers/conv.py"
+SGLANG_CONV = "sglang/srt/layers/conv.py"
 
 
 # A transformers row for the golden file's class, built by the table's own helper.
@@ -103,6 +104,15 @@ CASES = [
     Case("vllm_conv3d_layer", QWEN2, NEEDS, "no torch was found", None, _gate("newer")),
     Case("transformers_patch_embed", TRANSFORMERS.id, NEEDS, "Golden-VL: nn.Conv3d patch embed"),
     Case("transformers_video", TRANSFORMERS.id, UNKNOWN, "not run self.proj on patches viewed"),
+    Case("sglang_conv3d", "sglang-qwen2-vl", NEEDS, "nn.Conv3d patch embed"),
+    Case("sglang_conv3d_layer", "sglang-qwen2-vl", FIXED, "unfold + F.linear",
+         related={SGLANG_CONV: (GOLDEN / "sglang_conv_mulmat.py").read_bytes()}),
+    Case("sglang_conv3d_layer", "sglang-qwen2-vl", UNKNOWN, "does not run _forward_mulmat",
+         related={SGLANG_CONV: b"class Conv3dLayer:\n    def forward_cuda(self, x):\n"
+                                b"        return x\n"}),
+    Case("sglang_conv3d_layer", "sglang-qwen2-vl", UNKNOWN, "without sglang/srt/layers/conv.py",
+         related={SGLANG_CONV: None}),
+    Case("lmdeploy_patch_embed", "lmdeploy-qwen2-vl", NEEDS, "nn.Conv3d patch embed"),
     Case("doclayout_block", "doclayout-dilated-conv", NEEDS, "naive kernel"),
     Case("doclayout_block_scaled", "doclayout-dilated-conv", NEEDS, "naive kernel"),
     Case("doclayout_hand_hook", "doclayout-dilated-conv", UNKNOWN, "forum's Triton hook"),
