@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import fcntl
 import json
 import os
@@ -395,10 +394,11 @@ class StateDir:
     # ------------------------------------------------------------------------ the lock
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the environment's lock; a second run fails at once instead of interleaving."""
+    def locked(self, wait_s: float = 0.0) -> Iterator[None]:
+        """Hold the environment's lock; a second run fails (after ``wait_s``) instead of
+        interleaving."""
         try:
-            fd = self._lock()
+            fd = self._lock(wait_s)
         except OSError as exc:
             raise WriteError(
                 f"nothing was changed: rocmfix could not take its lock in {self.root} "
@@ -411,28 +411,13 @@ class StateDir:
         finally:
             os.close(fd)
 
-    def _open_lock(self, flags: int) -> int:
-        """The lock file, never through a link, never a FIFO or a folder."""
+    def _open_lock(self) -> int:
         try:
-            fd = os.open(
-                self.lock_path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644
-            )
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise ManifestError(
-                    f"{self.lock_path} is a symbolic link; rocmfix will not open it", hint=_HINT
-                ) from None
-            if exc.errno == errno.EISDIR:
-                raise ManifestError(
-                    f"{self.lock_path} is a folder, not a lock", hint=_HINT
-                ) from None
-            raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise ManifestError(f"{self.lock_path} is not a regular file", hint=_HINT)
-        return fd
+            return fsops.open_lock(self.lock_path)
+        except fsops.NotRegularError as exc:
+            raise ManifestError(f"{exc}; rocmfix will not lock through it", hint=_HINT) from None
 
-    def _lock(self) -> int:
+    def _lock(self, wait_s: float) -> int:
         # A run that finishes with nothing left removes the lock file and the folder while it
         # holds the lock; a run that opened the file just before holds a lock on a file that
         # is gone and guards nothing. So make the folder and the file again if they vanish,
@@ -443,13 +428,18 @@ class StateDir:
             if self.root.parent in made:
                 fsops.atomic_write(self._made_share, b"")
             try:
-                fd = self._open_lock(os.O_RDWR | os.O_CREAT)
+                fd = self._open_lock()
             except FileNotFoundError:
                 continue
             try:
-                if self._take(fd):
+                try:
+                    taken = fsops.take_lock(fd, self.lock_path, wait_s)
+                except BlockingIOError:
+                    raise self.busy_error() from None
+                if taken:
                     fsops.give_to_folder_owner(self.lock_path)
-                    os.fchmod(fd, fsops.file_mode(self.root))
+                    # A lock file an older rocmfix left readable by anyone is closed now.
+                    os.fchmod(fd, fsops.lock_mode(self.root))
                     return fd
             except BaseException:
                 os.close(fd)
@@ -460,41 +450,52 @@ class StateDir:
             hint="wait for them to finish, then run the command again",
         )
 
-    def holder(self) -> str:
+    def _read_lock(self) -> int | None:
+        """The lock file opened without creating it (for writing where this user may, else
+        for reading); None if it is not there or cannot be opened."""
+        flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        for mode in (os.O_RDWR, os.O_RDONLY):
+            try:
+                fd = os.open(self.lock_path, mode | flags)
+            except OSError:
+                continue
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+            return None
+        return None
+
+    def holder(self) -> int | None:
         """The pid the lock file names (whoever holds it writes it there)."""
+        fd = self._read_lock()
+        if fd is None:
+            return None
         try:
-            fd = self._open_lock(os.O_RDONLY)
-        except (OSError, ManifestError):
-            return "unknown"
-        try:
-            return os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
         finally:
             os.close(fd)
+        return int(text) if text.isdigit() and len(text) < 12 else None
 
     def busy_error(self) -> LockBusyError:
+        pid = self.holder()
+        if pid is not None and not fsops.pid_running(pid):
+            return LockBusyError(
+                f"the lock {self.lock_path} is held, but the pid it names ({pid}) is not "
+                "running: another process (another user's, or one in another container) "
+                "holds the lock file open",
+                hint=f"find it with `fuser -v {self.lock_path}`; once it is gone, run the "
+                "command again",
+            )
+        who = f"pid {pid}" if pid is not None else "pid unknown"
         return LockBusyError(
-            f"another rocmfix run (pid {self.holder()}) is changing this environment",
+            f"another rocmfix run ({who}) is changing this environment",
             hint="wait for it to finish, then run the command again",
         )
 
-    def _take(self, fd: int) -> bool:
-        """Lock ``fd``; False if it is no longer the file at the lock's path."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise self.busy_error() from None
-        try:
-            current = os.stat(self.lock_path, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        held = os.fstat(fd)
-        return (current.st_ino, current.st_dev) == (held.st_ino, held.st_dev)
-
     def busy(self) -> bool:
         """Whether another process holds the lock right now (read-only: creates nothing)."""
-        try:
-            fd = self._open_lock(os.O_RDONLY)
-        except (OSError, ManifestError):
+        fd = self._read_lock()
+        if fd is None:
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -512,5 +513,6 @@ class StateDir:
         if reason is not None:
             raise RefusedError(
                 f"cannot keep rocmfix's state in {self.root}: {probe_dir} {reason}",
-                hint="run rocmfix as the user who owns the environment",
+                hint=f"run rocmfix as {fsops.owner_name(probe_dir)}, who owns it, or make "
+                "the folder writable by the group that shares the environment",
             )

@@ -13,13 +13,13 @@ import contextlib
 from collections.abc import Sequence
 
 from rocmfix import fsops
-from rocmfix.checks import environment_warnings
+from rocmfix.checks import EnvWarning, environment_warnings
 from rocmfix.environment import Environment, default_python_hint
 from rocmfix.errors import LockBusyError, ManifestError, RefusedError
 from rocmfix.patch import Patch
 from rocmfix.registry import all_patches, check_scheme
 from rocmfix.results import FileChange, Outcome, RunResult, StatusReport, Verdict
-from rocmfix.state import StateDir
+from rocmfix.state import Manifest, StateDir
 from rocmfix.write.plan import Plan, plan_apply, plan_revert
 from rocmfix.write.transaction import check_pending, check_writable, execute, recover
 from rocmfix.write.verdicts import inspect, pending_patches
@@ -29,13 +29,27 @@ def status(env: Environment, patches: Sequence[Patch], *, explicit: bool = False
     """What is installed, patched and needed, and why. Reads only; creates nothing.
     ``explicit``: the user named ``patches`` (``--only``)."""
     state = env.state
-    manifest = state.load()
-    busy = state.busy()
     problem = None
+    try:
+        manifest = state.load()
+    except ManifestError as exc:
+        # The README's promise: status still shows the environment; --check fails.
+        manifest, problem = Manifest(), exc.message
+    busy = state.busy()
     try:
         check_pending(env, manifest.pending, all_patches())
     except ManifestError as exc:
         problem = exc.message
+    warnings = environment_warnings(env)
+    if busy:
+        warnings = (
+            EnvWarning(
+                "run-in-progress",
+                f"{state.busy_error().message}: what this shows may change when it finishes",
+                "run `rocmfix status` again once it has finished",
+            ),
+            *warnings,
+        )
     interrupted = pending_patches(patches, manifest.pending)
     inspected = tuple(
         inspect(env, p, manifest, interrupted, busy, explicit).status for p in patches
@@ -52,7 +66,7 @@ def status(env: Environment, patches: Sequence[Patch], *, explicit: bool = False
         pending=manifest.pending,
         busy=busy,
         hint=hint,
-        warnings=environment_warnings(env),
+        warnings=warnings,
         state_problem=problem,
     )
 
@@ -117,11 +131,13 @@ def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -
     """Put back the original bytes of every selected patched file and remove dropped files."""
     state = env.state
     manifest = state.load()
+    if state.busy():
+        # A run holding the lock may have written backups and no journal yet, or be about to
+        # save its entries: "nothing to revert" would be false seconds later.
+        raise state.busy_error()
     if not manifest.entries and manifest.pending is None:
         _tidy_unlocked(state)
         return RunResult(env, "revert", (), (), False, warnings=environment_warnings(env))
-    if state.busy():
-        raise state.busy_error()
     state.check_writable()
     with state.locked():
         try:

@@ -1,0 +1,281 @@
+"""Hostile files and state, round two (issue 28's files half, issue 32's state items): FIFOs
+and links to /dev/zero where rocmfix reads, a tuned file or config variable built to break
+the model, a lock someone else holds, runs seen while another one works. Each ends in one
+clear line (or a warning and the shipped config, inside a model), never a hang, and nothing
+lost."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from conftest import PYTHONPATH, InstalledEnv, files_under, load_template, run_cli
+
+pytestmark = pytest.mark.network
+DROP = "doclayout_yolo/nn/modules/g2l_crm_triton.py"
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.fixture
+def doclayout(doclayout_env: Callable[[str], InstalledEnv]) -> InstalledEnv:
+    env = doclayout_env("0.0.4")
+    applied = env.cli("apply", "--only", "doclayout-yolo")
+    assert applied.returncode == 0, applied.stderr
+    return env
+
+
+# ---------------------------------------------------------------------------- item 5
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+@pytest.mark.parametrize("make", [_fifo, _zero], ids=["fifo", "link-to-dev-zero"])
+def test_a_dropped_module_replaced_by_a_fifo_or_dev_zero(
+    doclayout: InstalledEnv, make: Callable[[Path], None]
+) -> None:
+    """status and revert read the dropped module to see whether it is still rocmfix's: a
+    FIFO there must not block them, a link to /dev/zero must not fill memory."""
+    drop = doclayout.site / DROP
+    drop.unlink()
+    make(drop)
+    status = doclayout.cli("status", "--json", timeout=60)
+    assert status.returncode == 0, status.stderr
+    by_id = {p["id"]: p for p in status.json()["patches"]}
+    assert by_id["doclayout-dilated-conv"]["verdict"] == "changed"
+    before = files_under(doclayout.site)
+    revert = doclayout.cli("revert", timeout=60)
+    assert revert.returncode == 1
+    assert "use --force" in _one_error_line(revert.stderr)
+    assert files_under(doclayout.site) == before
+    assert drop.is_symlink() or stat.S_ISFIFO(drop.lstat().st_mode)
+
+
+# ---------------------------------------------------------------------------- item 6
+
+
+@pytest.fixture
+def gemm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    pytest.importorskip("triton")
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
+    monkeypatch.delenv("ROCMFIX_PATCH_EMBED_CONFIG", raising=False)
+    module = load_template("patch_embed_gemm")
+    module.clear_config_cache()
+    yield module
+    module.clear_config_cache()
+
+
+def _alarm(_signum: int, _frame: object) -> None:
+    raise TimeoutError("the kernel config hung on the tuned file")
+
+
+def _resolve_within(module: ModuleType, seconds: int) -> dict[str, object]:
+    before = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
+    try:
+        with pytest.warns(RuntimeWarning, match="rocmfix"):
+            config: dict[str, object] = module.resolve_config("cpu")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    return config
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _tuned_nested(path: Path) -> None:
+    path.write_text('{"schema": 1, "kernels": ' + _nested(200_000) + "}")
+
+
+@pytest.mark.parametrize(
+    "make", [_tuned_nested, _fifo, _zero], ids=["deeply-nested", "fifo", "link-to-dev-zero"]
+)
+@pytest.mark.parametrize("where", ["variable", "xdg"])
+def test_a_hostile_tuned_file_leaves_the_shipped_config(
+    gemm: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make: Callable[[Path], None],
+    where: str,
+) -> None:
+    if where == "xdg":
+        monkeypatch.delenv("ROCMFIX_TUNED_FILE")
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+        path = tmp_path / "config" / "rocmfix" / "tuned.json"
+        path.parent.mkdir(parents=True)
+    else:
+        path = tmp_path / "tuned.json"
+        monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(path))
+    make(path)
+    default = _default(gemm)
+    assert _resolve_within(gemm, 20) == default
+
+
+def _default(module: ModuleType) -> dict[str, object]:
+    saved = os.environ.pop("ROCMFIX_TUNED_FILE", None)
+    os.environ["ROCMFIX_TUNED_FILE"] = "/nonexistent/rocmfix-tuned.json"
+    try:
+        module.clear_config_cache()
+        config: dict[str, object] = module.resolve_config("cpu")
+    finally:
+        os.environ.pop("ROCMFIX_TUNED_FILE")
+        if saved is not None:
+            os.environ["ROCMFIX_TUNED_FILE"] = saved
+        module.clear_config_cache()
+    return config
+
+
+def test_a_deeply_nested_config_variable_leaves_the_shipped_config(
+    gemm: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    default = _default(gemm)
+    monkeypatch.setenv("ROCMFIX_PATCH_EMBED_CONFIG", _nested(100_000))
+    assert _resolve_within(gemm, 20) == default
+
+
+def test_doctor_does_not_hang_on_a_fifo_tuned_file(tmp_path: Path) -> None:
+    path = tmp_path / "tuned.json"
+    os.mkfifo(path)
+    result = run_cli(
+        "doctor",
+        "--json",
+        "--op",
+        "patch-embed",
+        env={"ROCMFIX_TUNED_FILE": str(path)},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    codes = {w["code"] for w in result.json()["warnings"]}
+    assert "tuned-file-corrupt" in codes
+
+
+# ---------------------------------------------------------------------------- item 7
+
+
+def test_tune_reset_leaves_a_file_that_is_not_rocmfixs(tmp_path: Path) -> None:
+    foreign = tmp_path / "settings.json"
+    foreign.write_text('{"theme": "dark"}\n')
+    result = run_cli("tune", "--reset", env={"ROCMFIX_TUNED_FILE": str(foreign)})
+    assert result.returncode == 1
+    assert "not a rocmfix tuned file" in _one_error_line(result.stderr)
+    assert foreign.read_text() == '{"theme": "dark"}\n'
+    ours = tmp_path / "tuned.json"
+    ours.write_text('{"schema": 1, "kernels": {}}\n')
+    result = run_cli("tune", "--reset", env={"ROCMFIX_TUNED_FILE": str(ours)})
+    assert result.returncode == 0, result.stderr
+    assert not ours.exists()
+
+
+def test_tune_store_refuses_a_file_that_is_not_rocmfixs(tmp_path: Path) -> None:
+    from rocmfix import tuned
+    from rocmfix.errors import RefusedError
+
+    foreign = tmp_path / "settings.json"
+    foreign.write_text('{"theme": "dark"}\n')
+    entry = tuned.Entry("patch_embed_gemm", "gfx1100", "f16", {"BLOCK_M": 32})
+    with pytest.raises(RefusedError, match="not a rocmfix tuned file"):
+        tuned.store(foreign, [entry], {})
+    assert foreign.read_text() == '{"theme": "dark"}\n'
+
+
+# ---------------------------------------------------------------------------- issue 32
+
+
+def test_a_corrupt_manifest_does_not_stop_status(doclayout: InstalledEnv) -> None:
+    manifest = doclayout.state / "manifest.json"
+    manifest.write_text('{"schema": 1, "entries": {')
+    status = doclayout.cli("status")
+    assert status.returncode == 0, status.stderr
+    assert "doclayout-dilated-conv" in status.stdout
+    assert "not valid JSON" in " ".join(status.stdout.split())
+    check = doclayout.cli("status", "--check")
+    assert check.returncode == 1
+
+
+def _stopped(pid: int) -> bool:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return fields[0] == "T"
+
+
+def test_revert_and_status_during_a_running_apply(
+    doclayout_env: Callable[[str], InstalledEnv],
+) -> None:
+    env = doclayout_env("0.0.4")
+    pristine = files_under(env.site)
+    args = ("apply", "--only", "doclayout-yolo", "--python", str(env.python))
+    apply = subprocess.Popen(
+        [sys.executable, "-m", "rocmfix", *args],
+        env={
+            **os.environ,
+            "PYTHONPATH": PYTHONPATH,
+            "ROCMFIX_UNSAFE_TEST_HOOKS": json.dumps({"pause_at": 5}),
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd="/",
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _stopped(apply.pid):
+            assert apply.poll() is None, apply.communicate()
+            assert time.monotonic() < deadline, "the apply never reached its first write"
+            time.sleep(0.1)
+        revert = env.cli("revert")
+        assert revert.returncode == 1, revert.stdout + revert.stderr
+        line = _one_error_line(revert.stderr)
+        assert f"another rocmfix run (pid {apply.pid})" in line, line
+        status = env.cli("status")
+        assert status.returncode == 0, status.stderr
+        assert f"another rocmfix run (pid {apply.pid})" in " ".join(
+            (status.stdout + status.stderr).split()
+        )
+        assert files_under(env.site) == pristine
+    finally:
+        os.kill(apply.pid, signal.SIGCONT)
+        _out, err = apply.communicate(timeout=120)
+    assert apply.returncode == 0, err
+    assert env.status("doclayout-dilated-conv")["verdict"] == "applied"
+
+
+# ---------------------------------------------------------------------------- item 16
+
+
+def test_the_lock_file_is_not_open_to_everyone(doclayout: InstalledEnv) -> None:
+    """flock needs no write access: a lock file others can read is one they can hold."""
+    lock = doclayout.state / "lock"
+    assert lock.exists()
+    assert stat.S_IMODE(lock.stat().st_mode) & 0o007 == 0
+
+
+def test_a_lock_held_by_a_process_that_is_not_rocmfix(doclayout: InstalledEnv) -> None:
+    lock = doclayout.state / "lock"
+    lock.write_text("999999999")
+    with lock.open("rb") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        result = doclayout.cli("revert")
+    assert result.returncode == 1
+    line = _one_error_line(result.stderr)
+    assert "999999999" in line and "not running" in line, line
