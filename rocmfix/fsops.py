@@ -204,6 +204,7 @@ def atomic_write(
         else:
             os.chmod(tmp, file_mode(path.parent))
             give_to_folder_owner(tmp)
+        copy_xattrs(path, tmp)
         write_point(path)
         _check(path, expect)
         os.replace(tmp, path)
@@ -212,6 +213,37 @@ def atomic_write(
             tmp.unlink()
         raise
     _fsync_dir(path.parent)
+
+
+def _xattrs(path: Path) -> dict[str, bytes]:
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+        return {n: os.getxattr(path, n, follow_symlinks=False) for n in names}
+    except OSError:
+        # Absent, or a file system without extended attributes: nothing to carry.
+        return {}
+
+
+def copy_xattrs(source: Path, dest: Path) -> None:
+    """Give ``dest`` the extended attributes of the regular file ``source`` it replaces, ACLs
+    (``system.posix_acl_access``) included: a replace makes a new inode, and a user whose
+    write access came from an ACL would lose it for good. One that cannot be carried fails
+    the write (the run rolls back) rather than vanish."""
+    try:
+        if not stat.S_ISREG(source.lstat().st_mode):
+            return
+    except OSError:
+        return
+    have = _xattrs(dest)
+    for name, value in _xattrs(source).items():
+        if have.get(name) == value:
+            continue
+        try:
+            os.setxattr(dest, name, value, follow_symlinks=False)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot carry over its extended attribute {name}", str(source)
+            ) from None
 
 
 def give_to_folder_owner(path: Path) -> None:

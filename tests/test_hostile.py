@@ -110,7 +110,12 @@ def test_tampered_manifest_is_refused(env: InstalledEnv, canary: Path, case: str
     replaced = edit(doc)
     _write_manifest(env, replaced if replaced is not None else doc)
     before = files_under(env.root)
-    for command in ("status", "apply", "revert"):
+    # status warns and still shows the environment; --check fails (README, issue 32).
+    shown = env.cli("status")
+    assert shown.returncode == 0, shown.stderr
+    assert message in " ".join(shown.stdout.split())
+    assert env.cli("status", "--check").returncode == 1
+    for command in ("apply", "revert"):
         result = env.cli(command)
         assert result.returncode == 1, (command, result.stderr)
         assert message in _one_error_line(result.stderr), command

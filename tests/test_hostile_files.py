@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -279,3 +280,33 @@ def test_a_lock_held_by_a_process_that_is_not_rocmfix(doclayout: InstalledEnv) -
     assert result.returncode == 1
     line = _one_error_line(result.stderr)
     assert "999999999" in line and "not running" in line, line
+
+
+# ---------------------------------------------------------------------------- item 15
+
+
+def _attributes(path: Path) -> dict[str, bytes]:
+    return {n: os.getxattr(path, n) for n in os.listxattr(path)}
+
+
+def test_acls_and_extended_attributes_survive_apply_and_revert(
+    doclayout_env: Callable[[str], InstalledEnv],
+) -> None:
+    env = doclayout_env("0.0.4")
+    setfacl = shutil.which("setfacl")
+    if setfacl is None:
+        pytest.fail("this test needs setfacl (apt-get install acl), as .ci/run installs it")
+    subprocess.run([setfacl, "-m", "u:nobody:rw", str(env.target)], check=True)
+    os.setxattr(env.target, "user.origin", b"installed by hand")
+    before = _attributes(env.target)
+    mode = env.target.stat().st_mode
+    assert "system.posix_acl_access" in before
+    applied = env.cli("apply", "--only", "doclayout-yolo")
+    assert applied.returncode == 0, applied.stderr
+    assert env.target.read_bytes() != env.original
+    assert _attributes(env.target) == before
+    reverted = env.cli("revert")
+    assert reverted.returncode == 0, reverted.stderr
+    assert env.target.read_bytes() == env.original
+    assert _attributes(env.target) == before
+    assert env.target.stat().st_mode == mode
