@@ -78,10 +78,21 @@ class Pending:
 
 
 @dataclass(frozen=True)
+class RecordState:
+    """A distribution's RECORD as rocmfix first found it (``original``, kept as a backup) and
+    as rocmfix last wrote it (``written``): a revert that finds ``written`` there puts the
+    original back byte for byte, line endings and all."""
+
+    original: str
+    written: str
+
+
+@dataclass(frozen=True)
 class Manifest:
     rocmfix_version: str = ""
     entries: Mapping[str, Entry] = field(default_factory=dict)
     pending: Pending | None = None
+    records: Mapping[str, RecordState] = field(default_factory=dict)
 
 
 def now() -> str:
@@ -202,10 +213,23 @@ def parse_manifest(text: str, where: Path) -> Manifest:
     if not isinstance(entries_raw, dict):
         raise ManifestError(f"rocmfix's manifest {where} has malformed entries")
     entries = {name: _entry(name, value) for name, value in entries_raw.items()}
+    records_raw = raw.get("records", {})
+    if not isinstance(records_raw, dict) or not all(
+        isinstance(v, dict) for v in records_raw.values()
+    ):
+        raise ManifestError(f"rocmfix's manifest {where} has malformed records")
+    records = {
+        _str(dist, "records distribution"): RecordState(
+            original=_sha(value.get("original"), f"{dist} RECORD digest"),
+            written=_sha(value.get("written"), f"{dist} RECORD digest"),
+        )
+        for dist, value in records_raw.items()
+    }
     return Manifest(
         rocmfix_version=_str(raw.get("rocmfix_version", ""), "rocmfix_version"),
         entries=entries,
         pending=_pending(raw.get("pending")),
+        records=records,
     )
 
 
@@ -254,6 +278,11 @@ def dump_manifest(manifest: Manifest, rocmfix_version: str) -> bytes:
             ],
         },
     }
+    if manifest.records:
+        doc["records"] = {
+            dist: {"original": r.original, "written": r.written}
+            for dist, r in sorted(manifest.records.items())
+        }
     return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
 
 

@@ -310,3 +310,41 @@ def test_acls_and_extended_attributes_survive_apply_and_revert(
     assert env.target.read_bytes() == env.original
     assert _attributes(env.target) == before
     assert env.target.stat().st_mode == mode
+
+
+# ---------------------------------------------------------------------------- item 9
+
+
+def _no_final_newline(record: bytes) -> bytes:
+    return record.rstrip(b"\n")
+
+
+def _mixed_line_endings(record: bytes) -> bytes:
+    # pip writes RECORD with csv's CRLF; half its lines end in LF alone here.
+    lines = record.replace(b"\r\n", b"\n").split(b"\n")
+    return b"\n".join(line + b"\r" if i % 2 and line else line for i, line in enumerate(lines))
+
+
+def _a_line_for_the_drop(record: bytes) -> bytes:
+    return record + DROP.encode() + b",,\n"
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [_no_final_newline, _mixed_line_endings, _a_line_for_the_drop],
+    ids=["no-final-newline", "mixed-line-endings", "a-line-for-the-drop"],
+)
+def test_record_is_byte_identical_after_apply_and_revert(
+    doclayout_env: Callable[[str], InstalledEnv], shape: Callable[[bytes], bytes]
+) -> None:
+    env = doclayout_env("0.0.4")
+    (record,) = env.site.glob("doclayout_yolo-*.dist-info/RECORD")
+    record.write_bytes(shape(record.read_bytes()))
+    pristine = files_under(env.site)
+    applied = env.cli("apply", "--only", "doclayout-yolo")
+    assert applied.returncode == 0, applied.stderr
+    assert record.read_bytes() != pristine[str(record.relative_to(env.site))]
+    reverted = env.cli("revert")
+    assert reverted.returncode == 0, reverted.stderr
+    assert files_under(env.site) == pristine
+    assert not env.state.exists()

@@ -24,7 +24,7 @@ from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError, RefusedError, WriteError
 from rocmfix.patch import Patch
 from rocmfix.results import FileChange
-from rocmfix.state import Entry, Manifest, Pending, PendingFile, StateDir, now
+from rocmfix.state import Entry, Manifest, Pending, PendingFile, RecordState, StateDir, now
 from rocmfix.write.plan import Plan, record_rel
 
 
@@ -98,8 +98,40 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _records(
+    state: StateDir, manifest: Manifest, plan: Plan, changes: Sequence[FileChange]
+) -> tuple[list[FileChange], dict[str, RecordState]]:
+    """RECORD edits made byte-exact: the first change to a distribution's RECORD keeps its
+    original; the revert that leaves none of that distribution's patches applied puts the
+    original back whole (no trailing newline, mixed line endings, a line for a path rocmfix
+    drops: a line edit cannot undo those) where RECORD still holds what rocmfix wrote."""
+    records = dict(manifest.records)
+    applied = {e.distribution for e in plan.entries.values()}
+    out = []
+    for change in changes:
+        if change.kind != "record" or change.before is None or change.after is None:
+            out.append(change)
+            continue
+        known = records.get(change.distribution)
+        before, after = fsops.sha256(change.before), fsops.sha256(change.after)
+        if change.distribution not in applied:
+            records.pop(change.distribution, None)
+            if known is not None and known.written == before:
+                with contextlib.suppress(ManifestError):
+                    change = replace(change, after=state.read_backup(known.original))
+            if change.after != change.before:
+                out.append(change)
+            continue
+        original = known.original if known is not None and known.written == before else before
+        records[change.distribution] = RecordState(original, after)
+        out.append(change)
+    return out, {d: r for d, r in records.items() if d in applied}
+
+
 def execute(state: StateDir, manifest: Manifest, plan: Plan, op: str) -> None:
-    changes = _order(plan.changes, reverting=(op == "revert"))
+    changes, records = _records(
+        state, manifest, plan, _order(plan.changes, reverting=(op == "revert"))
+    )
     check_writable(changes, state)
     try:
         for change in changes:
@@ -135,16 +167,18 @@ def execute(state: StateDir, manifest: Manifest, plan: Plan, op: str) -> None:
                 hint="`rocmfix revert` clears it once the fault is gone",
             ) from None
         raise WriteError(f"{problem}; every file is as it was") from None
-    state.save(replace(manifest, entries=plan.entries, pending=None), __version__)
-    state.prune_backups(kept_backups(plan.entries.values()))
+    state.save(replace(manifest, entries=plan.entries, pending=None, records=records), __version__)
+    state.prune_backups(kept_backups(plan.entries.values(), records.values()))
 
 
-def kept_backups(entries: Iterable[Entry]) -> set[str]:
-    """The backups the manifest's entries still need: originals, and files a forced drop
-    replaced."""
-    return {e.original_sha256 for e in entries} | {
-        d.replaced for e in entries for d in e.drops if d.replaced
-    }
+def kept_backups(entries: Iterable[Entry], records: Iterable[RecordState] = ()) -> set[str]:
+    """The backups the manifest still needs: originals, files a forced drop replaced, and
+    each RECORD as rocmfix first found it."""
+    return (
+        {e.original_sha256 for e in entries}
+        | {d.replaced for e in entries for d in e.drops if d.replaced}
+        | {r.original for r in records}
+    )
 
 
 def _rollback(done: Sequence[FileChange]) -> list[str]:
