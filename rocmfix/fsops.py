@@ -333,7 +333,7 @@ def owner_name(path: Path) -> str:
     try:
         owner = path.owner()
     except (KeyError, OSError):
-        owner = f"uid {info.st_uid}"
+        owner = str(info.st_uid)
     if info.st_mode & stat.S_ISGID and stat.S_ISDIR(info.st_mode):
         try:
             group = path.group()

@@ -348,3 +348,53 @@ def test_record_is_byte_identical_after_apply_and_revert(
     assert reverted.returncode == 0, reverted.stderr
     assert files_under(env.site) == pristine
     assert not env.state.exists()
+
+
+# ---------------------------------------------------------------------------- item 4
+
+
+def test_apply_refuses_a_target_folder_that_links_out(
+    doclayout_env: Callable[[str], InstalledEnv],
+) -> None:
+    env = doclayout_env("0.0.4")
+    modules = env.target.parent
+    outside = env.root.parent / "outside-modules"
+    modules.rename(outside)
+    modules.symlink_to(outside)
+    before = files_under(outside)
+    site_before = files_under(env.site)
+    result = env.cli("apply", "--only", "doclayout-yolo")
+    assert result.returncode == 1
+    line = _one_error_line(result.stderr)
+    assert "nothing was changed" in line and "link out of the environment" in line, line
+    assert files_under(outside) == before
+    assert files_under(env.site) == site_before
+    assert not env.state.exists() or not (env.state / "manifest.json").exists()
+
+
+def test_a_folder_linked_out_after_a_killed_apply_is_not_blamed_on_the_journal(
+    doclayout_env: Callable[[str], InstalledEnv],
+) -> None:
+    env = doclayout_env("0.0.4")
+    killed = env.cli(
+        "apply",
+        "--only",
+        "doclayout-yolo",
+        env={"ROCMFIX_UNSAFE_TEST_HOOKS": json.dumps({"kill_at": 9})},
+    )
+    assert killed.returncode != 0
+    assert json.loads((env.state / "manifest.json").read_text())["pending"] is not None
+    modules = env.target.parent
+    real = env.root.parent / "moved-modules"
+    modules.rename(real)
+    modules.symlink_to(real)
+    refused = env.cli("revert")
+    assert refused.returncode == 1
+    line = _one_error_line(refused.stderr)
+    assert "linked folder" in line and "journal" not in line, line
+    assert "put the real folder back" in refused.stderr
+    modules.unlink()
+    real.rename(modules)
+    restored = env.cli("revert")
+    assert restored.returncode == 0, restored.stderr
+    assert env.target.read_bytes() == env.original

@@ -17,7 +17,7 @@ import contextlib
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from rocmfix import __version__, fsops
 from rocmfix.environment import Distribution, Environment
@@ -28,7 +28,27 @@ from rocmfix.state import Entry, Manifest, Pending, PendingFile, RecordState, St
 from rocmfix.write.plan import Plan, record_rel
 
 
+def _root(change: FileChange) -> Path:
+    """The folder ``change.rel`` is relative to (site-packages, or a distribution's root)."""
+    return change.path.parents[len(PurePosixPath(change.rel).parts) - 1]
+
+
+def check_inside(changes: Sequence[FileChange]) -> None:
+    """Refuse, before anything is written, a file reached through a folder that links out of
+    the environment: the same check a journal gets, so what apply writes, revert restores."""
+    for change in changes:
+        root = _root(change)
+        if change.path.is_symlink() or not fsops.inside(change.path, root):
+            raise RefusedError(
+                f"nothing was changed: {change.path} is reached through a link out of the "
+                f"environment ({change.path.parent.resolve()} is not under {root})",
+                hint="rocmfix writes only inside the environment; put the real folder back, "
+                "or patch the environment the link leads to",
+            )
+
+
 def check_writable(changes: Sequence[FileChange], state: StateDir) -> None:
+    check_inside(changes)
     state.check_writable()
     for directory in sorted({c.path.parent for c in changes}):
         reason = fsops.unwritable_reason(directory)
@@ -202,6 +222,11 @@ def _pending_path(dist: Distribution, item: PendingFile, patches: Sequence[Patch
     }
     targets = {p.path for p in patches if p.distribution == item.distribution}
     hint = "rocmfix's journal was edited; move share/rocmfix aside and reinstall the package"
+    # A folder that became a link after the journal was written is no edit of the journal.
+    link_hint = (
+        "a folder on that path now links out of the environment; put the real folder back "
+        "and run the command again (rocmfix never writes through such a link)"
+    )
     if item.kind == "record":
         record = dist.record
         if record is None or item.path != record_rel(dist, record):
@@ -224,7 +249,11 @@ def _pending_path(dist: Distribution, item: PendingFile, patches: Sequence[Patch
     # Every target of one distribution lives under one root.
     path = roots[0] / item.path
     if path.is_symlink() or not fsops.inside(path, roots[0]):
-        raise ManifestError(f"the journal's {path} leads out of the environment", hint=hint)
+        raise ManifestError(
+            f"cannot restore {path}: it leads out of the environment through a linked "
+            f"folder (to {path.parent.resolve()})",
+            hint=link_hint,
+        )
     return path
 
 
