@@ -16,6 +16,7 @@ import json
 import os
 import re
 import stat
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -29,6 +30,8 @@ _SHA = re.compile(r"[0-9a-f]{64}")
 # A manifest names a few dozen files; anything far larger is not one rocmfix wrote.
 _MANIFEST_LIMIT = 4 << 20
 _HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
+# The temporary name ``<prefix>/share`` is built under (see StateDir._make_root).
+_SHARE_TEMP = ".share" + fsops.TEMP_TAG
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,51 @@ class StateDir:
         if not fsops.inside(self.root / "x", self.prefix):
             raise ManifestError(f"{self.root} is outside the environment {self.prefix}")
 
+    def _make_root(self) -> None:
+        """Make the state folder. Where ``share/`` is missing, rocmfix builds it whole under a
+        temporary name, ``made-share`` marker inside, and renames it into place: a run killed
+        at any point leaves either no ``share/`` or one that says it is rocmfix's (and a
+        temporary folder the next run removes), never an empty ``share/`` nobody removes."""
+        share = self.root.parent
+        if share.exists() or share.is_symlink():
+            fsops.make_dirs(self.root)
+            return
+        fsops.write_point(share)
+        tmp = Path(tempfile.mkdtemp(dir=self.prefix, prefix=_SHARE_TEMP, suffix=fsops.TEMP_SUFFIX))
+        try:
+            for folder in (tmp, tmp / self.root.name):
+                if folder != tmp:
+                    folder.mkdir()
+                os.chmod(folder, fsops.dir_mode(stat.S_IMODE(folder.parent.stat().st_mode)))
+                fsops.give_to_folder_owner(folder)
+            marker = tmp / self.root.name / self._made_share.name
+            marker.touch()
+            fsops.give_to_folder_owner(marker)
+            os.rename(tmp, share)
+        except OSError:
+            # Another run made share/ meanwhile: use theirs.
+            self._remove_share_temp(tmp)
+            fsops.make_dirs(self.root)
+            return
+        fsops.write_point(share)
+
+    def _remove_share_temp(self, tmp: Path) -> None:
+        """A temporary share/ of :meth:`_make_root`: only what it makes there is removed."""
+        with contextlib.suppress(OSError):
+            if tmp.is_symlink() or not tmp.is_dir():
+                return
+            inner = tmp / self.root.name
+            marker = inner / self._made_share.name
+            if marker.is_file() and not marker.is_symlink():
+                marker.unlink()
+            if inner.is_dir() and not inner.is_symlink():
+                inner.rmdir()
+            tmp.rmdir()
+
+    def left_behind(self) -> bool:
+        """Whether a killed run left state to tidy: the folder, or a temporary share/."""
+        return self.root.exists() or any(self.prefix.glob(f"{_SHARE_TEMP}*{fsops.TEMP_SUFFIX}"))
+
     def _read(self, path: Path, limit: int = fsops.READ_LIMIT) -> bytes | None:
         try:
             return fsops.read_regular(path, limit)
@@ -326,9 +374,8 @@ class StateDir:
 
     def _write(self, path: Path, data: bytes) -> None:
         self.check_layout()
-        made = fsops.make_dirs(path.parent)
-        if self.root.parent in made:
-            fsops.atomic_write(self._made_share, b"")
+        self._make_root()
+        fsops.make_dirs(path.parent)
         fsops.atomic_write(path, data)
 
     # ------------------------------------------------------------------------ manifest
@@ -406,6 +453,8 @@ class StateDir:
         # Where rocmfix writes its state, and where it probes for write access first.
         for folder in (self.root, self.backups, self.root.parent, self.prefix):
             fsops.remove_temp_files(folder)
+        for leftover in self.prefix.glob(f"{_SHARE_TEMP}*{fsops.TEMP_SUFFIX}"):
+            self._remove_share_temp(leftover)
         if manifest.entries or manifest.pending is not None:
             return
         self.prune_backups(set())
@@ -453,9 +502,7 @@ class StateDir:
         # and keep a lock only on the file that is at the lock's path.
         for _ in range(100):
             self.check_layout()
-            made = fsops.make_dirs(self.root)
-            if self.root.parent in made:
-                fsops.atomic_write(self._made_share, b"")
+            self._make_root()
             try:
                 fd = self._open_lock()
             except FileNotFoundError:

@@ -398,3 +398,25 @@ def test_a_folder_linked_out_after_a_killed_apply_is_not_blamed_on_the_journal(
     restored = env.cli("revert")
     assert restored.returncode == 0, restored.stderr
     assert env.target.read_bytes() == env.original
+
+
+# ---------------------------------------------------------------------------- share/
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts}
+
+
+@pytest.mark.parametrize("point", [1, 2, 3, 4])
+def test_a_kill_at_the_first_write_points_leaves_no_share_folder(
+    doclayout_env: Callable[[str], InstalledEnv], point: int
+) -> None:
+    env = doclayout_env("0.0.4")
+    assert not (env.root / "share").exists()
+    before = _tree(env.root)
+    hooks = {"ROCMFIX_UNSAFE_TEST_HOOKS": json.dumps({"kill_at": point})}
+    killed = env.cli("apply", "--only", "doclayout-yolo", env=hooks)
+    assert killed.returncode != 0
+    result = env.cli("revert")
+    assert result.returncode == 0, result.stderr
+    assert _tree(env.root) == before

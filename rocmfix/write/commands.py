@@ -161,7 +161,7 @@ def _remove_leftovers(plan: Plan) -> None:
 def _tidy_unlocked(state: StateDir) -> None:
     """Leftovers of a run killed before its journal, unless a run holds the lock right now:
     then they are its backups."""
-    if state.root.exists():
+    if state.left_behind():
         with contextlib.suppress(LockBusyError, OSError), state.locked():
             state.tidy()
 
