@@ -21,6 +21,7 @@ from types import ModuleType
 
 import pytest
 
+import releases
 from conftest import PYTHONPATH, InstalledEnv, files_under, load_template, run_cli
 
 pytestmark = pytest.mark.network
@@ -420,3 +421,63 @@ def test_a_kill_at_the_first_write_points_leaves_no_share_folder(
     result = env.cli("revert")
     assert result.returncode == 0, result.stderr
     assert _tree(env.root) == before
+
+
+# ---------------------------------------------------------------------------- item 3
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+def _pip_target(folder: Path) -> None:
+    wheel = releases.wheel("mineru-vl-utils", "0.1.13")
+    pip = (sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile")
+    subprocess.run([*pip, "--target", str(folder), str(wheel)], check=True)
+
+
+def _system_python() -> Path:
+    if not SYSTEM_PYTHON.exists():
+        pytest.skip("needs a system Python at /usr/bin/python3 with the user site enabled")
+    return SYSTEM_PYTHON
+
+
+def test_the_user_site_keeps_its_own_record(tmp_path: Path) -> None:
+    """Targets in the user site get state in the user base, not in the interpreter's prefix
+    (/usr/share/rocmfix, which a user cannot write and every other tree would share)."""
+    python = _system_python()
+    version = subprocess.run(
+        [str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    base = tmp_path / "userbase"
+    site = base / "lib" / f"python{version}" / "site-packages"
+    _pip_target(site)
+    target = site / "mineru_vl_utils/vlm_client/vllm_async_engine_client.py"
+    original = target.read_bytes()
+    system_state = Path("/usr/share/rocmfix")
+    existed = system_state.exists()
+    env = {"PYTHONUSERBASE": str(base)}
+    applied = run_cli("apply", "--only", "mineru-tokenizer", "--python", str(python), env=env)
+    assert applied.returncode == 0, applied.stderr
+    assert target.read_bytes() != original
+    assert (base / "share" / "rocmfix" / "manifest.json").is_file()
+    assert system_state.exists() == existed
+    reverted = run_cli("revert", "--python", str(python), env=env)
+    assert reverted.returncode == 0, reverted.stderr
+    assert target.read_bytes() == original
+    assert not (base / "share").exists()
+
+
+def test_a_package_tree_on_pythonpath_is_refused_with_the_reason(tmp_path: Path) -> None:
+    python = _system_python()
+    tree = tmp_path / "tree"
+    _pip_target(tree)
+    before = files_under(tree)
+    env = {"PYTHONPATH": f"{PYTHONPATH}{os.pathsep}{tree}"}
+    result = run_cli("apply", "--only", "mineru-tokenizer", "--python", str(python), env=env)
+    assert result.returncode == 1, result.stderr
+    line = _one_error_line(result.stderr)
+    assert "nothing was changed" in line and "PYTHONPATH" in line, line
+    assert files_under(tree) == before
+    assert not Path("/usr/share/rocmfix/manifest.json").exists()

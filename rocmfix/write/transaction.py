@@ -33,11 +33,20 @@ def _root(change: FileChange) -> Path:
     return change.path.parents[len(PurePosixPath(change.rel).parts) - 1]
 
 
-def check_inside(changes: Sequence[FileChange]) -> None:
+def check_inside(changes: Sequence[FileChange], state: StateDir) -> None:
     """Refuse, before anything is written, a file reached through a folder that links out of
-    the environment: the same check a journal gets, so what apply writes, revert restores."""
+    the environment (the same check a journal gets, so what apply writes, revert restores),
+    and one outside the installation whose record ``state`` is."""
     for change in changes:
         root = _root(change)
+        if not fsops.inside(root / "x", state.prefix):
+            raise RefusedError(
+                f"nothing was changed: {change.path} is in {root}, outside {state.prefix} "
+                f"whose record ({state.root}) this run keeps: a package tree on PYTHONPATH, "
+                "from pip install --target, or beside another site folder would share it",
+                hint="install the package into the environment (or the user site) itself, "
+                "or patch each site folder on its own with --only",
+            )
         if change.path.is_symlink() or not fsops.inside(change.path, root):
             raise RefusedError(
                 f"nothing was changed: {change.path} is reached through a link out of the "
@@ -48,7 +57,7 @@ def check_inside(changes: Sequence[FileChange]) -> None:
 
 
 def check_writable(changes: Sequence[FileChange], state: StateDir) -> None:
-    check_inside(changes)
+    check_inside(changes, state)
     state.check_writable()
     for directory in sorted({c.path.parent for c in changes}):
         reason = fsops.unwritable_reason(directory)
