@@ -27,6 +27,7 @@ from .errors import LockBusyError, ManifestError, RefusedError, WriteError
 
 MANIFEST_SCHEMA = 1
 _SHA = re.compile(r"[0-9a-f]{64}")
+PYC_NAME = re.compile(r"[A-Za-z0-9_]+\.[A-Za-z0-9_.-]+\.pyc")
 # A manifest names a few dozen files; anything far larger is not one rocmfix wrote.
 _MANIFEST_LIMIT = 4 << 20
 _HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
@@ -58,6 +59,10 @@ class Entry:
     drops: tuple[Drop, ...]
     record_updated: bool
     applied_at: str
+    # The bytecode pip wrote for ``file`` (names in its __pycache__, digests of the backups)
+    # and the file's mtime then: revert puts both back, and the bytecode is valid again.
+    pycache: tuple[Drop, ...] = ()
+    mtime_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,22 @@ def _entry(patch: str, raw: Any) -> Entry:
         drops=tuple(drops),
         record_updated=bool(raw.get("record_updated", False)),
         applied_at=_str(raw.get("applied_at", ""), f"{patch} applied_at"),
+        pycache=_pycache(patch, raw.get("pycache", [])),
+        mtime_ns=mtime if isinstance(mtime := raw.get("mtime_ns"), int) and mtime >= 0 else None,
     )
+
+
+def _pycache(patch: str, raw: Any) -> tuple[Drop, ...]:
+    """Bytecode names: a plain ``<module>.<tag>.pyc`` each, nothing with a folder in it."""
+    if not isinstance(raw, list):
+        raise ManifestError(f"manifest: entry {patch!r} has malformed pycache")
+    out = []
+    for item in raw:
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not PYC_NAME.fullmatch(name):
+            raise ManifestError(f"manifest: entry {patch!r} names bytecode {name!r}")
+        out.append(Drop(path=name, sha256=_sha(item.get("sha256"), f"{patch} bytecode")))
+    return tuple(out)
 
 
 def _pending(raw: Any) -> Pending | None:
@@ -256,6 +276,14 @@ def dump_manifest(manifest: Manifest, rocmfix_version: str) -> bytes:
             ],
             "record_updated": e.record_updated,
             "applied_at": e.applied_at,
+            **(
+                {
+                    "pycache": [{"name": d.path, "sha256": d.sha256} for d in e.pycache],
+                    "mtime_ns": e.mtime_ns,
+                }
+                if e.pycache
+                else {}
+            ),
         }
 
     pending = manifest.pending

@@ -481,3 +481,45 @@ def test_a_package_tree_on_pythonpath_is_refused_with_the_reason(tmp_path: Path)
     assert "nothing was changed" in line and "PYTHONPATH" in line, line
     assert files_under(tree) == before
     assert not Path("/usr/share/rocmfix/manifest.json").exists()
+
+
+# ---------------------------------------------------------------------------- issue 32 item 10
+
+
+def test_revert_puts_back_the_bytecode_pip_wrote(tmp_path: Path) -> None:
+    python = releases.make_venv(tmp_path / "venv")
+    wheel = releases.wheel("mineru-vl-utils", "0.1.13")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+    )
+    site = releases.site_packages(python)
+    target = site / "mineru_vl_utils/vlm_client/vllm_async_engine_client.py"
+    (pyc,) = (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc")
+    everything = {str(p.relative_to(site)): p.read_bytes() for p in site.rglob("*") if p.is_file()}
+    mtime = target.stat().st_mtime_ns
+    cli = ("--only", "mineru-tokenizer", "--python", str(python))
+    applied = run_cli("apply", *cli)
+    assert applied.returncode == 0, applied.stderr
+    assert not pyc.exists(), "the patched module's old bytecode must go"
+    reverted = run_cli("revert", *cli)
+    assert reverted.returncode == 0, reverted.stderr
+    after = {str(p.relative_to(site)): p.read_bytes() for p in site.rglob("*") if p.is_file()}
+    assert after == everything
+    # Valid again: the source's mtime is the one the bytecode was compiled against.
+    assert target.stat().st_mtime_ns == mtime
+    header = pyc.read_bytes()
+    flags = int.from_bytes(header[4:8], "little")
+    if flags == 0:
+        assert int.from_bytes(header[8:12], "little") == int(mtime // 10**9) & 0xFFFFFFFF

@@ -24,7 +24,17 @@ from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError, RefusedError, WriteError
 from rocmfix.patch import Patch
 from rocmfix.results import FileChange
-from rocmfix.state import Entry, Manifest, Pending, PendingFile, RecordState, StateDir, now
+from rocmfix.state import (
+    PYC_NAME,
+    Drop,
+    Entry,
+    Manifest,
+    Pending,
+    PendingFile,
+    RecordState,
+    StateDir,
+    now,
+)
 from rocmfix.write.plan import Plan, record_rel
 
 
@@ -157,11 +167,71 @@ def _records(
     return out, {d: r for d, r in records.items() if d in applied}
 
 
+def _bytecode(path: Path) -> list[tuple[str, bytes]]:
+    """The bytecode files of the module at ``path`` (``__pycache__/<stem>.<tag>.pyc``):
+    regular files only, none through a link."""
+    cache = path.parent / "__pycache__"
+    if cache.is_symlink() or not cache.is_dir():
+        return []
+    out = []
+    for pyc in sorted(cache.glob(f"{path.stem}.*.pyc")):
+        with contextlib.suppress(OSError, fsops.NotRegularError):
+            data = fsops.read_regular(pyc, 16 << 20)
+            if data is not None and PYC_NAME.fullmatch(pyc.name):
+                out.append((pyc.name, data))
+    return out
+
+
+def _keep_bytecode(state: StateDir, plan: Plan, changes: Sequence[FileChange]) -> Plan:
+    """Back up the bytecode pip wrote for each file this apply patches (the write removes
+    it, as it would go stale) and its mtime, for revert to put back."""
+    originals = {(c.distribution, c.rel): c for c in changes if c.kind == "target" and c.before}
+    entries = dict(plan.entries)
+    for name, entry in plan.entries.items():
+        change = originals.get((entry.distribution, entry.file))
+        if change is None or change.before is None:
+            continue
+        if fsops.sha256(change.before) != entry.original_sha256:
+            continue
+        kept = []
+        for pyc, data in _bytecode(change.path):
+            kept.append(Drop(pyc, state.backup(data)))
+        if kept:
+            mtime = change.path.stat(follow_symlinks=False).st_mtime_ns
+            entries[name] = replace(entry, pycache=tuple(kept), mtime_ns=mtime)
+    return replace(plan, entries=entries)
+
+
+def _restore_bytecode(state: StateDir, reverted: Iterable[Entry], plan: Plan) -> None:
+    """Put back the bytecode pip wrote and the mtime it was compiled against, for each file
+    revert restored to its original. Best effort: it is a cache, which Python rebuilds."""
+    written = {(c.distribution, c.rel): c for c in plan.changes if c.kind == "target"}
+    for entry in reverted:
+        change = written.get((entry.distribution, entry.file))
+        if change is None or change.after is None or not entry.pycache:
+            continue
+        if fsops.sha256(change.after) != entry.original_sha256 or entry.mtime_ns is None:
+            continue
+        with contextlib.suppress(OSError, ManifestError):
+            os.utime(change.path, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+            cache = change.path.parent / "__pycache__"
+            fsops.make_dirs(cache)
+            if cache.is_symlink() or not fsops.inside(cache / "x", _root(change)):
+                continue
+            like = change.path.stat(follow_symlinks=False)
+            for pyc in entry.pycache:
+                if PYC_NAME.fullmatch(pyc.path) and not (cache / pyc.path).exists():
+                    fsops.atomic_write(cache / pyc.path, state.read_backup(pyc.sha256), like=like)
+
+
 def execute(state: StateDir, manifest: Manifest, plan: Plan, op: str) -> None:
     changes, records = _records(
         state, manifest, plan, _order(plan.changes, reverting=(op == "revert"))
     )
     check_writable(changes, state)
+    if op == "apply":
+        with contextlib.suppress(OSError):
+            plan = _keep_bytecode(state, plan, changes)
     try:
         for change in changes:
             if change.before is not None:
@@ -196,6 +266,9 @@ def execute(state: StateDir, manifest: Manifest, plan: Plan, op: str) -> None:
                 hint="`rocmfix revert` clears it once the fault is gone",
             ) from None
         raise WriteError(f"{problem}; every file is as it was") from None
+    if op == "revert":
+        reverted = [e for n, e in manifest.entries.items() if n not in plan.entries]
+        _restore_bytecode(state, reverted, plan)
     state.save(replace(manifest, entries=plan.entries, pending=None, records=records), __version__)
     state.prune_backups(kept_backups(plan.entries.values(), records.values()))
 
@@ -206,6 +279,7 @@ def kept_backups(entries: Iterable[Entry], records: Iterable[RecordState] = ()) 
     return (
         {e.original_sha256 for e in entries}
         | {d.replaced for e in entries for d in e.drops if d.replaced}
+        | {p.sha256 for e in entries for p in e.pycache}
         | {r.original for r in records}
     )
 
