@@ -542,8 +542,10 @@ class StateDir:
                     raise self.busy_error() from None
                 if taken:
                     fsops.give_to_folder_owner(self.lock_path)
-                    # A lock file an older rocmfix left readable by anyone is closed now.
-                    os.fchmod(fd, fsops.lock_mode(self.root))
+                    # A lock file an older rocmfix left readable by anyone is closed now
+                    # (by its owner: another member of a shared group may not chmod it).
+                    with contextlib.suppress(PermissionError):
+                        os.fchmod(fd, fsops.lock_mode(self.root))
                     return fd
             except BaseException:
                 os.close(fd)

@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 
 import releases
 from conftest import PYTHONPATH, InstalledEnv, files_under, load_template, run_cli
+from test_installs import conda_like_prefix
 
 pytestmark = pytest.mark.network
 DROP = "doclayout_yolo/nn/modules/g2l_crm_triton.py"
@@ -523,3 +525,70 @@ def test_revert_puts_back_the_bytecode_pip_wrote(tmp_path: Path) -> None:
     flags = int.from_bytes(header[4:8], "little")
     if flags == 0:
         assert int.from_bytes(header[8:12], "little") == int(mtime // 10**9) & 0xFFFFFFFF
+
+
+# ---------------------------------------------------------------------------- item 14
+
+_GROUP, _OWNER, _MEMBER = 61000, 61001, 61002
+
+
+def _as_user(uid: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as another member of the shared group, umask 002, reading everything
+    (DAC_READ_SEARCH: this Python lives under /root) and writing only what the group may."""
+    return subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={_GROUP}",
+            f"--groups={_GROUP}",
+            "--inh-caps=+dac_read_search",
+            "--ambient-caps=+dac_read_search",
+            "sh",
+            "-c",
+            'umask 002 && exec "$@"',
+            "sh",
+            sys.executable,
+            "-m",
+            "rocmfix",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "XDG_CACHE_HOME": "/nonexistent"},
+        cwd="/",
+        check=False,
+    )
+
+
+def test_a_group_shared_environment_stays_shared() -> None:
+    """setgid 2775, umask 002: what one member applies, the owner (or any member) reverts."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv(1) to act as two members of one group")
+    top = Path(tempfile.mkdtemp(prefix="rocmfix-group-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        # A copied interpreter: the other users may not execute this one under /root.
+        python = conda_like_prefix(top / "env")
+        releases.pip_install(python, releases.wheel("mineru-vl-utils", "0.1.13"))
+        root = top / "env"
+        shutil.rmtree(root / "share")  # conda ships one; this test is about making it
+        for path in [root, *root.rglob("*")]:
+            os.lchown(path, _OWNER, _GROUP)
+            if path.is_symlink():
+                continue
+            mode = stat.S_IMODE(path.stat().st_mode)
+            path.chmod((mode | 0o2070) if path.is_dir() else (mode | 0o060))
+        before = files_under(root)
+        applied = _as_user(_MEMBER, "apply", "--python", str(python))
+        assert applied.returncode == 0, applied.stderr
+        state = root / "share" / "rocmfix"
+        for folder in (root / "share", state):
+            info = folder.stat()
+            assert info.st_gid == _GROUP, folder
+            assert info.st_mode & stat.S_ISGID and info.st_mode & 0o020, oct(info.st_mode)
+        reverted = _as_user(_OWNER, "revert", "--python", str(python))
+        assert reverted.returncode == 0, reverted.stderr
+        assert files_under(root) == before
+        assert not state.exists()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
