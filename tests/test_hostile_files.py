@@ -21,10 +21,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from test_installs import conda_like_prefix
 
 import releases
 from conftest import PYTHONPATH, InstalledEnv, files_under, load_template, run_cli
-from test_installs import conda_like_prefix
 
 pytestmark = pytest.mark.network
 DROP = "doclayout_yolo/nn/modules/g2l_crm_triton.py"
