@@ -364,6 +364,7 @@ class StateDir:
                 fsops.give_to_folder_owner(folder)
             marker = tmp / self.root.name / self._made_share.name
             marker.touch()
+            os.chmod(marker, fsops.file_mode(marker.parent))
             fsops.give_to_folder_owner(marker)
             os.rename(tmp, share)
         except OSError:

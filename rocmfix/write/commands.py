@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from dataclasses import replace
 
 from rocmfix import fsops
 from rocmfix.checks import EnvWarning, environment_warnings
@@ -22,7 +23,7 @@ from rocmfix.results import FileChange, Outcome, RunResult, StatusReport, Verdic
 from rocmfix.state import Manifest, StateDir
 from rocmfix.write.plan import Plan, plan_apply, plan_revert
 from rocmfix.write.transaction import check_pending, check_writable, execute, recover
-from rocmfix.write.verdicts import inspect, pending_patches
+from rocmfix.write.verdicts import check_entry, inspect, pending_patches
 
 
 def status(env: Environment, patches: Sequence[Patch], *, explicit: bool = False) -> StatusReport:
@@ -40,6 +41,16 @@ def status(env: Environment, patches: Sequence[Patch], *, explicit: bool = False
         check_pending(env, manifest.pending, all_patches())
     except ManifestError as exc:
         problem = exc.message
+    for patch in patches:
+        entry = manifest.entries.get(patch.id)
+        try:
+            if entry is not None:
+                check_entry(patch, entry)
+        except ManifestError as exc:
+            # Shown as the state's problem; the patch reads as if no entry named it.
+            problem = exc.message
+            entries = {k: v for k, v in manifest.entries.items() if k != patch.id}
+            manifest = replace(manifest, entries=entries)
     warnings = environment_warnings(env)
     if busy:
         warnings = (
