@@ -99,8 +99,9 @@ class Environment:
         venv or conda env, ``~/.local`` for the user site, ``/usr/local`` for Debian's pip).
         Two package trees used with one interpreter never share a record. Targets in no such
         site folder, or in several, keep the prefix's record, and apply refuses them
-        (:func:`rocmfix.write.transaction.check_inside`)."""
-        bases = {site_base(d.location) for d in self.distributions.values()}
+        (:func:`rocmfix.write.transaction.check_sites`). Editable installs, whose metadata
+        may sit in their checkout, do not choose."""
+        bases = {site_base(d.location) for d in self.distributions.values() if not d.editable}
         base = bases.pop() if len(bases) == 1 else None
         base = base if base is not None else self.python.prefix
         return StateDir(base / "share" / "rocmfix", base)

@@ -22,7 +22,13 @@ from rocmfix.registry import all_patches, check_scheme
 from rocmfix.results import FileChange, Outcome, RunResult, StatusReport, Verdict
 from rocmfix.state import Manifest, StateDir
 from rocmfix.write.plan import Plan, plan_apply, plan_revert
-from rocmfix.write.transaction import check_pending, check_writable, execute, recover
+from rocmfix.write.transaction import (
+    check_pending,
+    check_sites,
+    check_writable,
+    execute,
+    recover,
+)
 from rocmfix.write.verdicts import check_entry, inspect, pending_patches
 
 
@@ -121,6 +127,7 @@ def apply(
             hint="run `rocmfix apply` or `rocmfix revert` to finish it first",
         )
     if plan is not None:
+        check_sites(env, plan.changes, state)
         check_writable(plan.changes, state)
     state.check_writable()
     # Tidying happens under the lock: another run holding it may have backups and no
@@ -132,6 +139,7 @@ def apply(
                 plan = plan_apply(env, patches, locked, state, scheme, force, explicit)
             _remove_leftovers(plan)
             if plan.changes_anything(locked):
+                check_sites(env, plan.changes, state)
                 execute(state, locked, plan, "apply")
         finally:
             state.tidy()

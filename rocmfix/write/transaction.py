@@ -43,20 +43,30 @@ def _root(change: FileChange) -> Path:
     return change.path.parents[len(PurePosixPath(change.rel).parts) - 1]
 
 
-def check_inside(changes: Sequence[FileChange], state: StateDir) -> None:
+def check_sites(env: Environment, changes: Sequence[FileChange], state: StateDir) -> None:
+    """Refuse, before anything is written, a distribution installed outside the installation
+    whose record ``state`` is: its record would be shared with every other package tree
+    used with this interpreter. An editable install is the environment's wherever its
+    checkout is (an egg-link's metadata lives in the checkout too)."""
+    for change in changes:
+        dist = env.distributions.get(change.distribution)
+        if dist is None or dist.editable or fsops.inside(dist.location / "x", state.prefix):
+            continue
+        raise RefusedError(
+            f"nothing was changed: {dist.name} is installed in {dist.location}, outside "
+            f"{state.prefix}, whose record ({state.root}) this run keeps: a package tree on "
+            "PYTHONPATH, from pip install --target, or beside another site folder would "
+            "share it",
+            hint="install the package into the environment (or the user site) itself, "
+            "or patch each site folder on its own with --only",
+        )
+
+
+def check_inside(changes: Sequence[FileChange]) -> None:
     """Refuse, before anything is written, a file reached through a folder that links out of
-    the environment (the same check a journal gets, so what apply writes, revert restores),
-    and one outside the installation whose record ``state`` is."""
+    the environment: the same check a journal gets, so what apply writes, revert restores."""
     for change in changes:
         root = _root(change)
-        if not fsops.inside(root / "x", state.prefix):
-            raise RefusedError(
-                f"nothing was changed: {change.path} is in {root}, outside {state.prefix} "
-                f"whose record ({state.root}) this run keeps: a package tree on PYTHONPATH, "
-                "from pip install --target, or beside another site folder would share it",
-                hint="install the package into the environment (or the user site) itself, "
-                "or patch each site folder on its own with --only",
-            )
         if change.path.is_symlink() or not fsops.inside(change.path, root):
             raise RefusedError(
                 f"nothing was changed: {change.path} is reached through a link out of the "
@@ -67,7 +77,7 @@ def check_inside(changes: Sequence[FileChange], state: StateDir) -> None:
 
 
 def check_writable(changes: Sequence[FileChange], state: StateDir) -> None:
-    check_inside(changes, state)
+    check_inside(changes)
     state.check_writable()
     for directory in sorted({c.path.parent for c in changes}):
         reason = fsops.unwritable_reason(directory)
