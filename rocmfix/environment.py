@@ -119,7 +119,30 @@ class Environment:
 
     @property
     def state(self) -> StateDir:
-        return StateDir(self.python.prefix / "share" / "rocmfix", self.python.prefix)
+        """The record of the installation that holds the targets: ``<base>/share/rocmfix``,
+        where ``<base>`` is the base of the site folder the targets sit in (the prefix for a
+        venv or conda env, ``~/.local`` for the user site, ``/usr/local`` for Debian's pip).
+        Two package trees used with one interpreter never share a record. Targets in no such
+        site folder, or in several, keep the prefix's record, and apply refuses them
+        (:func:`rocmfix.write.transaction.check_sites`). Editable installs, whose metadata
+        may sit in their checkout, do not choose."""
+        bases = {site_base(d.location) for d in self.distributions.values() if not d.editable}
+        base = bases.pop() if len(bases) == 1 else None
+        base = base if base is not None else self.python.prefix
+        return StateDir(base / "share" / "rocmfix", base)
+
+
+def site_base(site: Path) -> Path | None:
+    """``<base>`` of a ``<base>/lib*/python*/{site,dist}-packages`` folder; None for a
+    folder of another shape (``pip install --target``, a tree on PYTHONPATH)."""
+    parent = site.parent
+    if (
+        site.name in ("site-packages", "dist-packages")
+        and parent.name.startswith("python")
+        and parent.parent.name.startswith("lib")
+    ):
+        return parent.parent.parent
+    return None
 
 
 def _request(patches: Iterable[Patch]) -> dict[str, Any]:

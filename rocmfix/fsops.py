@@ -14,12 +14,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import signal
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,8 @@ class ChangedError(OSError):
 # ---------------------------------------------------------------------------- test hooks
 
 # Production code that only tests use: a JSON object that makes the N-th write point of a
-# run kill the process with SIGKILL (``kill_at``: a power cut, the OOM killer), fail with
+# run kill the process with SIGKILL (``kill_at``: a power cut, the OOM killer), stop it with
+# SIGSTOP until a SIGCONT (``pause_at``: a run in progress, seen by others), fail with
 # EIO from then on (``fail_from``: a dying disk, so the rollback fails too), or append a line
 # to the file about to be replaced (``edit_at``: another program editing it mid-run). The
 # name says what it is; the CLI warns on stderr whenever it is set.
@@ -67,6 +70,9 @@ def write_point(path: Path) -> None:
         return
     if hooks.get("kill_at") == _write_points:
         os.kill(os.getpid(), signal.SIGKILL)
+    if hooks.get("pause_at") == _write_points:
+        # Stopped with the lock held until the test sends SIGCONT: a run in progress.
+        os.kill(os.getpid(), signal.SIGSTOP)
     if hooks.get("edit_at") == _write_points and path.is_file():
         with path.open("ab") as handle:
             handle.write(b"# edited while rocmfix ran\n")
@@ -87,13 +93,14 @@ def record_hash(data: bytes) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
-def read_regular(path: Path, limit: int = READ_LIMIT) -> bytes | None:
+def read_regular(path: Path, limit: int = READ_LIMIT, *, follow: bool = False) -> bytes | None:
     """The bytes of the regular file at ``path``; None if nothing is there.
 
-    Never follows a link, never blocks on a FIFO, never reads a device or more than ``limit``
-    bytes: everything rocmfix did not just write is untrusted input.
+    Never follows a link (unless ``follow``: a user's own config file may be one, but what it
+    leads to must still be a regular file), never blocks on a FIFO, never reads a device or
+    more than ``limit`` bytes: everything rocmfix did not just write is untrusted input.
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
@@ -197,6 +204,7 @@ def atomic_write(
         else:
             os.chmod(tmp, file_mode(path.parent))
             give_to_folder_owner(tmp)
+        copy_xattrs(path, tmp)
         write_point(path)
         _check(path, expect)
         os.replace(tmp, path)
@@ -205,6 +213,37 @@ def atomic_write(
             tmp.unlink()
         raise
     _fsync_dir(path.parent)
+
+
+def _xattrs(path: Path) -> dict[str, bytes]:
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+        return {n: os.getxattr(path, n, follow_symlinks=False) for n in names}
+    except OSError:
+        # Absent, or a file system without extended attributes: nothing to carry.
+        return {}
+
+
+def copy_xattrs(source: Path, dest: Path) -> None:
+    """Give ``dest`` the extended attributes of the regular file ``source`` it replaces, ACLs
+    (``system.posix_acl_access``) included: a replace makes a new inode, and a user whose
+    write access came from an ACL would lose it for good. One that cannot be carried fails
+    the write (the run rolls back) rather than vanish."""
+    try:
+        if not stat.S_ISREG(source.lstat().st_mode):
+            return
+    except OSError:
+        return
+    have = _xattrs(dest)
+    for name, value in _xattrs(source).items():
+        if have.get(name) == value:
+            continue
+        try:
+            os.setxattr(dest, name, value, follow_symlinks=False)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot carry over its extended attribute {name}", str(source)
+            ) from None
 
 
 def give_to_folder_owner(path: Path) -> None:
@@ -218,9 +257,21 @@ def give_to_folder_owner(path: Path) -> None:
         os.chown(path, folder.st_uid, folder.st_gid, follow_symlinks=False)
 
 
+def dir_mode(parent_mode: int) -> int:
+    """A new folder's mode from its parent's: the owner's rwx; the parent's read and search
+    bits; and, in a folder shared with a group (setgid, group-writable: ``chmod 2775``), the
+    group's write bit and setgid too, so every member of the group can revert what another
+    applied. Nobody else ever writes."""
+    mode = 0o700 | (parent_mode & 0o055)
+    if parent_mode & stat.S_ISGID:
+        mode |= stat.S_ISGID | (parent_mode & 0o020)
+    return mode
+
+
 def make_dirs(path: Path) -> list[Path]:
     """``mkdir -p``; each folder made is given its parent's owner and, whatever the umask,
-    its parent's read and search bits. Returns the folders it made, outermost first."""
+    its mode from its parent's (:func:`dir_mode`). Returns the folders it made, outermost
+    first."""
     missing = []
     while not path.exists() and not path.is_symlink():
         missing.append(path)
@@ -231,11 +282,8 @@ def make_dirs(path: Path) -> list[Path]:
             folder.mkdir()
         except FileExistsError:
             continue
-        try:
-            parent_mode = stat.S_IMODE(folder.parent.stat().st_mode)
-            os.chmod(folder, 0o700 | (parent_mode & 0o055))
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            os.chmod(folder, dir_mode(stat.S_IMODE(folder.parent.stat().st_mode)))
         give_to_folder_owner(folder)
         made.append(folder)
     return made
@@ -275,6 +323,26 @@ def remove_temp_files(directory: Path) -> list[Path]:
     return removed
 
 
+def owner_name(path: Path) -> str:
+    """Who owns ``path``: a user name, else the uid; with the group when the folder is
+    shared with one (setgid)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return "its owner"
+    try:
+        owner = path.owner()
+    except (KeyError, OSError):
+        owner = str(info.st_uid)
+    if info.st_mode & stat.S_ISGID and stat.S_ISDIR(info.st_mode):
+        try:
+            group = path.group()
+        except (KeyError, OSError):
+            group = f"gid {info.st_gid}"
+        return f"{owner} (group {group})"
+    return owner
+
+
 def unwritable_reason(directory: Path) -> str | None:
     """Why files in ``directory`` cannot be replaced, or None if they can.
 
@@ -289,14 +357,77 @@ def unwritable_reason(directory: Path) -> str | None:
         if exc.errno == errno.EROFS:
             return "is on a read-only file system"
         if exc.errno in (errno.EACCES, errno.EPERM):
-            try:
-                owner = directory.owner()
-            except (KeyError, OSError):
-                owner = str(directory.stat().st_uid)
-            return f"is not writable by this user (owned by {owner})"
+            return f"is not writable by this user (owned by {owner_name(directory)})"
         return exc.strerror or str(exc)
     os.close(fd)
     # Another run tidying this folder may have removed it already.
     with contextlib.suppress(FileNotFoundError):
         os.unlink(name)
     return None
+
+
+# ---------------------------------------------------------------------------- locks
+
+
+def lock_mode(folder: Path) -> int:
+    """A lock file's mode: read and written by the owner, and by the group where the folder
+    is shared with it. Nobody else may open it: flock needs no write access, so a lock file
+    anyone can read is one anyone can hold."""
+    try:
+        folder_mode = stat.S_IMODE(folder.stat().st_mode)
+    except OSError:
+        return 0o600
+    return 0o600 | (0o060 if folder_mode & 0o020 else 0)
+
+
+def open_lock(path: Path) -> int:
+    """The lock file at ``path`` opened for writing (created if absent): never through a
+    link, never a FIFO, a folder or a device. Raises NotRegularError for those."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, lock_mode(path.parent))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularError(f"{path} is a symbolic link") from None
+        if exc.errno == errno.EISDIR:
+            raise NotRegularError(f"{path} is a folder") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegularError(f"{path} is not a regular file")
+    return fd
+
+
+def take_lock(fd: int, path: Path, wait_s: float = 0.0) -> bool:
+    """Lock ``fd`` exclusively, waiting up to ``wait_s``; False if the file is no longer the
+    one at ``path`` (a run that finished removed it). Raises BlockingIOError when another
+    process still holds it after the wait. A held lock is never unlinked by anyone who
+    takes it this way: whoever removes the file holds its lock."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+    try:
+        current = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (current.st_ino, current.st_dev) == (held.st_ino, held.st_dev)
+
+
+def pid_running(pid: int) -> bool:
+    """Whether a process with this pid exists (in this pid namespace)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,7 +1,9 @@
 """rocmfix's own record of an environment: the manifest, the backups and the lock.
 
-The state lives in the environment (``<prefix>/share/rocmfix``), so it goes where the
-environment goes and every user of the environment sees the same truth. This module alone
+The state lives in the installation that holds the targets (``<base>/share/rocmfix``: the
+prefix of a venv or conda env, the user base for the user site; see
+``Environment.state``), so it goes where the environment goes and every user of the
+environment sees the same truth. This module alone
 knows its layout. Nothing read from it is trusted: its folders and files must be what they
 claim (no links, no FIFOs, no devices, no files larger than a manifest can be), paths are
 checked against what the patches declare, digests against the bytes they name.
@@ -10,252 +12,54 @@ checked against what the patches declare, digests against the bytes they name.
 from __future__ import annotations
 
 import contextlib
-import datetime
-import errno
 import fcntl
-import json
 import os
-import re
 import stat
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 from . import fsops
 from .errors import LockBusyError, ManifestError, RefusedError, WriteError
 
-MANIFEST_SCHEMA = 1
-_SHA = re.compile(r"[0-9a-f]{64}")
+# The model lives in rocmfix.manifest; these names stay importable from here.
+from .manifest import (
+    MANIFEST_SCHEMA,
+    PYC_NAME,
+    Drop,
+    Entry,
+    Manifest,
+    Pending,
+    PendingFile,
+    RecordState,
+    dump_manifest,
+    now,
+    parse_manifest,
+    safe_relative,
+    sha_digest,
+)
+
+__all__ = [
+    "MANIFEST_SCHEMA",
+    "PYC_NAME",
+    "Drop",
+    "Entry",
+    "Manifest",
+    "Pending",
+    "PendingFile",
+    "RecordState",
+    "StateDir",
+    "dump_manifest",
+    "now",
+    "parse_manifest",
+    "safe_relative",
+]
+
+_HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
 # A manifest names a few dozen files; anything far larger is not one rocmfix wrote.
 _MANIFEST_LIMIT = 4 << 20
-_HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
-
-
-@dataclass(frozen=True)
-class Drop:
-    """A dropped file: its path and digest, and the digest of the file it replaced under
-    ``--force`` (kept as a backup and restored by revert), if there was one."""
-
-    path: str
-    sha256: str
-    replaced: str | None = None
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One applied patch."""
-
-    patch: str
-    distribution: str
-    version: str
-    file: str
-    scheme: str | None
-    original_sha256: str
-    patched_sha256: str
-    drops: tuple[Drop, ...]
-    record_updated: bool
-    applied_at: str
-
-
-@dataclass(frozen=True)
-class PendingFile:
-    """A file a run was about to change: ``kind`` is "file" (relative to the package root)
-    or "record" (the distribution's RECORD); ``None`` digests mean "absent"."""
-
-    kind: str
-    distribution: str
-    path: str
-    before: str | None
-    after: str | None
-
-
-@dataclass(frozen=True)
-class Pending:
-    op: str
-    pid: int
-    started_at: str
-    files: tuple[PendingFile, ...]
-
-
-@dataclass(frozen=True)
-class Manifest:
-    rocmfix_version: str = ""
-    entries: Mapping[str, Entry] = field(default_factory=dict)
-    pending: Pending | None = None
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def safe_relative(path: Any, what: str) -> str:
-    """Accept only a plain relative POSIX path that stays inside its root."""
-    if not isinstance(path, str) or not path:
-        raise ManifestError(f"manifest: {what} is not a path: {path!r}")
-    pure = PurePosixPath(path)
-    if pure.is_absolute() or ".." in pure.parts or "\\" in path or str(pure) != path:
-        raise ManifestError(f"manifest: {what} points outside the environment: {path!r}")
-    return path
-
-
-def _sha(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not _SHA.fullmatch(value):
-        raise ManifestError(f"manifest: {what} is not a sha256 digest: {value!r}")
-    return value
-
-
-def _sha_or_none(value: Any, what: str) -> str | None:
-    return None if value is None else _sha(value, what)
-
-
-def _str(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise ManifestError(f"manifest: {what} is not a string: {value!r}")
-    return value
-
-
-def _str_or_none(value: Any, what: str) -> str | None:
-    return None if value is None else _str(value, what)
-
-
-def _entry(patch: str, raw: Any) -> Entry:
-    if not isinstance(raw, dict):
-        raise ManifestError(f"manifest: entry {patch!r} is not an object")
-    drops_raw = raw.get("drops", [])
-    if not isinstance(drops_raw, list):
-        raise ManifestError(f"manifest: entry {patch!r} has malformed drops")
-    drops = []
-    for drop in drops_raw:
-        if not isinstance(drop, dict):
-            raise ManifestError(f"manifest: entry {patch!r} has malformed drops")
-        drops.append(
-            Drop(
-                path=safe_relative(drop.get("path"), f"{patch} drop"),
-                sha256=_sha(drop.get("sha256"), f"{patch} drop digest"),
-                replaced=_sha_or_none(drop.get("replaced"), f"{patch} replaced digest"),
-            )
-        )
-    return Entry(
-        patch=patch,
-        distribution=_str(raw.get("distribution"), f"{patch} distribution"),
-        version=_str(raw.get("version"), f"{patch} version"),
-        file=safe_relative(raw.get("file"), f"{patch} file"),
-        scheme=_str_or_none(raw.get("scheme"), f"{patch} scheme"),
-        original_sha256=_sha(raw.get("original_sha256"), f"{patch} original digest"),
-        patched_sha256=_sha(raw.get("patched_sha256"), f"{patch} patched digest"),
-        drops=tuple(drops),
-        record_updated=bool(raw.get("record_updated", False)),
-        applied_at=_str(raw.get("applied_at", ""), f"{patch} applied_at"),
-    )
-
-
-def _pending(raw: Any) -> Pending | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or not isinstance(raw.get("files"), list):
-        raise ManifestError("manifest: the pending run record is malformed")
-    files = []
-    for item in raw["files"]:
-        if not isinstance(item, dict) or item.get("kind") not in ("file", "record"):
-            raise ManifestError("manifest: the pending run record is malformed")
-        files.append(
-            PendingFile(
-                kind=item["kind"],
-                distribution=_str(item.get("distribution"), "pending distribution"),
-                path=safe_relative(item.get("path"), "pending file"),
-                before=_sha_or_none(item.get("before"), "pending digest"),
-                after=_sha_or_none(item.get("after"), "pending digest"),
-            )
-        )
-    pid = raw.get("pid")
-    return Pending(
-        op=_str(raw.get("op"), "pending op"),
-        pid=pid if isinstance(pid, int) else 0,
-        started_at=_str(raw.get("started_at", ""), "pending started_at"),
-        files=tuple(files),
-    )
-
-
-def parse_manifest(text: str, where: Path) -> Manifest:
-    try:
-        raw = json.loads(text)
-    except RecursionError:
-        raise ManifestError(
-            f"rocmfix's manifest {where} is nested too deeply", hint=_HINT
-        ) from None
-    except ValueError as exc:
-        raise ManifestError(
-            f"rocmfix's manifest {where} is not valid JSON ({exc})",
-            hint="it was truncated or edited; reinstall the patched packages "
-            "(pip install --force-reinstall --no-deps ...) and move the file aside",
-        ) from None
-    if not isinstance(raw, dict):
-        raise ManifestError(f"rocmfix's manifest {where} is not a JSON object")
-    schema = raw.get("schema")
-    if schema != MANIFEST_SCHEMA:
-        raise ManifestError(
-            f"rocmfix's manifest {where} has schema {schema!r}; this rocmfix reads "
-            f"schema {MANIFEST_SCHEMA}",
-            hint="a newer rocmfix wrote it: upgrade rocmfix (pip install -U rocmfix)",
-        )
-    entries_raw = raw.get("entries", {})
-    if not isinstance(entries_raw, dict):
-        raise ManifestError(f"rocmfix's manifest {where} has malformed entries")
-    entries = {name: _entry(name, value) for name, value in entries_raw.items()}
-    return Manifest(
-        rocmfix_version=_str(raw.get("rocmfix_version", ""), "rocmfix_version"),
-        entries=entries,
-        pending=_pending(raw.get("pending")),
-    )
-
-
-def dump_manifest(manifest: Manifest, rocmfix_version: str) -> bytes:
-    def entry(e: Entry) -> dict[str, Any]:
-        return {
-            "distribution": e.distribution,
-            "version": e.version,
-            "file": e.file,
-            "scheme": e.scheme,
-            "original_sha256": e.original_sha256,
-            "patched_sha256": e.patched_sha256,
-            "backup": f"backups/{e.original_sha256}",
-            "drops": [
-                {
-                    "path": d.path,
-                    "sha256": d.sha256,
-                    **({"replaced": d.replaced} if d.replaced else {}),
-                }
-                for d in e.drops
-            ],
-            "record_updated": e.record_updated,
-            "applied_at": e.applied_at,
-        }
-
-    pending = manifest.pending
-    doc = {
-        "schema": MANIFEST_SCHEMA,
-        "rocmfix_version": rocmfix_version,
-        "entries": {name: entry(e) for name, e in sorted(manifest.entries.items())},
-        "pending": None
-        if pending is None
-        else {
-            "op": pending.op,
-            "pid": pending.pid,
-            "started_at": pending.started_at,
-            "files": [
-                {
-                    "kind": f.kind,
-                    "distribution": f.distribution,
-                    "path": f.path,
-                    "before": f.before,
-                    "after": f.after,
-                }
-                for f in pending.files
-            ],
-        },
-    }
-    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+# The temporary name ``<prefix>/share`` is built under (see StateDir._make_root).
+_SHARE_TEMP = ".share" + fsops.TEMP_TAG
 
 
 class StateDir:
@@ -286,6 +90,52 @@ class StateDir:
         if not fsops.inside(self.root / "x", self.prefix):
             raise ManifestError(f"{self.root} is outside the environment {self.prefix}")
 
+    def _make_root(self) -> None:
+        """Make the state folder. Where ``share/`` is missing, rocmfix builds it whole under a
+        temporary name, ``made-share`` marker inside, and renames it into place: a run killed
+        at any point leaves either no ``share/`` or one that says it is rocmfix's (and a
+        temporary folder the next run removes), never an empty ``share/`` nobody removes."""
+        share = self.root.parent
+        if share.exists() or share.is_symlink():
+            fsops.make_dirs(self.root)
+            return
+        fsops.write_point(share)
+        tmp = Path(tempfile.mkdtemp(dir=self.prefix, prefix=_SHARE_TEMP, suffix=fsops.TEMP_SUFFIX))
+        try:
+            for folder in (tmp, tmp / self.root.name):
+                if folder != tmp:
+                    folder.mkdir()
+                os.chmod(folder, fsops.dir_mode(stat.S_IMODE(folder.parent.stat().st_mode)))
+                fsops.give_to_folder_owner(folder)
+            marker = tmp / self.root.name / self._made_share.name
+            marker.touch()
+            os.chmod(marker, fsops.file_mode(marker.parent))
+            fsops.give_to_folder_owner(marker)
+            os.rename(tmp, share)
+        except OSError:
+            # Another run made share/ meanwhile: use theirs.
+            self._remove_share_temp(tmp)
+            fsops.make_dirs(self.root)
+            return
+        fsops.write_point(share)
+
+    def _remove_share_temp(self, tmp: Path) -> None:
+        """A temporary share/ of :meth:`_make_root`: only what it makes there is removed."""
+        with contextlib.suppress(OSError):
+            if tmp.is_symlink() or not tmp.is_dir():
+                return
+            inner = tmp / self.root.name
+            marker = inner / self._made_share.name
+            if marker.is_file() and not marker.is_symlink():
+                marker.unlink()
+            if inner.is_dir() and not inner.is_symlink():
+                inner.rmdir()
+            tmp.rmdir()
+
+    def left_behind(self) -> bool:
+        """Whether a killed run left state to tidy: the folder, or a temporary share/."""
+        return self.root.exists() or any(self.prefix.glob(f"{_SHARE_TEMP}*{fsops.TEMP_SUFFIX}"))
+
     def _read(self, path: Path, limit: int = fsops.READ_LIMIT) -> bytes | None:
         try:
             return fsops.read_regular(path, limit)
@@ -298,9 +148,8 @@ class StateDir:
 
     def _write(self, path: Path, data: bytes) -> None:
         self.check_layout()
-        made = fsops.make_dirs(path.parent)
-        if self.root.parent in made:
-            fsops.atomic_write(self._made_share, b"")
+        self._make_root()
+        fsops.make_dirs(path.parent)
         fsops.atomic_write(path, data)
 
     # ------------------------------------------------------------------------ manifest
@@ -336,7 +185,7 @@ class StateDir:
         return digest
 
     def read_backup(self, digest: str) -> bytes:
-        path = self.backups / _sha(digest, "backup digest")
+        path = self.backups / sha_digest(digest, "backup digest")
         data = self._read(path)
         if data is None:
             raise ManifestError(
@@ -378,6 +227,8 @@ class StateDir:
         # Where rocmfix writes its state, and where it probes for write access first.
         for folder in (self.root, self.backups, self.root.parent, self.prefix):
             fsops.remove_temp_files(folder)
+        for leftover in self.prefix.glob(f"{_SHARE_TEMP}*{fsops.TEMP_SUFFIX}"):
+            self._remove_share_temp(leftover)
         if manifest.entries or manifest.pending is not None:
             return
         self.prune_backups(set())
@@ -395,10 +246,11 @@ class StateDir:
     # ------------------------------------------------------------------------ the lock
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the environment's lock; a second run fails at once instead of interleaving."""
+    def locked(self, wait_s: float = 0.0) -> Iterator[None]:
+        """Hold the environment's lock; a second run fails (after ``wait_s``) instead of
+        interleaving."""
         try:
-            fd = self._lock()
+            fd = self._lock(wait_s)
         except OSError as exc:
             raise WriteError(
                 f"nothing was changed: rocmfix could not take its lock in {self.root} "
@@ -411,45 +263,35 @@ class StateDir:
         finally:
             os.close(fd)
 
-    def _open_lock(self, flags: int) -> int:
-        """The lock file, never through a link, never a FIFO or a folder."""
+    def _open_lock(self) -> int:
         try:
-            fd = os.open(
-                self.lock_path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644
-            )
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise ManifestError(
-                    f"{self.lock_path} is a symbolic link; rocmfix will not open it", hint=_HINT
-                ) from None
-            if exc.errno == errno.EISDIR:
-                raise ManifestError(
-                    f"{self.lock_path} is a folder, not a lock", hint=_HINT
-                ) from None
-            raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise ManifestError(f"{self.lock_path} is not a regular file", hint=_HINT)
-        return fd
+            return fsops.open_lock(self.lock_path)
+        except fsops.NotRegularError as exc:
+            raise ManifestError(f"{exc}; rocmfix will not lock through it", hint=_HINT) from None
 
-    def _lock(self) -> int:
+    def _lock(self, wait_s: float) -> int:
         # A run that finishes with nothing left removes the lock file and the folder while it
         # holds the lock; a run that opened the file just before holds a lock on a file that
         # is gone and guards nothing. So make the folder and the file again if they vanish,
         # and keep a lock only on the file that is at the lock's path.
         for _ in range(100):
             self.check_layout()
-            made = fsops.make_dirs(self.root)
-            if self.root.parent in made:
-                fsops.atomic_write(self._made_share, b"")
+            self._make_root()
             try:
-                fd = self._open_lock(os.O_RDWR | os.O_CREAT)
+                fd = self._open_lock()
             except FileNotFoundError:
                 continue
             try:
-                if self._take(fd):
+                try:
+                    taken = fsops.take_lock(fd, self.lock_path, wait_s)
+                except BlockingIOError:
+                    raise self.busy_error() from None
+                if taken:
                     fsops.give_to_folder_owner(self.lock_path)
-                    os.fchmod(fd, fsops.file_mode(self.root))
+                    # A lock file an older rocmfix left readable by anyone is closed now
+                    # (by its owner: another member of a shared group may not chmod it).
+                    with contextlib.suppress(PermissionError):
+                        os.fchmod(fd, fsops.lock_mode(self.root))
                     return fd
             except BaseException:
                 os.close(fd)
@@ -460,41 +302,52 @@ class StateDir:
             hint="wait for them to finish, then run the command again",
         )
 
-    def holder(self) -> str:
+    def _read_lock(self) -> int | None:
+        """The lock file opened without creating it (for writing where this user may, else
+        for reading); None if it is not there or cannot be opened."""
+        flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        for mode in (os.O_RDWR, os.O_RDONLY):
+            try:
+                fd = os.open(self.lock_path, mode | flags)
+            except OSError:
+                continue
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+            return None
+        return None
+
+    def holder(self) -> int | None:
         """The pid the lock file names (whoever holds it writes it there)."""
+        fd = self._read_lock()
+        if fd is None:
+            return None
         try:
-            fd = self._open_lock(os.O_RDONLY)
-        except (OSError, ManifestError):
-            return "unknown"
-        try:
-            return os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
         finally:
             os.close(fd)
+        return int(text) if text.isdigit() and len(text) < 12 else None
 
     def busy_error(self) -> LockBusyError:
+        pid = self.holder()
+        if pid is not None and not fsops.pid_running(pid):
+            return LockBusyError(
+                f"the lock {self.lock_path} is held, but the pid it names ({pid}) is not "
+                "running: another process (another user's, or one in another container) "
+                "holds the lock file open",
+                hint=f"find it with `fuser -v {self.lock_path}`; once it is gone, run the "
+                "command again",
+            )
+        who = f"pid {pid}" if pid is not None else "pid unknown"
         return LockBusyError(
-            f"another rocmfix run (pid {self.holder()}) is changing this environment",
+            f"another rocmfix run ({who}) is changing this environment",
             hint="wait for it to finish, then run the command again",
         )
 
-    def _take(self, fd: int) -> bool:
-        """Lock ``fd``; False if it is no longer the file at the lock's path."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise self.busy_error() from None
-        try:
-            current = os.stat(self.lock_path, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        held = os.fstat(fd)
-        return (current.st_ino, current.st_dev) == (held.st_ino, held.st_dev)
-
     def busy(self) -> bool:
         """Whether another process holds the lock right now (read-only: creates nothing)."""
-        try:
-            fd = self._open_lock(os.O_RDONLY)
-        except (OSError, ManifestError):
+        fd = self._read_lock()
+        if fd is None:
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -512,5 +365,6 @@ class StateDir:
         if reason is not None:
             raise RefusedError(
                 f"cannot keep rocmfix's state in {self.root}: {probe_dir} {reason}",
-                hint="run rocmfix as the user who owns the environment",
+                hint=f"run rocmfix as {fsops.owner_name(probe_dir)}, who owns it, or make "
+                "the folder writable by the group that shares the environment",
             )

@@ -18,7 +18,6 @@ so two ``rocmfix tune`` runs cannot lose each other's entries.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 
 from . import fsops
 from .checks import EnvWarning
+from .errors import RefusedError
 
 SCHEMA = 1
 FILE_ENV = "ROCMFIX_TUNED_FILE"
@@ -61,20 +61,31 @@ class TunedFile:
         return entry if isinstance(entry, dict) else {}
 
 
+# The kernels' own cap (templates/rocmfix_kernel_config.py, CONFIG_LIMIT).
+READ_LIMIT = 1 << 20
+NOT_OURS = f'is not a rocmfix tuned file ("schema": {SCHEMA})'
+
+
 def read(path: Path) -> TunedFile:
-    """The file as the kernels will see it; ``problem`` says why they would ignore it."""
+    """The file as the kernels will see it; ``problem`` says why they would ignore it. Read
+    as the kernels read it: a link is followed (dotfiles), but only to a regular file, never
+    blocking on a FIFO, at most READ_LIMIT bytes."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return TunedFile(path, False, None, None)
+        raw = fsops.read_regular(path, READ_LIMIT, follow=True)
+    except fsops.NotRegularError as exc:
+        return TunedFile(path, True, None, f"cannot be read ({exc})")
     except OSError as exc:
         return TunedFile(path, True, None, f"cannot be read ({exc.strerror or exc})")
+    if raw is None:
+        return TunedFile(path, False, None, None)
     try:
-        data = json.loads(text)
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        return TunedFile(path, True, None, "is not valid JSON (nested too deeply)")
     except ValueError as exc:
         return TunedFile(path, True, None, f"is not valid JSON ({exc})")
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        return TunedFile(path, True, None, f'is not a rocmfix tuned file ("schema": {SCHEMA})')
+        return TunedFile(path, True, None, NOT_OURS)
     kernels = data.get("kernels")
     if not isinstance(kernels, dict) or not all(isinstance(v, dict) for v in kernels.values()):
         return TunedFile(path, True, None, '"kernels" must map each kernel to its archs')
@@ -99,7 +110,8 @@ def file_warnings(tuned: TunedFile, arch: str, device: _Device | None = None) ->
                 "tuned-file-corrupt",
                 f"{tuned.path} {tuned.problem}: the kernels ignore it and use their shipped "
                 "configs",
-                "`rocmfix tune --reset` removes it; `rocmfix tune` writes a new one",
+                "move it aside (`rocmfix tune --reset` removes it if it is rocmfix's); "
+                "`rocmfix tune` writes a new one",
             )
         ]
     archs = tuned.archs()
@@ -128,11 +140,48 @@ def file_warnings(tuned: TunedFile, arch: str, device: _Device | None = None) ->
     return []
 
 
+def is_ours(path: Path) -> bool:
+    """Whether ``path`` is a tuned file rocmfix wrote: a regular file holding a JSON object
+    with ``"schema": 1`` (its entries may be damaged; its owner is still rocmfix)."""
+    tuned = read(path)
+    if not tuned.exists or tuned.data is not None:
+        return True
+    return tuned.problem is not None and tuned.problem.startswith('"kernels"')
+
+
+def check_ours(path: Path) -> None:
+    """Refuse to touch a file at the tuned path that rocmfix did not write."""
+    if is_ours(path):
+        return
+    problem = read(path).problem
+    raise RefusedError(
+        f"{path} {problem}: rocmfix leaves it alone",
+        hint=f"point ${FILE_ENV} at a file of rocmfix's own, or move this one aside",
+    )
+
+
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    fd = os.open(folder, os.O_RDONLY)
+def _locked(path: Path) -> Iterator[None]:
+    """The tuned file's lock: a file beside it that only its owner opens, locked through a
+    descriptor open for writing, waited for (tune runs are short to store), never unlinked."""
+    lock = path.with_name(f".{path.name}.lock")
+    for _ in range(100):
+        try:
+            fd = fsops.open_lock(lock)
+        except fsops.NotRegularError as exc:
+            raise RefusedError(f"cannot lock the tuned file: {exc}") from None
+        try:
+            if fsops.take_lock(fd, lock, wait_s=60.0):
+                break
+        except BlockingIOError:
+            os.close(fd)
+            raise RefusedError(
+                f"another rocmfix tune holds {lock}", hint="wait for it, then run again"
+            ) from None
+        os.close(fd)
+    else:
+        raise RefusedError(f"cannot lock the tuned file: {lock} keeps being replaced")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
@@ -158,8 +207,10 @@ class StoreResult:
 
 def store(path: Path, entries: list[Entry], meta: Mapping[str, Mapping[str, Any]]) -> StoreResult:
     """Merge ``entries`` into the file, keeping every other arch's and kernel's entries."""
+    check_ours(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path.parent):
+    with _locked(path):
+        check_ours(path)
         current = read(path)
         replaced = current.problem if current.exists else None
         data: dict[str, Any] = json.loads(json.dumps(current.data)) if current.data else {}
@@ -203,9 +254,11 @@ def store(path: Path, entries: list[Entry], meta: Mapping[str, Mapping[str, Any]
 
 def reset(path: Path) -> bool:
     """Remove the tuned file (every arch's entries); True if there was one."""
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return False
-    with _locked(path.parent):
-        existed = path.exists()
+    check_ours(path)
+    with _locked(path):
+        check_ours(path)
+        existed = path.exists() or path.is_symlink()
         fsops.remove(path)
     return existed

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
 import sys
 import threading
 import types
@@ -211,6 +212,39 @@ COMMON_FIELDS: dict[str, Check] = {
 }
 
 
+# A tuned file holds a few configs per arch; anything far larger is not one rocmfix wrote.
+CONFIG_LIMIT = 1 << 20
+
+
+def _read_config_file(path: str) -> str | None:
+    """The text of the regular file at ``path``, None if nothing is there. Opened
+    non-blocking (a FIFO must not hang the model), never a device (a link to /dev/zero must
+    not fill memory), at most CONFIG_LIMIT bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = os.read(fd, CONFIG_LIMIT + 1)
+        if len(data) > CONFIG_LIMIT:
+            raise ValueError(f"larger than {CONFIG_LIMIT >> 10} KiB")
+        return data.decode("utf-8")
+    finally:
+        os.close(fd)
+
+
+def _parse_json(text: str) -> Any:
+    """``json.loads``, where nesting too deep for the parser is one more ValueError."""
+    if len(text) > CONFIG_LIMIT:
+        raise ValueError(f"larger than {CONFIG_LIMIT >> 10} KiB")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def _load_tuned(path: str) -> Any:
     """The tuned file's ``kernels`` object, read once per path; ``{}`` if absent or broken."""
     with _lock:
@@ -218,11 +252,9 @@ def _load_tuned(path: str) -> Any:
             return _tuned_cache[path]
     kernels: Any = {}
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        data = None
-    except (OSError, ValueError) as exc:
+        text = _read_config_file(path)
+        data = None if text is None else _parse_json(text)
+    except Exception as exc:  # noqa: BLE001 - a broken tuned file must never stop a model
         warn_once("tuned:" + path, f"rocmfix: cannot read tuned file {path} ({exc}); ignored")
         data = None
     if data is not None:
@@ -329,7 +361,7 @@ class KernelConfig:
                     merged.update(layer)
         if env:
             try:
-                parsed = json.loads(env)
+                parsed = _parse_json(env)
             except ValueError as exc:
                 warn_once(f"{self.env}:{env}", f"rocmfix: ${self.env} is not JSON ({exc}); ignored")
             else:

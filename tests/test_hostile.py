@@ -110,7 +110,12 @@ def test_tampered_manifest_is_refused(env: InstalledEnv, canary: Path, case: str
     replaced = edit(doc)
     _write_manifest(env, replaced if replaced is not None else doc)
     before = files_under(env.root)
-    for command in ("status", "apply", "revert"):
+    # status warns and still shows the environment; --check fails (README, issue 32).
+    shown = env.cli("status")
+    assert shown.returncode == 0, shown.stderr
+    assert message in " ".join(shown.stdout.split())
+    assert env.cli("status", "--check").returncode == 1
+    for command in ("apply", "revert"):
         result = env.cli(command)
         assert result.returncode == 1, (command, result.stderr)
         assert message in _one_error_line(result.stderr), command
@@ -166,7 +171,11 @@ def test_manifest_linked_to_a_file_elsewhere(env: InstalledEnv, canary: Path) ->
     manifest = env.state / "manifest.json"
     manifest.unlink()
     manifest.symlink_to(canary)
-    for command in ("status", "apply", "revert"):
+    shown = env.cli("status")
+    assert shown.returncode == 0, shown.stderr
+    assert "manifest.json is a symbolic link" in " ".join(shown.stdout.split())
+    assert env.cli("status", "--check").returncode == 1
+    for command in ("apply", "revert"):
         result = env.cli(command)
         assert result.returncode == 1, (command, result.stderr)
         assert "manifest.json is a symbolic link" in _one_error_line(result.stderr)

@@ -114,14 +114,16 @@ def test_interrupted_run_is_named_by_status(env: InstalledEnv) -> None:
 
 def test_second_run_fails_cleanly_while_the_lock_is_held(env: InstalledEnv) -> None:
     env.state.mkdir(parents=True)
+    # A pid that is running: one that is not gets its own message (test_hostile_files).
+    pid = os.getpid()
     with (env.state / "lock").open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.write("4242")
+        handle.write(str(pid))
         handle.flush()
         result = env.cli("apply")
         assert env.status(PATCH)["verdict"] == "applicable"
     assert result.returncode == 1
-    assert "another rocmfix run (pid 4242)" in _one_error_line(result.stderr)
+    assert f"another rocmfix run (pid {pid})" in _one_error_line(result.stderr)
     assert env.target.read_bytes() == env.original
 
 
@@ -208,12 +210,15 @@ def test_tampered_manifest_is_refused(
     patched = env.target.read_bytes()
     _tamper(env, edit)
     outside = env.root.parent / "etc"
-    for command in (("status",), ("revert",)):
-        result = env.cli(*command)
-        if command == ("status",) and message == "backup":
-            continue  # status does not read backups; revert must refuse
-        assert result.returncode == 1, (command, result.stderr)
-        assert message in _one_error_line(result.stderr)
+    if message != "backup":  # status does not read backups; revert must refuse
+        # status warns and goes on (README); --check fails.
+        shown = env.cli("status")
+        assert shown.returncode == 0, shown.stderr
+        assert message in " ".join((shown.stdout + shown.stderr).split())
+        assert env.cli("status", "--check").returncode == 1
+    result = env.cli("revert")
+    assert result.returncode == 1, result.stderr
+    assert message in _one_error_line(result.stderr)
     assert env.target.read_bytes() == patched
     assert not outside.exists()
 
@@ -222,7 +227,11 @@ def test_truncated_manifest_is_refused(env: InstalledEnv) -> None:
     assert env.cli("apply").returncode == 0
     path = env.state / "manifest.json"
     path.write_bytes(path.read_bytes()[:50])
-    for command in ("status", "apply", "revert"):
+    shown = env.cli("status")
+    assert shown.returncode == 0, shown.stderr
+    assert "is not valid JSON" in " ".join(shown.stdout.split())
+    assert env.cli("status", "--check").returncode == 1
+    for command in ("apply", "revert"):
         result = env.cli(command)
         assert result.returncode == 1
         assert "is not valid JSON" in _one_error_line(result.stderr)

@@ -11,18 +11,25 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 
 from rocmfix import fsops
-from rocmfix.checks import environment_warnings
+from rocmfix.checks import EnvWarning, environment_warnings
 from rocmfix.environment import Environment, default_python_hint
 from rocmfix.errors import LockBusyError, ManifestError, RefusedError
 from rocmfix.patch import Patch
 from rocmfix.registry import all_patches, check_scheme
 from rocmfix.results import FileChange, Outcome, RunResult, StatusReport, Verdict
-from rocmfix.state import StateDir
+from rocmfix.state import Manifest, StateDir
 from rocmfix.write.plan import Plan, plan_apply, plan_revert
-from rocmfix.write.transaction import check_pending, check_writable, execute, recover
-from rocmfix.write.verdicts import inspect, pending_patches
+from rocmfix.write.transaction import (
+    check_pending,
+    check_sites,
+    check_writable,
+    execute,
+    recover,
+)
+from rocmfix.write.verdicts import check_entry, inspect, pending_patches
 
 
 def status(
@@ -31,13 +38,37 @@ def status(
     """What is installed, patched and needed, and why. Reads only; creates nothing.
     ``explicit``: the patch ids the user named (``--only``)."""
     state = env.state
-    manifest = state.load()
-    busy = state.busy()
     problem = None
+    try:
+        manifest = state.load()
+    except ManifestError as exc:
+        # The README's promise: status still shows the environment; --check fails.
+        manifest, problem = Manifest(), exc.message
+    busy = state.busy()
     try:
         check_pending(env, manifest.pending, all_patches())
     except ManifestError as exc:
         problem = exc.message
+    for patch in patches:
+        entry = manifest.entries.get(patch.id)
+        try:
+            if entry is not None:
+                check_entry(patch, entry)
+        except ManifestError as exc:
+            # Shown as the state's problem; the patch reads as if no entry named it.
+            problem = exc.message
+            entries = {k: v for k, v in manifest.entries.items() if k != patch.id}
+            manifest = replace(manifest, entries=entries)
+    warnings = environment_warnings(env)
+    if busy:
+        warnings = (
+            EnvWarning(
+                "run-in-progress",
+                f"{state.busy_error().message}: what this shows may change when it finishes",
+                "run `rocmfix status` again once it has finished",
+            ),
+            *warnings,
+        )
     interrupted = pending_patches(patches, manifest.pending)
     inspected = tuple(
         inspect(env, p, manifest, interrupted, busy, explicit).status for p in patches
@@ -54,7 +85,7 @@ def status(
         pending=manifest.pending,
         busy=busy,
         hint=hint,
-        warnings=environment_warnings(env),
+        warnings=warnings,
         state_problem=problem,
     )
 
@@ -98,6 +129,7 @@ def apply(
             hint="run `rocmfix apply` or `rocmfix revert` to finish it first",
         )
     if plan is not None:
+        check_sites(env, plan.changes, state)
         check_writable(plan.changes, state)
     state.check_writable()
     # Tidying happens under the lock: another run holding it may have backups and no
@@ -109,6 +141,7 @@ def apply(
                 plan = plan_apply(env, patches, locked, state, scheme, force, explicit)
             _remove_leftovers(plan)
             if plan.changes_anything(locked):
+                check_sites(env, plan.changes, state)
                 execute(state, locked, plan, "apply")
         finally:
             state.tidy()
@@ -119,11 +152,13 @@ def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -
     """Put back the original bytes of every selected patched file and remove dropped files."""
     state = env.state
     manifest = state.load()
+    if state.busy():
+        # A run holding the lock may have written backups and no journal yet, or be about to
+        # save its entries: "nothing to revert" would be false seconds later.
+        raise state.busy_error()
     if not manifest.entries and manifest.pending is None:
         _tidy_unlocked(state)
         return RunResult(env, "revert", (), (), False, warnings=environment_warnings(env))
-    if state.busy():
-        raise state.busy_error()
     state.check_writable()
     with state.locked():
         try:
@@ -147,7 +182,7 @@ def _remove_leftovers(plan: Plan) -> None:
 def _tidy_unlocked(state: StateDir) -> None:
     """Leftovers of a run killed before its journal, unless a run holds the lock right now:
     then they are its backups."""
-    if state.root.exists():
+    if state.left_behind():
         with contextlib.suppress(LockBusyError, OSError), state.locked():
             state.tidy()
 

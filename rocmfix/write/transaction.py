@@ -17,18 +17,67 @@ import contextlib
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from rocmfix import __version__, fsops
 from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError, RefusedError, WriteError
 from rocmfix.patch import Patch
 from rocmfix.results import FileChange
-from rocmfix.state import Entry, Manifest, Pending, PendingFile, StateDir, now
+from rocmfix.state import (
+    PYC_NAME,
+    Drop,
+    Entry,
+    Manifest,
+    Pending,
+    PendingFile,
+    RecordState,
+    StateDir,
+    now,
+)
 from rocmfix.write.plan import Plan, record_rel
 
 
+def _root(change: FileChange) -> Path:
+    """The folder ``change.rel`` is relative to (site-packages, or a distribution's root)."""
+    return change.path.parents[len(PurePosixPath(change.rel).parts) - 1]
+
+
+def check_sites(env: Environment, changes: Sequence[FileChange], state: StateDir) -> None:
+    """Refuse, before anything is written, a distribution installed outside the installation
+    whose record ``state`` is: its record would be shared with every other package tree
+    used with this interpreter. An editable install is the environment's wherever its
+    checkout is (an egg-link's metadata lives in the checkout too)."""
+    for change in changes:
+        dist = env.distributions.get(change.distribution)
+        if dist is None or dist.editable or fsops.inside(dist.location / "x", state.prefix):
+            continue
+        raise RefusedError(
+            f"nothing was changed: {dist.name} is installed in {dist.location}, outside "
+            f"{state.prefix}, whose record ({state.root}) this run keeps: a package tree on "
+            "PYTHONPATH, from pip install --target, or beside another site folder would "
+            "share it",
+            hint="install the package into the environment (or the user site) itself, "
+            "or patch each site folder on its own with --only",
+        )
+
+
+def check_inside(changes: Sequence[FileChange]) -> None:
+    """Refuse, before anything is written, a file reached through a folder that links out of
+    the environment: the same check a journal gets, so what apply writes, revert restores."""
+    for change in changes:
+        root = _root(change)
+        if change.path.is_symlink() or not fsops.inside(change.path, root):
+            raise RefusedError(
+                f"nothing was changed: {change.path} is reached through a link out of the "
+                f"environment ({change.path.parent.resolve()} is not under {root})",
+                hint="rocmfix writes only inside the environment; put the real folder back, "
+                "or patch the environment the link leads to",
+            )
+
+
 def check_writable(changes: Sequence[FileChange], state: StateDir) -> None:
+    check_inside(changes)
     state.check_writable()
     for directory in sorted({c.path.parent for c in changes}):
         reason = fsops.unwritable_reason(directory)
@@ -98,9 +147,101 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _records(
+    state: StateDir, manifest: Manifest, plan: Plan, changes: Sequence[FileChange]
+) -> tuple[list[FileChange], dict[str, RecordState]]:
+    """RECORD edits made byte-exact: the first change to a distribution's RECORD keeps its
+    original; the revert that leaves none of that distribution's patches applied puts the
+    original back whole (no trailing newline, mixed line endings, a line for a path rocmfix
+    drops: a line edit cannot undo those) where RECORD still holds what rocmfix wrote."""
+    records = dict(manifest.records)
+    applied = {e.distribution for e in plan.entries.values()}
+    out = []
+    for change in changes:
+        if change.kind != "record" or change.before is None or change.after is None:
+            out.append(change)
+            continue
+        known = records.get(change.distribution)
+        before, after = fsops.sha256(change.before), fsops.sha256(change.after)
+        if change.distribution not in applied:
+            records.pop(change.distribution, None)
+            if known is not None and known.written == before:
+                with contextlib.suppress(ManifestError):
+                    change = replace(change, after=state.read_backup(known.original))
+            if change.after != change.before:
+                out.append(change)
+            continue
+        original = known.original if known is not None and known.written == before else before
+        records[change.distribution] = RecordState(original, after)
+        out.append(change)
+    return out, {d: r for d, r in records.items() if d in applied}
+
+
+def _bytecode(path: Path) -> list[tuple[str, bytes]]:
+    """The bytecode files of the module at ``path`` (``__pycache__/<stem>.<tag>.pyc``):
+    regular files only, none through a link."""
+    cache = path.parent / "__pycache__"
+    if cache.is_symlink() or not cache.is_dir():
+        return []
+    out = []
+    for pyc in sorted(cache.glob(f"{path.stem}.*.pyc")):
+        with contextlib.suppress(OSError, fsops.NotRegularError):
+            data = fsops.read_regular(pyc, 16 << 20)
+            if data is not None and PYC_NAME.fullmatch(pyc.name):
+                out.append((pyc.name, data))
+    return out
+
+
+def _keep_bytecode(state: StateDir, plan: Plan, changes: Sequence[FileChange]) -> Plan:
+    """Back up the bytecode pip wrote for each file this apply patches (the write removes
+    it, as it would go stale) and its mtime, for revert to put back."""
+    originals = {(c.distribution, c.rel): c for c in changes if c.kind == "target" and c.before}
+    entries = dict(plan.entries)
+    for name, entry in plan.entries.items():
+        change = originals.get((entry.distribution, entry.file))
+        if change is None or change.before is None:
+            continue
+        if fsops.sha256(change.before) != entry.original_sha256:
+            continue
+        kept = []
+        for pyc, data in _bytecode(change.path):
+            kept.append(Drop(pyc, state.backup(data)))
+        if kept:
+            mtime = change.path.stat(follow_symlinks=False).st_mtime_ns
+            entries[name] = replace(entry, pycache=tuple(kept), mtime_ns=mtime)
+    return replace(plan, entries=entries)
+
+
+def _restore_bytecode(state: StateDir, reverted: Iterable[Entry], plan: Plan) -> None:
+    """Put back the bytecode pip wrote and the mtime it was compiled against, for each file
+    revert restored to its original. Best effort: it is a cache, which Python rebuilds."""
+    written = {(c.distribution, c.rel): c for c in plan.changes if c.kind == "target"}
+    for entry in reverted:
+        change = written.get((entry.distribution, entry.file))
+        if change is None or change.after is None or not entry.pycache:
+            continue
+        if fsops.sha256(change.after) != entry.original_sha256 or entry.mtime_ns is None:
+            continue
+        with contextlib.suppress(OSError, ManifestError):
+            os.utime(change.path, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+            cache = change.path.parent / "__pycache__"
+            fsops.make_dirs(cache)
+            if cache.is_symlink() or not fsops.inside(cache / "x", _root(change)):
+                continue
+            like = change.path.stat(follow_symlinks=False)
+            for pyc in entry.pycache:
+                if PYC_NAME.fullmatch(pyc.path) and not (cache / pyc.path).exists():
+                    fsops.atomic_write(cache / pyc.path, state.read_backup(pyc.sha256), like=like)
+
+
 def execute(state: StateDir, manifest: Manifest, plan: Plan, op: str) -> None:
-    changes = _order(plan.changes, reverting=(op == "revert"))
+    changes, records = _records(
+        state, manifest, plan, _order(plan.changes, reverting=(op == "revert"))
+    )
     check_writable(changes, state)
+    if op == "apply":
+        with contextlib.suppress(OSError):
+            plan = _keep_bytecode(state, plan, changes)
     try:
         for change in changes:
             if change.before is not None:
@@ -135,16 +276,22 @@ def execute(state: StateDir, manifest: Manifest, plan: Plan, op: str) -> None:
                 hint="`rocmfix revert` clears it once the fault is gone",
             ) from None
         raise WriteError(f"{problem}; every file is as it was") from None
-    state.save(replace(manifest, entries=plan.entries, pending=None), __version__)
-    state.prune_backups(kept_backups(plan.entries.values()))
+    if op == "revert":
+        reverted = [e for n, e in manifest.entries.items() if n not in plan.entries]
+        _restore_bytecode(state, reverted, plan)
+    state.save(replace(manifest, entries=plan.entries, pending=None, records=records), __version__)
+    state.prune_backups(kept_backups(plan.entries.values(), records.values()))
 
 
-def kept_backups(entries: Iterable[Entry]) -> set[str]:
-    """The backups the manifest's entries still need: originals, and files a forced drop
-    replaced."""
-    return {e.original_sha256 for e in entries} | {
-        d.replaced for e in entries for d in e.drops if d.replaced
-    }
+def kept_backups(entries: Iterable[Entry], records: Iterable[RecordState] = ()) -> set[str]:
+    """The backups the manifest still needs: originals, files a forced drop replaced, and
+    each RECORD as rocmfix first found it."""
+    return (
+        {e.original_sha256 for e in entries}
+        | {d.replaced for e in entries for d in e.drops if d.replaced}
+        | {p.sha256 for e in entries for p in e.pycache}
+        | {r.original for r in records}
+    )
 
 
 def _rollback(done: Sequence[FileChange]) -> list[str]:
@@ -168,6 +315,11 @@ def _pending_path(dist: Distribution, item: PendingFile, patches: Sequence[Patch
     }
     targets = {p.path for p in patches if p.distribution == item.distribution}
     hint = "rocmfix's journal was edited; move share/rocmfix aside and reinstall the package"
+    # A folder that became a link after the journal was written is no edit of the journal.
+    link_hint = (
+        "a folder on that path now links out of the environment; put the real folder back "
+        "and run the command again (rocmfix never writes through such a link)"
+    )
     if item.kind == "record":
         record = dist.record
         if record is None or item.path != record_rel(dist, record):
@@ -190,7 +342,11 @@ def _pending_path(dist: Distribution, item: PendingFile, patches: Sequence[Patch
     # Every target of one distribution lives under one root.
     path = roots[0] / item.path
     if path.is_symlink() or not fsops.inside(path, roots[0]):
-        raise ManifestError(f"the journal's {path} leads out of the environment", hint=hint)
+        raise ManifestError(
+            f"cannot restore {path}: it leads out of the environment through a linked "
+            f"folder (to {path.parent.resolve()})",
+            hint=link_hint,
+        )
     return path
 
 

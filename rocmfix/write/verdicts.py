@@ -122,8 +122,12 @@ def _drops_intact(root: Path, entry: Entry) -> str | None:
     for drop in entry.drops:
         path = root / drop.path
         try:
-            digest = fsops.sha256(path.read_bytes())
-        except FileNotFoundError:
+            digest = fsops.digest_of(path)
+        except fsops.NotRegularError as exc:
+            return f"its dropped file {drop.path} was replaced by someone else ({exc})"
+        except OSError as exc:
+            return f"its dropped file {drop.path} cannot be read ({exc.strerror or exc})"
+        if digest is None:
             return f"its dropped file {drop.path} is missing"
         if digest != drop.sha256:
             return f"its dropped file {drop.path} was changed by someone else"
