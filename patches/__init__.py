@@ -1,11 +1,20 @@
 """Every patch rocmfix ships, one module per target file (or per family of files with one
 shape), in the order status lists them."""
 
-from . import doclayout_dilated_conv, mineru_tokenizer, transformers_vision, vllm_vision
+from . import (
+    doclayout_dilated_conv,
+    mineru_pytorchocr,
+    mineru_tokenizer,
+    transformers_hgnet,
+    transformers_vision,
+    vllm_vision,
+)
 
 PATCHES = (
     *vllm_vision.PATCHES,
     *transformers_vision.PATCHES,
     doclayout_dilated_conv.PATCH,
     mineru_tokenizer.PATCH,
+    *transformers_hgnet.PATCHES,
+    *mineru_pytorchocr.PATCHES,
 )

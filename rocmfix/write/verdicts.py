@@ -21,6 +21,7 @@ from rocmfix import fsops
 from rocmfix.checks import is_rocm, torch_build
 from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError
+from rocmfix.mineru import runs_onnx
 from rocmfix.patch import Patch, Shape, TargetContext
 from rocmfix.results import PatchStatus, Pristine, Verdict
 from rocmfix.state import Entry, Manifest, Pending
@@ -350,6 +351,9 @@ class _Inspector:
         if self.explicit or use is None or mineru is None:
             return None
         anyway = f"`--only {self.patch.id}` patches it anyway"
+        onnx = runs_onnx(use, mineru, self.env.versions)
+        if onnx is not None:
+            return f"{onnx}; {anyway}"
         if use.never:
             return f"mineru {mineru.version} never runs it: {use.what}; {anyway}"
         if mineru.found.shows(use) is None:
