@@ -77,10 +77,11 @@ def _collect(tree: ast.AST, wanted: frozenset[str], found: dict[str, set[str]]) 
 
 def _torch_needs(node: ast.AST) -> tuple[str, ...]:
     """The names of ``TORCH_REQUIRED_MODULES = ("torch", ...)``, else ()."""
+    targets: list[ast.expr]
     if isinstance(node, ast.AnnAssign):
         targets, value = [node.target], node.value
     elif isinstance(node, ast.Assign):
-        targets, value = node.targets, node.value
+        targets, value = list(node.targets), node.value
     else:
         return ()
     if not any(isinstance(t, ast.Name) and t.id == TORCH_NEEDS for t in targets):

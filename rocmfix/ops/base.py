@@ -98,6 +98,9 @@ class Op:
     label: Callable[[Shape], str]
     # The dtypes its kernels are checked in, ahead of time, on every GPU.
     dtypes: tuple[str, ...] = ("bfloat16", "float16", "float32")
+    # Whether the vendor op is slow depends on the GPU and the ROCm release: status and apply
+    # follow what doctor measured here (rocmfix.measured), not the code alone.
+    measured_verdict: bool = False
 
     @property
     def scheme_names(self) -> tuple[str, ...]:

@@ -186,7 +186,9 @@ def plan_apply(
         if st.verdict is Verdict.NOT_INSTALLED:
             plan.outcomes.append(Outcome(patch, Action.ABSENT, st.reason))
             continue
-        if st.verdict is Verdict.NOT_NEEDED and not (force and seen.forceable):
+        if st.verdict is Verdict.UNMEASURED or (
+            st.verdict is Verdict.NOT_NEEDED and not (force and seen.forceable)
+        ):
             plan.outcomes.append(Outcome(patch, Action.SKIP, st.reason))
             continue
         if st.verdict is Verdict.APPLIED and st.scheme == chosen:

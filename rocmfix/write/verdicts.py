@@ -17,7 +17,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from rocmfix import fsops
+from rocmfix import fsops, measured
 from rocmfix.checks import is_rocm, torch_build
 from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError
@@ -331,6 +331,11 @@ class _Inspector:
             if unused is not None:
                 return self.done(Verdict.NOT_NEEDED, unused, notes=notes)
             notes = (*notes, *self._used_by_mineru())
+            judged, reason, notes = measured.follow(
+                self.patch, self.env.torch, self.explicit, reason, notes
+            )
+            if judged is not None:
+                return self.done(judged, reason, notes=notes)
         if entry is not None:
             was = (
                 "" if entry.version == self.dist.version else f" (rocmfix patched {entry.version})"
