@@ -160,7 +160,8 @@ def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classifi
                 f"{site.cls}.{site.method} does not run {site.label.split('(')[1][:-1]} "
                 "as rocmfix knows it",
             )
-        present.append(site.cls)
+        if site.cls not in present:
+            present.append(site.cls)
     if not present:
         names = ", ".join(sorted({s.cls for s in router.sites}))
         return Classification(Shape.FIXED_UPSTREAM, f"this version has no {names}")

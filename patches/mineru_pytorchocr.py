@@ -42,6 +42,7 @@ LAYOUTS = (
 )
 DEPTHWISE = ("depthwise-conv", "depthwise_conv2d", "rocmfix_depthwise_conv.py")
 TRANSPOSE = ("conv-transpose", "conv_transpose2d", "rocmfix_conv_transpose.py")
+NOUNS = {"depthwise-conv": "depthwise convs", "conv-transpose": "transposed convs"}
 WHY_DW = "MIOpen runs depthwise convs on a grouped GEMM; GPU inputs go around it"
 WHY_T = "MIOpen's transposed conv is slow; kernel == stride is a GEMM and a pixel shuffle"
 
@@ -108,7 +109,7 @@ def _patch(
     router = Router(path, kernels, entry, sites, why, needs, grouped=op_name != "conv-transpose")
     return Patch(
         id=f"{prefix}-{suffix}",
-        summary=f"Route {rel.rsplit('/', 1)[1]}'s {op_name.replace('-', ' ')}s around MIOpen",
+        summary=f"Route {rel.rsplit('/', 1)[1]}'s {NOUNS[op_name]} around MIOpen",
         distribution="mineru",
         package="mineru",
         path=path,

@@ -39,7 +39,7 @@ class Found:
     def shows(self, use: MinerUUse) -> str | None:
         """What in MinerU's code shows that it runs the target, else None."""
         if use.own:
-            return "ships it"
+            return "holds it"
         for module in use.imports:
             if any(m == module or m.startswith(module + ".") for m in self.imports):
                 return f"imports {module}"
@@ -149,8 +149,8 @@ def runs_onnx(use: MinerUUse, mineru: MinerU, installed: Collection[str]) -> str
     missing = [n for n in needs if n not in installed]
     if not missing:
         return None
+    verb = "is" if len(missing) == 1 else "are"
     return (
-        f"mineru {mineru.version} runs {use.what.split(':')[0]} in ONNX here: its torch path "
-        f"needs {', '.join(needs)}, and {', '.join(missing)} "
-        f"{'is' if len(missing) == 1 else 'are'} not installed"
+        f"mineru {mineru.version} runs {use.what.split(':')[0]} in ONNX here, not in torch: "
+        f"{', '.join(missing)} {verb} not installed"
     )
