@@ -33,6 +33,7 @@ from rocmfix.rewrite import (
     insert_after_last_import,
     marker_line,
     module_has_marker,
+    nodes,
     relative_import,
     statement,
 )
@@ -142,6 +143,12 @@ def _count_runs(method: cst.FunctionDef, site: Site) -> int:
     )
 
 
+def _mentions(cls: cst.ClassDef, attr: str) -> bool:
+    """Whether the class uses ``self.attr`` at all: a release whose class has no such module
+    (DBHead before PP-OCRv6's ``conv_final``) has no such site."""
+    return any(dotted(node) == f"self.{attr}" for node in nodes(cls, cst.Attribute))
+
+
 def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classification:
     local = router.local
     if calls(module, local):
@@ -151,7 +158,7 @@ def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classifi
     present = []
     for site in router.sites:
         cls = find_class(module, site.cls)
-        if cls is None:
+        if cls is None or not _mentions(cls, site.conv):
             continue
         method = find_method(cls, site.method)
         if method is None or _count_runs(method, site) == 0:
@@ -231,7 +238,7 @@ def transform(router: Router, module: cst.Module) -> cst.Module:
     routed_any = False
     for site in router.sites:
         cls = find_class(module, site.cls)
-        if cls is None:
+        if cls is None or not _mentions(cls, site.conv):
             continue
         method = find_method(cls, site.method)
         if method is None or _count_runs(method, site) == 0:

@@ -1,0 +1,269 @@
+"""MinerU's pytorchocr files (PP-OCRv6, PP-FormulaNet): every MinerU 3.x and 4.0.x wheel from
+PyPI read and rewritten, apply/revert through the real CLI, and the real models run.
+
+The models are built from the arch configs inside the installed wheel (random weights, no hub):
+PP-OCRv6 det tiny and rec small (``BaseModel``) and the PP-FormulaNet_plus-M encoder
+(``PPHGNetV2_B6_Formula``). rocmfix patches the installed files through the CLI; a fresh
+process then imports the patched files with their GPU guard read as true, so CPU inputs take
+the routed branch: the depthwise convs run the Triton kernel in the interpreter
+(``TRITON_INTERPRET=1``), the transposed convs the GEMM and pixel shuffle. Outputs equal the
+stock ones (fp32), and no depthwise or transposed ``aten::convolution`` is left in the routed
+forward (a dispatch spy counts them: 17 + 2, 14 and 57 in the stock forwards).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from packaging.version import Version
+
+from rocmfix.patch import Patch, Shape, TargetContext, TorchInfo
+from rocmfix.registry import all_patches
+
+import releases
+from conftest import InstalledEnv, fake_torch, files_under, install_release
+
+pytestmark = pytest.mark.network
+
+CTX = TargetContext(version="0", versions={}, torch=TorchInfo("2.9.1", "7.2.0", None))
+NEW, OLD = "mineru/model/_internal/pytorchocr", "mineru/model/utils/pytorchocr"
+TORCH, HIP = "2.9.1+rocm7.2", "7.2.26015-fc0010cf6a"
+
+
+def ocr_patches() -> list[Patch]:
+    return [p for p in all_patches() if p.id.startswith(("mineru-ocr-", "mineru3-ocr-"))]
+
+
+def _releases() -> list[str]:
+    return [
+        v
+        for v in releases.releases("mineru")
+        if Version(v) >= Version("3.0.0") and Version(v).pre is None
+    ]
+
+
+def test_every_mineru_3_and_4_release() -> None:
+    """Each file a release has is recognised (needs the patch, or has no such layer yet) and
+    rewritten into code that compiles and reads as rocmfix's own; 3.4.x and 4.0.x need all
+    four."""
+    patches = ocr_patches()
+    needs: dict[str, set[str]] = {}
+    for version in _releases():
+        files = releases.wheel_members("mineru", version, [p.path for p in patches])
+        for p in patches:
+            data = files[p.path]
+            if data is None:
+                continue
+            found = p.classify(p.parse(data), CTX)
+            assert found.shape in (Shape.NEEDS_PATCH, Shape.FIXED_UPSTREAM), (version, p.id, found)
+            if found.shape is Shape.FIXED_UPSTREAM:
+                continue
+            patched = p.transform(cst.parse_module(data)).code
+            compile(patched, f"{version}/{p.path}", "exec")
+            assert p.classify(p.parse(patched.encode()), CTX).shape is Shape.PATCHED
+            needs.setdefault(version, set()).add(p.id)
+    assert needs["3.4.5"] == {p.id for p in patches if p.id.startswith("mineru3-")}
+    assert needs[releases.PINNED["mineru"]] == {
+        p.id for p in patches if p.id.startswith("mineru-ocr-")
+    }
+    # Before PP-OCRv6 (3.0.0): the DB head's transposed convs and the HGNetV2 backbone only.
+    assert needs["3.0.0"] == {"mineru3-ocr-db-head", "mineru3-ocr-hgnetv2"}
+
+
+def _fake_dist(site: Path, name: str, version: str) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text("")
+
+
+def _rocm_mineru(root: Path, version: str) -> InstalledEnv:
+    target = f"{NEW if version.startswith('4') else OLD}/modeling/heads/det_db_head.py"
+    env = install_release(root, "mineru", version, target)
+    fake_torch(env.site, TORCH, hip=HIP)
+    for name in ("torchvision", "transformers", "accelerate", "safetensors", "triton"):
+        _fake_dist(env.site, name, "3.8.0" if name == "triton" else "1.0")
+    return env
+
+
+@pytest.mark.parametrize("version", ["3.4.5", releases.PINNED["mineru"]])
+def test_apply_and_revert_through_the_cli(tmp_path: Path, version: str) -> None:
+    env = _rocm_mineru(tmp_path / "env", version)
+    prefix = "mineru-ocr-" if version.startswith("4") else "mineru3-ocr-"
+    before = files_under(env.site)
+    result = env.cli("apply", "--only", "mineru")
+    assert result.returncode == 0, result.stderr
+    for name in ("lcnetv4", "hgnetv2", "replkfpn", "db-head"):
+        assert f"{prefix}{name}: applied" in result.stderr, result.stderr
+    package = NEW if version.startswith("4") else OLD
+    assert (env.site / package / "modeling/rocmfix_depthwise_conv.py").is_file()
+    assert (env.site / package / "modeling/rocmfix_conv_transpose.py").is_file()
+    statuses = {p["id"]: p["verdict"] for p in env.cli("status", "--json").json()["patches"]}
+    assert {v for k, v in statuses.items() if k.startswith(prefix)} == {"applied"}
+    result = env.cli("revert")
+    assert result.returncode == 0, result.stderr
+    assert files_under(env.site) == before
+
+
+SCRIPT = r"""
+import ast, copy, importlib.abc, importlib.machinery, json, os, sys, types, warnings
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, yaml
+from torch.utils._python_dispatch import TorchDispatchMode
+
+site, mode = sys.argv[1], sys.argv[2]
+package = "mineru.model._internal.pytorchocr"
+root = os.path.join(site, *package.split("."))
+
+
+class Forced(importlib.machinery.SourceFileLoader):
+    # rocmfix's guard with `x.is_cuda` read as true: CPU inputs take the routed branch.
+    def source_to_code(self, data, path, *, _optimize=-1):
+        tree = ast.parse(data)
+        for node in ast.walk(tree):
+            test = getattr(node, "test", None)
+            if not (isinstance(node, ast.If) and isinstance(test, ast.BoolOp)):
+                continue
+            first = test.values[0]
+            if isinstance(first, ast.Compare) and getattr(first.left, "id", "").startswith(
+                "_rocmfix_"
+            ):
+                test.values = [
+                    ast.Constant(True)
+                    if isinstance(v, ast.Attribute) and v.attr == "is_cuda" else v
+                    for v in test.values
+                ]
+        return compile(ast.fix_missing_locations(tree), path, "exec")
+
+
+class Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec and spec.origin and spec.origin.startswith(root):
+            with open(spec.origin, "rb") as f:
+                if b"# rocmfix:" in f.read():
+                    spec.loader = Forced(name, spec.origin)
+        return spec
+
+
+sys.path.insert(0, site)
+# MinerU's package __init__ imports its whole document stack; the OCR models need none of it.
+stub = types.ModuleType("mineru")
+stub.__path__ = [os.path.join(site, "mineru")]
+sys.modules["mineru"] = stub
+if mode == "patched":
+    sys.meta_path.insert(0, Finder())
+    warnings.simplefilter("error")  # a kernel that falls back to the stock op warns
+
+base = importlib.import_module(package + ".modeling.architectures.base_model")
+backbones = importlib.import_module(package + ".modeling.backbones")
+resources = os.path.join(root, "utils", "resources")
+arch = yaml.safe_load(open(os.path.join(resources, "arch_config.yaml")))
+formula = yaml.safe_load(open(os.path.join(resources, "pp_formulanet_arch_config.yaml")))
+if mode == "patched":
+    head = importlib.import_module(package + ".modeling.heads.det_db_head")
+    assert head._rocmfix_conv_transpose2d is not None
+    ct = importlib.import_module(package + ".modeling.rocmfix_conv_transpose")
+    # The entry keeps CPU tensors on the stock op; its GEMM and pixel shuffle run here.
+    head._rocmfix_conv_transpose2d = lambda x, d: (
+        ct.gemm(x, d.weight, d.bias) if ct.handled(x, d) else d(x)
+    )
+
+
+class Spy(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.depthwise = self.transposed = self.other = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution.default:
+            x, w, transposed, groups = args[0], args[1], args[6], args[8]
+            if transposed:
+                self.transposed += 1
+            elif groups > 1 and groups == x.shape[1] and w.shape[1] == 1:
+                self.depthwise += 1
+            else:
+                self.other += 1
+        return func(*args, **(kwargs or {}))
+
+
+def models():
+    torch.manual_seed(0)
+    yield "det", base.BaseModel(copy.deepcopy(arch["ch_PP-OCRv6_tiny_det_infer"])), (1, 3, 64, 96)
+    yield "rec", base.BaseModel(copy.deepcopy(arch["ch_PP-OCRv6_small_rec_infer"])), (2, 3, 48, 160)
+    backbone = formula["PP-FormulaNet_plus-M"]["Architecture"]["Backbone"]
+    yield "formula", backbones.build_backbone(copy.deepcopy(backbone), "rec"), (1, 3, 96, 96)
+
+
+def flat(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for k in sorted(out) for t in flat(out[k])]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in flat(o)]
+    if hasattr(out, "__dict__"):
+        return [t for k in sorted(vars(out)) for t in flat(vars(out)[k])]
+    return []
+
+
+report = {}
+for name, model, shape in models():
+    model = model.eval()
+    # Non-trivial BatchNorm statistics, so a BatchNorm applied in the kernel's store counts.
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+    torch.manual_seed(1)
+    x = torch.randn(*shape)
+    spy = Spy()
+    with torch.no_grad(), spy:
+        outs = flat(model(x))
+    path = os.path.join(sys.argv[3], name + ".pt")
+    entry = {"depthwise": spy.depthwise, "transposed": spy.transposed, "other": spy.other}
+    if mode == "stock":
+        torch.save(outs, path)
+    else:
+        stock = torch.load(path)
+        assert len(stock) == len(outs)
+        entry["err"] = max(
+            ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
+            for a, b in zip(outs, stock)
+        )
+    report[name] = entry
+print(json.dumps(report))
+"""
+
+
+def _run(site: Path, mode: str, store: Path) -> dict[str, dict[str, float]]:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(site), mode, str(store)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report: dict[str, dict[str, float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def test_the_real_models_match_stock(tmp_path: Path) -> None:
+    env = _rocm_mineru(tmp_path / "env", releases.PINNED["mineru"])
+    stock = _run(env.site, "stock", tmp_path)
+    assert stock["det"]["depthwise"] == 17 and stock["det"]["transposed"] == 2
+    assert stock["rec"]["depthwise"] == 14
+    assert stock["formula"]["depthwise"] == 57
+    result = env.cli("apply", "--only", "mineru")
+    assert result.returncode == 0, result.stderr
+    patched = _run(env.site, "patched", tmp_path)
+    for name, seen in patched.items():
+        assert seen["depthwise"] == 0 and seen["transposed"] == 0, (name, seen)
+        assert seen["other"] == stock[name]["other"], (name, seen)
+        assert seen["err"] < 1e-4, (name, seen)
