@@ -1,10 +1,12 @@
 """MinerU's torch ports of PaddleOCR: the depthwise convs of PP-OCRv6 and PP-FormulaNet, and the
 DB head's kernel == stride transposed convs.
 
-MinerU 3.x keeps the package at ``mineru/model/utils/pytorchocr/``, 4.0.x at
+MinerU 2.7-3.x keeps the package at ``mineru/model/utils/pytorchocr/``, 4.0.x at
 ``mineru/model/_internal/pytorchocr/``; the four files have the same shapes in both (read from
-the 3.0.0 … 4.0.12 wheels; ``rec_lcnetv4.py`` and RepLKFPN arrived with PP-OCRv6 in 3.x). One
-patch per file and layout; a layout the installed MinerU does not have reads ``not-needed``.
+the wheels up to 4.0.12; ``rec_lcnetv4.py`` and RepLKFPN arrived with PP-OCRv6 in 3.x, and
+before it the DB head has only the older ``Head``). One patch per file and layout; a layout
+the installed MinerU does not have reads ``not-needed``. MinerU 2.x runs these files in torch
+always; 3.0+ only as described below.
 
 - ``backbones/rec_lcnetv4.py``: ``PPLCNetV4ConvLayer`` (conv → BatchNorm → activation;
   depthwise for the stride-2 token convs) and ``PPLCNetV4DepthwiseSeparableConvLayer``'s bare
@@ -38,7 +40,7 @@ from ._conv_sites import Router, Site
 # (patch id prefix, package folder, the MinerU releases that have it)
 LAYOUTS = (
     ("mineru-ocr", "mineru/model/_internal/pytorchocr", "4.0.x"),
-    ("mineru3-ocr", "mineru/model/utils/pytorchocr", "3.x"),
+    ("mineru-utils-ocr", "mineru/model/utils/pytorchocr", "2.7-3.x"),
 )
 DEPTHWISE = ("depthwise-conv", "depthwise_conv2d", "rocmfix_depthwise_conv.py")
 TRANSPOSE = ("conv-transpose", "conv_transpose2d", "rocmfix_conv_transpose.py")

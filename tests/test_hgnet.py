@@ -36,7 +36,7 @@ GOLDEN_CASES = [
     ("hgnet_hand_edit", "transformers-hgnet-v2", UNKNOWN, "not from rocmfix"),
     ("ocr_lcnet", "mineru-ocr-lcnetv4", NEEDS, "PPLCNetV4DepthwiseSeparableConvLayer"),
     ("ocr_db_head", "mineru-ocr-db-head", NEEDS, "DBHead, Head: 2x2 stride-2"),
-    ("ocr_db_head", "mineru3-ocr-db-head", NEEDS, "transposed"),
+    ("ocr_db_head", "mineru-utils-ocr-db-head", NEEDS, "transposed"),
 ]
 
 

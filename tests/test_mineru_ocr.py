@@ -36,15 +36,17 @@ TORCH, HIP = "2.9.1+rocm7.2", "7.2.26015-fc0010cf6a"
 
 
 def ocr_patches() -> list[Patch]:
-    return [p for p in all_patches() if p.id.startswith(("mineru-ocr-", "mineru3-ocr-"))]
+    return [p for p in all_patches() if p.id.startswith(("mineru-ocr-", "mineru-utils-ocr-"))]
 
 
 def _releases() -> list[str]:
-    return [
-        v
-        for v in releases.releases("mineru")
-        if Version(v) >= Version("3.0.0") and Version(v).pre is None
-    ]
+    """Every final release from 3.0.0, and the first and last of each 2.x minor line."""
+    every = [v for v in releases.releases("mineru") if Version(v).pre is None]
+    picked = {v for v in every if Version(v) >= Version("3.0.0")}
+    for minor in {Version(v).release[:2] for v in every if Version(v).major == 2}:
+        line = [v for v in every if Version(v).release[:2] == minor]
+        picked |= {line[0], line[-1]}
+    return sorted(picked, key=Version)
 
 
 def test_every_mineru_3_and_4_release() -> None:
@@ -67,12 +69,12 @@ def test_every_mineru_3_and_4_release() -> None:
             compile(patched, f"{version}/{p.path}", "exec")
             assert p.classify(p.parse(patched.encode()), CTX).shape is Shape.PATCHED
             needs.setdefault(version, set()).add(p.id)
-    assert needs["3.4.5"] == {p.id for p in patches if p.id.startswith("mineru3-")}
+    assert needs["3.4.5"] == {p.id for p in patches if p.id.startswith("mineru-utils-ocr-")}
     assert needs[releases.PINNED["mineru"]] == {
         p.id for p in patches if p.id.startswith("mineru-ocr-")
     }
     # Before PP-OCRv6 (3.0.0): the DB head's transposed convs and the HGNetV2 backbone only.
-    assert needs["3.0.0"] == {"mineru3-ocr-db-head", "mineru3-ocr-hgnetv2"}
+    assert needs["3.0.0"] == {"mineru-utils-ocr-db-head", "mineru-utils-ocr-hgnetv2"}
 
 
 def _fake_dist(site: Path, name: str, version: str) -> None:
@@ -94,7 +96,7 @@ def _rocm_mineru(root: Path, version: str) -> InstalledEnv:
 @pytest.mark.parametrize("version", ["3.4.5", releases.PINNED["mineru"]])
 def test_apply_and_revert_through_the_cli(tmp_path: Path, version: str) -> None:
     env = _rocm_mineru(tmp_path / "env", version)
-    prefix = "mineru-ocr-" if version.startswith("4") else "mineru3-ocr-"
+    prefix = "mineru-ocr-" if version.startswith("4") else "mineru-utils-ocr-"
     before = files_under(env.site)
     result = env.cli("apply", "--only", "mineru")
     assert result.returncode == 0, result.stderr
