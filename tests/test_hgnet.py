@@ -16,7 +16,7 @@ from rocmfix.registry import all_patches
 from rocmfix.rewrite import MARKER
 
 import releases
-from conftest import InstalledEnv, fake_torch, files_under
+from conftest import InstalledEnv, fake_torch, files_under, install_release
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 HGNET = "transformers/models/hgnet_v2/modeling_hgnet_v2.py"
@@ -123,3 +123,45 @@ def test_not_needed_on_a_cuda_torch(transformers_env) -> None:  # type: ignore[n
     found = env.status("transformers-hgnet-v2")
     assert found["verdict"] == "not-needed"
     assert "is a CUDA build" in found["reason"] or "cuda" in found["reason"].lower()
+
+
+LAYOUT = r"""
+from transformers import PPDocLayoutV2Config, PPDocLayoutV2ForObjectDetection
+
+
+def models():
+    config = PPDocLayoutV2Config()
+    config.class_thresholds = [0.5] * config.num_labels
+    config.class_order = list(range(config.num_labels))
+    torch.manual_seed(0)
+    model = PPDocLayoutV2ForObjectDetection(config)
+    yield "layout", model, {"pixel_values": torch.randn(1, 3, 64, 64)}
+
+
+compare(models())
+"""
+
+
+@pytest.mark.network
+def test_pp_doclayout_v2_matches_stock(tmp_path: Path) -> None:
+    """PP-DocLayoutV2 from transformers' default config (random weights, no hub) in the newest
+    transformers, patched through the CLI: the routed forward runs its 27 depthwise convs in
+    the Triton kernel (interpreter) and matches stock. transformers 5 needs a newer
+    huggingface-hub and tokenizers than the test environment's: they are fetched too."""
+    from test_mineru_ocr import fake_dist, run_model
+
+    version = releases.PINNED["transformers"]
+    env = install_release(tmp_path / "env", "transformers", version, HGNET)
+    fake_torch(env.site, "2.9.1+rocm7.2", hip="7.2.0")
+    fake_dist(env.site, "triton", "3.8.0")
+    path = [releases.importable("huggingface-hub", "1.33.0")]
+    path.append(releases.importable("tokenizers", "0.23.3"))
+    root = env.site / "transformers" / "models"
+    stock = run_model(LAYOUT, env.site, "stock", tmp_path, root, path)
+    assert stock["layout"]["depthwise"] == 27
+    result = env.cli("apply", "--only", "transformers-hgnet-v2", "--scheme", "triton")
+    assert result.returncode == 0, result.stderr
+    patched = run_model(LAYOUT, env.site, "patched", tmp_path, root, path)["layout"]
+    assert patched["depthwise"] == 0, patched
+    assert patched["other"] == stock["layout"]["other"], patched
+    assert patched["err"] < 1e-4, patched
