@@ -3,6 +3,7 @@ docs/amd-kernels.md. Not a test: the test suite runs the same check with its own
 (tests/test_kernels_aot.py) and checks that this page covers every row it finds.
 
     python bench/kernels_table.py [--python PY]... [--out docs/amd-kernels.md]
+    python bench/kernels_table.py --only-op depthwise-conv   # one op's rows, this Triton
 
 Each ``--python`` is an interpreter with torch and a Triton (a venv per Triton version: ROCm's
 torch wheels pin pytorch-triton-rocm, whose compiler is the PyPI triton of the same version);
@@ -32,13 +33,22 @@ from rocmfix.render.kernels import launch_text  # noqa: E402  # the CLI's own wo
 Row = tuple[str, str, str, str, str]  # op/scheme, kernel, dtype, shape, arch
 
 
-def check(python: str) -> dict[str, Any]:
+def check(python: str, ops: list[str] | None = None) -> dict[str, Any]:
     # The shipped configs alone: no tuned file, no overrides from this shell.
     env = {k: v for k, v in os.environ.items() if not k.endswith("_CONFIG")}
     with tempfile.TemporaryDirectory() as tmp:
         env["ROCMFIX_TUNED_FILE"] = os.path.join(tmp, "none.json")
         done = subprocess.run(
-            [sys.executable, "-m", "rocmfix", "kernels", "--json", "--python", python],
+            [
+                sys.executable,
+                "-m",
+                "rocmfix",
+                "kernels",
+                "--json",
+                "--python",
+                python,
+                *[arg for name in ops or () for arg in ("--op", name)],
+            ],
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -64,6 +74,43 @@ def cell(c: dict[str, Any] | None) -> str:
     return text if c["ok"] else f"**{text}** ({'; '.join(c['problems'])[:60]})"
 
 
+def line(c: dict[str, Any], by_version: list[dict[Row, dict[str, Any]]]) -> str:
+    """One check as a row of the table; a version's cell is "-" where it was not compiled."""
+    row = key(c)
+    shared = f"{c['shared_bytes'] / 1024:.0f}/{c['shared_limit_bytes'] // 1024} KiB"
+    matrix = (
+        f"{c['matrix_instruction']} x{c['matrix_count']}"
+        if c["matrix_instruction"]
+        else ("FMA" if c["operands"] else "-")
+    )
+    return (
+        f"| {row[0]} | `{row[1]}` | {row[2]} | {row[3]} | {row[4]} "
+        f"| {launch_text(c['config'])} "
+        f"| {c['registers']} | {c['spills']} | {shared} "
+        f"| {c['waves_per_simd'] if c['waves_per_simd'] is not None else '-'} | {matrix} | "
+        + " | ".join(cell(v.get(row)) for v in by_version)
+        + " |"
+    )
+
+
+def splice(text: str, op: str, doc: dict[str, Any]) -> str:
+    """``text`` (the page) with ``op``'s rows replaced by ``doc``'s, in the page's columns:
+    the Triton versions ``doc`` was not compiled with read "-" (regenerating only the rows of
+    a new op, where the full sweep over every Triton is slow)."""
+    lines = text.splitlines()
+    header = next(i for i, t in enumerate(lines) if t.startswith("| op / scheme"))
+    versions = [h.strip()[len("Triton ") :] for h in lines[header].split("|")
+                if h.strip().startswith("Triton ")]  # fmt: skip
+    found = {key(c): c for c in doc["checks"]}
+    by_version = [found if v == doc["triton"] else {} for v in versions]
+    end = header + 2
+    while end < len(lines) and lines[end].startswith("| "):
+        end += 1
+    kept = [t for t in lines[header + 2 : end] if not t.startswith(f"| {op} ")]
+    rows = [line(c, by_version) for c in doc["checks"] if c["op"] == op]
+    return "\n".join([*lines[: header + 2], *kept, *rows, *lines[end:]]) + "\n"
+
+
 def render(docs: list[dict[str, Any]]) -> str:
     main = docs[0]
     versions = [d["triton"] for d in docs]
@@ -87,22 +134,7 @@ def render(docs: list[dict[str, Any]]) -> str:
         "| waves | matrix | " + " | ".join(f"Triton {v}" for v in versions) + " |",
         "|" + "---|" * (11 + len(versions)),
     ]
-    for c in main["checks"]:
-        row = key(c)
-        shared = f"{c['shared_bytes'] / 1024:.0f}/{c['shared_limit_bytes'] // 1024} KiB"
-        matrix = (
-            f"{c['matrix_instruction']} x{c['matrix_count']}"
-            if c["matrix_instruction"]
-            else ("FMA" if c["operands"] else "-")
-        )
-        lines.append(
-            f"| {row[0]} | `{row[1]}` | {row[2]} | {row[3]} | {row[4]} "
-            f"| {launch_text(c['config'])} "
-            f"| {c['registers']} | {c['spills']} | {shared} "
-            f"| {c['waves_per_simd'] if c['waves_per_simd'] is not None else '-'} | {matrix} | "
-            + " | ".join(cell(v.get(row)) for v in by_version)
-            + " |"
-        )
+    lines += [line(c, by_version) for c in main["checks"]]
     bad = {v: [c for c in d["checks"] if not c["ok"]] for v, d in zip(versions, docs, strict=True)}
     lines += ["", "## Findings", ""]
     for version, rows in bad.items():
@@ -152,11 +184,60 @@ NOTES = """
 """
 
 
+MEMORY_OPS = ("global_load", "buffer_load", "global_store", "buffer_store", "ds_read", "ds_write")
+
+
+def memory_section(op_name: str, archs: tuple[str, ...] = ("gfx1100", "gfx1201", "gfx90a",
+                   "gfx942", "gfx950")) -> str:  # fmt: skip
+    """The memory instructions of ``op_name``'s kernel per AMD arch, at its tune targets in
+    their dtypes, compiled here as `rocmfix kernels` compiles them (its templates' shipped
+    configs): what one program issues, vector widths included."""
+    import re
+
+    from rocmfix.guest import aot, context, templates
+    from rocmfix.guest.harness import module as harness
+    from rocmfix.ops import op
+
+    context.import_torch()
+    spec = op(op_name)
+    kernel_module = templates.load(str(ROOT / "templates"), spec.kernel_template, fresh=True)
+    kc = __import__(kernel_module.__package__ + ".rocmfix_kernel_config", fromlist=["x"])
+    launch = harness(spec.harness).launch
+    rows = [
+        f"### {op_name}: memory instructions per program (AMD, Triton "
+        f"{__import__('triton').__version__})",
+        "",
+        "| shape | dtype | arch | " + " | ".join(MEMORY_OPS) + " |",
+        "|" + "---|" * (3 + len(MEMORY_OPS)),
+    ]
+    for target in spec.tune:
+        for dtype in (target.gpu["dtype"],):
+            for arch in archs:
+                with kc.emulating(kc.Emulation(arch, True, 0, 132)):
+                    kernel_module.clear_config_cache()
+                    kernel, args, kwargs, _ = launch(kernel_module, dict(target.gpu), dtype)
+                    code = aot._compile(kernel, args, kwargs, arch).asm["amdgcn"]
+                counts = [len(re.findall(r"\b" + name + r"\w*", code)) for name in MEMORY_OPS]
+                rows.append(f"| {spec.label(target.gpu)} | {dtype} | {arch} | "
+                            + " | ".join(map(str, counts)) + " |")  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", action="append", default=[])
     parser.add_argument("--out", default=str(ROOT / "docs" / "amd-kernels.md"))
+    parser.add_argument("--only-op", help="regenerate this op's rows of --out, nothing else")
+    parser.add_argument("--memory", help="print this op's memory instructions per AMD arch")
     args = parser.parse_args()
+    if args.memory:
+        print(memory_section(args.memory))
+        return
+    if args.only_op:
+        doc = check((args.python or [sys.executable])[0], [args.only_op])
+        out = Path(args.out)
+        out.write_text(splice(out.read_text(encoding="utf-8"), args.only_op, doc), encoding="utf-8")
+        return
     docs = [check(p) for p in (args.python or [sys.executable])]
     text = render(docs)
     Path(args.out).write_text(text, encoding="utf-8")

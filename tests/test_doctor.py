@@ -19,7 +19,7 @@ import pytest
 from rocmfix import doctor, supervise, tuned
 from rocmfix.checks import EnvWarning
 from rocmfix.environment import Environment, PythonInfo
-from rocmfix.ops import PATCH_EMBED
+from rocmfix.ops import OPS, PATCH_EMBED
 from rocmfix.patch import TorchInfo
 from rocmfix.registry import all_patches
 from rocmfix.results import PatchStatus, StatusReport, Verdict
@@ -45,8 +45,9 @@ def test_json_report_without_a_gpu() -> None:
     assert device["kind"] == "cpu" and device["interpreter"] is True and device["arch"] == "cpu"
     assert device["torch"] and device["triton"]
     assert {p["id"] for p in doc["patches"]} == {p.id for p in all_patches()}
-    assert [op["op"] for op in doc["ops"]] == ["patch-embed", "dilated-conv"]
-    embed, dilated = doc["ops"]
+    assert [op["op"] for op in doc["ops"]] == [op.name for op in OPS]
+    embed, dilated = (next(o for o in doc["ops"] if o["op"] == name)
+                      for name in ("patch-embed", "dilated-conv"))  # fmt: skip
     assert [c["id"] for c in embed["cases"]] == ["patch-embed"]
     assert [(c["shape"]["c"], c["shape"]["k"], c["shape"]["d"]) for c in dilated["cases"]] == [
         (8, 5, 1),
@@ -56,12 +57,11 @@ def test_json_report_without_a_gpu() -> None:
         (16, 3, 3),
         (16, 3, 5),
     ]
-    for op, schemes in (
-        ("patch-embed", ["gemm", "direct", "linear"]),
-        ("dilated-conv", ["gemm", "linear"]),
-    ):
-        for case in next(o for o in doc["ops"] if o["op"] == op)["cases"]:
-            assert [m["impl"] for m in case["schemes"]] == schemes
+    for each in OPS:
+        cases = next(o for o in doc["ops"] if o["op"] == each.name)["cases"]
+        assert [c["id"] for c in cases] == [c.id for c in each.cases]
+        for case in cases:
+            assert [m["impl"] for m in case["schemes"]] == list(each.scheme_names)
             for m in _by_impl(case).values():
                 assert m["status"] == "ok", m
                 assert m["rel_err"] is not None and m["first_ms"] > 0
@@ -74,7 +74,8 @@ def test_json_report_without_a_gpu() -> None:
     for op in doc["ops"]:
         assert op["needed"] is False and op["why"].startswith("not needed on this stack")
         assert "no GPU" in op["advice"]
-    assert "doctor [22/22]" in result.stderr
+    items = sum(len(op.cases) * (1 + len(op.schemes)) for op in OPS)
+    assert f"doctor [{items}/{items}]" in result.stderr
 
 
 def test_table_says_there_is_no_gpu(tmp_path: Path) -> None:

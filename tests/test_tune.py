@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmfix import tuned
+from rocmfix.ops import OPS
 
 from conftest import ROOT, run_cli
 
@@ -52,8 +53,9 @@ print(json.dumps(out))
 
 def fresh_resolve(path: Path) -> dict[str, Any]:
     env = {**os.environ, "ROCMFIX_TUNED_FILE": str(path)}
-    env.pop("ROCMFIX_PATCH_EMBED_CONFIG", None)
-    env.pop("ROCMFIX_DILATED_CONV_CONFIG", None)
+    for op in OPS:
+        if op.config_env:
+            env.pop(op.config_env, None)
     done = subprocess.run(
         [sys.executable, "-c", RESOLVE, str(ROOT / "templates")],
         capture_output=True,
@@ -80,7 +82,7 @@ def test_tune_stores_the_winner_and_a_fresh_process_reads_it(tmp_path: Path) -> 
     assert doc["schema"] == "rocmfix-tune/1" and doc["ok"] is True
     assert doc["tuned_file"] == str(path) and doc["stored"]["written"] is True
     kernels = _kernels(doc)
-    assert set(kernels) == {"patch_embed_gemm", "dilated_conv:c96_k5", "dilated_conv:c192_k3"}
+    assert set(kernels) == {t.id for op in OPS for t in op.tune}
     for kernel in kernels.values():
         assert kernel["status"] == "ok" and kernel["tuned"] is True
         assert kernel["verified"] is True
@@ -98,6 +100,14 @@ def test_tune_stores_the_winner_and_a_fresh_process_reads_it(tmp_path: Path) -> 
     }
     classes = data["kernels"]["dilated_conv"]["cpu"]
     assert set(classes) == {"c8_k5_fp32", "c16_k3_fp32"}
+    # Every other op's winners under the key its tune target names.
+    for op in OPS:
+        if op.kernel in ("patch_embed_gemm", "dilated_conv") or not op.tune:
+            continue
+        stored = data["kernels"][op.kernel]["cpu"]
+        assert set(stored) == {kernels[t.id]["key"] for t in op.tune}
+        for t in op.tune:
+            assert stored[kernels[t.id]["key"]] == kernels[t.id]["chosen"]["config"]
     assert set(data["meta"]) == {"cpu"}
 
     fresh = fresh_resolve(path)

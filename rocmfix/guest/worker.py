@@ -19,8 +19,13 @@ from . import check, context, doctor, tune
 from .context import Channel, Context, device_info, one_line
 
 WORKER_SCHEMA = 2
-# Overrides a user may have exported; tune measures without them and doctor reports them.
-CONFIG_ENVS = ("ROCMFIX_PATCH_EMBED_CONFIG", "ROCMFIX_DILATED_CONV_CONFIG")
+
+
+def config_envs(request: dict[str, Any]) -> list[str]:
+    """The config overrides a user may have exported for the requested ops' kernels (each op
+    names its own); tune measures without them and doctor reports them."""
+    names = (op.get("config_env") for op in request.get("ops", {}).values())
+    return [name for name in names if isinstance(name, str) and name]
 
 
 def main(argv: list[str]) -> int:
@@ -41,9 +46,10 @@ def main(argv: list[str]) -> int:
     else:
         # Chosen before the templates import triton: the kernels then run on CPU tensors.
         os.environ["TRITON_INTERPRET"] = "1"
-    overrides = {k: os.environ[k] for k in CONFIG_ENVS if os.environ.get(k)}
+    envs = config_envs(request)
+    overrides = {k: os.environ[k] for k in envs if os.environ.get(k)}
     if mode in ("tune", "resolve"):
-        for name in CONFIG_ENVS:
+        for name in envs:
             os.environ.pop(name, None)
     if request.get("tuned_file"):
         os.environ["ROCMFIX_TUNED_FILE"] = request["tuned_file"]

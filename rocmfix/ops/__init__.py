@@ -1,11 +1,13 @@
-"""The op registry: the one place that names an op rocmfix replaces.
+"""The op registry: the one place that knows which ops rocmfix replaces.
 
 An op is a slow native call (``F.conv3d`` for the Qwen-VL patch embed, a dilated ``F.conv2d``
-for DocLayout-YOLO) and everything rocmfix knows about it, as data: its schemes (which
-template each drops, which function the patched code calls), MinerU's shapes that ``doctor``
-measures, the kernels ``tune`` searches and their grids, and the key of the tuned file. Each
-op lives in its own module here; patches, doctor, tune, the renderer, the CLI and the tests
-read it from :data:`OPS` and never restate it.
+for DocLayout-YOLO, a depthwise conv) and everything rocmfix knows about it, as data: its
+schemes (which template each drops, which function the patched code calls), MinerU's shapes
+that ``doctor`` measures, the kernels ``tune`` searches and their grids, the key of the tuned
+file, the config variable and the no-Triton fallback scheme. Each op lives in its own module
+here, which defines ``OP``; the registry finds those modules by listing this package, so a new
+op is a new module and nothing here changes. Patches, doctor, tune, kernels, the worker, the
+renderer, the CLI and the tests read ops from :data:`OPS` and never restate them.
 
 Code that runs inside the user's interpreter (the per-op harness in
 :mod:`rocmfix.guest.harness`) gets this data in its request, as JSON.
@@ -13,8 +15,19 @@ Code that runs inside the user's interpreter (the per-op harness in
 
 from __future__ import annotations
 
-from . import dilated_conv, patch_embed
-from .base import KERNEL_CONFIG_TEMPLATE, Case, GridGroup, Op, Scheme, TuneTarget
+import importlib
+import pkgutil
+
+from .base import (
+    KERNEL_CONFIG_TEMPLATE,
+    Case,
+    GridGroup,
+    KernelTemplate,
+    Op,
+    Scheme,
+    Template,
+    TuneTarget,
+)
 
 __all__ = [
     "DILATED_CONV",
@@ -23,15 +36,31 @@ __all__ = [
     "PATCH_EMBED",
     "Case",
     "GridGroup",
+    "KernelTemplate",
     "Op",
     "Scheme",
+    "Template",
     "TuneTarget",
     "op",
 ]
 
-PATCH_EMBED = patch_embed.OP
-DILATED_CONV = dilated_conv.OP
-OPS: tuple[Op, ...] = (PATCH_EMBED, DILATED_CONV)
+
+def _discover() -> tuple[Op, ...]:
+    """Every ``OP`` of a module of this package, by (order, name)."""
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        each = getattr(module, "OP", None)
+        if isinstance(each, Op):
+            found.append(each)
+    names = [each.name for each in found]
+    assert len(names) == len(set(names)), "op names must be unique"
+    return tuple(sorted(found, key=lambda each: (each.order, each.name)))
+
+
+OPS: tuple[Op, ...] = _discover()
 
 
 def op(name: str) -> Op:
@@ -39,3 +68,8 @@ def op(name: str) -> Op:
         if each.name == name:
             return each
     raise KeyError(name)
+
+
+# The ops the patches of older targets name directly.
+PATCH_EMBED = op("patch-embed")
+DILATED_CONV = op("dilated-conv")

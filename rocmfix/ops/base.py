@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 Shape = Mapping[str, Any]
 Config = Mapping[str, Any]
@@ -27,6 +27,34 @@ def tile(bm: int, bn: int, bk: int, warps: int, stages: int, **extra: Any) -> di
         "num_stages": stages,
         **extra,
     }
+
+
+@runtime_checkable
+class Template(Protocol):
+    """What every template module a scheme drops exposes: its scheme's name, and the op's
+    entry function (named by :attr:`Op.function`, the same signature in every scheme of the
+    op), which the patched code calls."""
+
+    SCHEME: str
+
+
+@runtime_checkable
+class KernelTemplate(Template, Protocol):
+    """What an op's tunable Triton template (:attr:`Op.kernel_template`) exposes besides:
+    its key in the tuned file, the environment variable it reads a config override from,
+    how it resolves a config, names a GPU and a precision class, and forgets what it cached.
+    ``tune``, ``doctor`` and ``kernels`` rely on these (the op's harness on the rest)."""
+
+    KERNEL: str
+    CONFIG_ENV: str
+
+    def resolve_config(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+    def clear_config_cache(self) -> None: ...
+
+    def precision_class(self, *args: Any) -> str: ...
+
+    def device_arch(self, *args: Any) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -82,12 +110,16 @@ class TuneTarget:
 
 @dataclass(frozen=True)
 class Op:
+    """An op and everything rocmfix knows about it, as data. A module of this package that
+    defines ``OP`` is an op: the registry finds it there (see :mod:`rocmfix.ops`)."""
+
     name: str
     title: str
     native: str
     schemes: tuple[Scheme, ...]
     cases: tuple[Case, ...]
-    # The template's tunable kernel: its key in the tuned file and the template ``tune`` runs.
+    # The template's tunable kernel: its key in the tuned file and the template ``tune`` runs
+    # ("" for an op whose schemes are all vendor formulations: nothing to tune or compile).
     kernel: str
     kernel_template: str
     tune: tuple[TuneTarget, ...]
@@ -96,11 +128,28 @@ class Op:
     harness: str
     # How a table row or a progress line names one of this op's shapes.
     label: Callable[[Shape], str]
+    # The function of every scheme's template that the patched code calls.
+    function: str = ""
+    # The environment variable its kernel templates read a config override from (each
+    # template declares it as ``CONFIG_ENV``; tune measures without it, doctor reports it).
+    config_env: str | None = None
+    # The scheme that runs without Triton, offered where Triton is missing.
+    fallback: str | None = None
+    # Where the op sorts among the others: tables, progress and the worker's order.
+    order: int = 100
     # The dtypes its kernels are checked in, ahead of time, on every GPU.
     dtypes: tuple[str, ...] = ("bfloat16", "float16", "float32")
     # Whether the vendor op is slow depends on the GPU and the ROCm release: status and apply
     # follow what doctor measured here (rocmfix.measured), not the code alone.
     measured_verdict: bool = False
+
+    def __post_init__(self) -> None:
+        names = self.scheme_names
+        assert len(set(names)) == len(names), f"{self.name}: scheme names must be unique"
+        if self.fallback is not None:
+            fallback = self.scheme(self.fallback)
+            assert not fallback.needs_triton, f"{self.name}: the fallback scheme needs Triton"
+        assert not self.kernel_template or self.kernel_template in {s.entry for s in self.schemes}
 
     @property
     def scheme_names(self) -> tuple[str, ...]:
@@ -126,6 +175,7 @@ class Op:
         return {
             "name": self.name,
             "harness": self.harness,
+            "config_env": self.config_env,
             "kernel": self.kernel,
             "kernel_template": self.kernel_template,
             "schemes": {s.name: s.entry for s in self.schemes},

@@ -134,6 +134,10 @@ OP = Op(
         ),
     ),
     grid=GRID,
+    config_env="ROCMFIX_DILATED_CONV_CONFIG",
+    fallback="linear",
+    order=20,
     harness="dilated_conv",
     label=label,
+    function="dilated_conv2d",
 )

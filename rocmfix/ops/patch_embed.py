@@ -153,6 +153,10 @@ OP = Op(
         ),
     ),
     grid=GRID,
+    config_env="ROCMFIX_PATCH_EMBED_CONFIG",
+    fallback="linear",
+    order=10,
     harness="patch_embed",
     label=label,
+    function="triton_conv3d_patchify",
 )

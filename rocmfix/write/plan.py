@@ -202,9 +202,10 @@ def plan_apply(
             and not has_triton(env)
             and not force
         ):
+            fallback = patch.op.fallback if patch.op is not None else None
+            hint = f" (use --scheme {fallback})" if fallback else ""
             plan.refusals.append(
-                f"{patch.id}: no Triton in this environment for the {chosen} scheme "
-                "(use --scheme linear)"
+                f"{patch.id}: no Triton in this environment for the {chosen} scheme{hint}"
             )
             continue
         refusal = _refusal(patch, st, force)

@@ -1,0 +1,57 @@
+"""The transposed conv with kernel == stride, as the DB head calls it: ``deconv(x)`` with its
+``nn.ConvTranspose2d``; a scheme's ``conv_transpose2d(x, deconv)`` stands in for it."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import context
+from ..context import Context
+from ..timing import dtype
+from . import base
+
+
+def reference(x: Any, weight: Any, bias: Any) -> Any:
+    """fp64 ``conv_transpose2d`` with kernel == stride from its definition: each input pixel
+    times the weight is the k x k block it writes. No conv library."""
+    torch = context.torch
+    n, _, h, w = x.shape
+    _, cout, kh, kw = weight.shape
+    blocks = torch.einsum("nchw,cokl->nohkwl", x.double(), weight.double())
+    out = blocks.reshape(n, cout, h * kh, w * kw)
+    return out + bias.double().view(1, -1, 1, 1) if bias is not None else out
+
+
+class Case(base.Case):
+    def __init__(self, ctx: Context, op: dict[str, Any], shape: dict[str, Any]) -> None:
+        torch = context.torch
+        generator = torch.Generator(device=ctx.device)
+        # Fresh inputs each run: a kernel must compute the function, not one lucky input.
+        generator.manual_seed(int(time.time() * 1e6) % (2**31))
+        s = self.shape = shape
+        kind = dtype(s["dtype"])
+        k = s["k"]
+        x = torch.randn(s["n"], s["cin"], s["h"], s["w"], generator=generator, device=ctx.device)
+        deconv = torch.nn.ConvTranspose2d(s["cin"], s["cout"], k, k)
+        with torch.no_grad():
+            w = torch.randn(s["cin"], s["cout"], k, k, generator=generator, device=ctx.device)
+            deconv.weight.copy_(w.cpu() / math.sqrt(s["cin"]))
+            deconv.bias.copy_(torch.randn(s["cout"], generator=generator, device=ctx.device).cpu())
+        self.x = x.to(kind)
+        self.deconv = deconv.to(ctx.device, kind).eval()
+        self.ref = reference(self.x, self.deconv.weight, self.deconv.bias)
+        self.out_bytes = int(self.ref.numel()) * self.x.element_size()
+
+    def native(self) -> Callable[[], Any]:
+        x, deconv = self.x, self.deconv
+        return lambda: deconv(x)
+
+    def scheme(self, module: Any) -> tuple[Callable[[], Any], dict[str, Any] | None]:
+        x, deconv = self.x, self.deconv
+        return (lambda: module.conv_transpose2d(x, deconv)), None
+
+    def tolerance(self) -> float:
+        return 1e-4 if self.shape["dtype"] == "float32" else 1e-2

@@ -1,0 +1,187 @@
+"""The depthwise conv as the patched conv-norm-act layers call it: ``depthwise_conv2d(x, conv,
+bn, act)`` with the layer's ``nn.Conv2d`` (groups == channels, "same" padding), its eval-mode
+BatchNorm and its activation. The native op is the three modules called in turn."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import context
+from ..context import Context
+from ..timing import dtype, poison, rel_err
+from . import base
+
+TOLERANCE = {"f16": 1e-2, "fp32": 1e-4}
+# Activation codes of the kernel's store (templates/rocmfix_kernel_support.py).
+ACT_CODES = {"none": 0, "relu": 1, "silu": 2, "gelu": 3, "hardswish": 4}
+
+
+def _act(name: str) -> Any:
+    nn = context.torch.nn
+    return {"none": None, "relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU,
+            "hardswish": nn.Hardswish}[name]  # fmt: skip
+
+
+def _precision(s: dict[str, Any]) -> str:
+    return "fp32" if s["dtype"] == "float32" else "f16"
+
+
+def _modules(ctx: Context, s: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """x, the depthwise ``nn.Conv2d``, an eval BatchNorm with random statistics, the act."""
+    torch = context.torch
+    generator = torch.Generator(device=ctx.device)
+    # Fresh inputs each run: a kernel must compute the function, not one lucky input.
+    generator.manual_seed(int(time.time() * 1e6) % (2**31))
+    c, kh, kw, kind = s["c"], s["kh"], s["kw"], dtype(s["dtype"])
+    x = torch.randn(s["n"], c, s["h"], s["w"], generator=generator, device=ctx.device)
+    conv = torch.nn.Conv2d(
+        c, c, (kh, kw), s["s"], ((kh - 1) // 2, (kw - 1) // 2), groups=c, bias=False
+    )
+    bn = torch.nn.BatchNorm2d(c)
+    with torch.no_grad():
+        conv.weight.copy_(
+            torch.randn(c, 1, kh, kw, generator=generator, device=ctx.device).cpu() / (kh * kw)
+        )
+        for t, low, high in ((bn.running_mean, -0.5, 0.5), (bn.running_var, 0.5, 1.5),
+                             (bn.weight, 0.5, 1.5), (bn.bias, -0.5, 0.5)):  # fmt: skip
+            r = torch.rand(c, generator=generator, device=ctx.device).cpu()
+            t.copy_(r * (high - low) + low)
+    conv = conv.to(ctx.device, kind).eval()
+    bn = bn.to(ctx.device, kind).eval()
+    make = _act(s.get("act", "none"))
+    return x.to(kind), conv, bn, (make() if make is not None else None)
+
+
+def reference(x: Any, conv: Any, bn: Any, act: str) -> Any:
+    """``act(bn(conv(x)))`` in fp64 as a sum of shifted slices: no conv library in the
+    reference, so a library that blocks or errs cannot take the check down with it."""
+    torch = context.torch
+    F = context.F
+    w = conv.weight.double()
+    kh, kw = int(w.shape[2]), int(w.shape[3])
+    sh, sw = conv.stride
+    ph, pw = conv.padding
+    xp = F.pad(x.double(), (pw, pw, ph, ph))
+    oh = (x.shape[2] + 2 * ph - kh) // sh + 1
+    ow = (x.shape[3] + 2 * pw - kw) // sw + 1
+    y = torch.zeros(x.shape[0], x.shape[1], oh, ow, dtype=torch.float64, device=x.device)
+    for i in range(kh):
+        for j in range(kw):
+            tap = xp[:, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
+            y += tap * w[:, 0, i, j].view(1, -1, 1, 1)
+    stats = [t.double().view(1, -1, 1, 1) for t in (bn.running_mean, bn.running_var,
+                                                    bn.weight, bn.bias)]  # fmt: skip
+    mean, var, gamma, beta = stats
+    y = (y - mean) / torch.sqrt(var + bn.eps) * gamma + beta
+    if act == "relu":
+        return torch.relu(y)
+    if act == "silu":
+        return F.silu(y)
+    if act == "gelu":
+        return F.gelu(y)
+    if act == "hardswish":
+        return F.hardswish(y)
+    return y
+
+
+class Case(base.Case):
+    def __init__(self, ctx: Context, op: dict[str, Any], shape: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.shape = shape
+        self.x, self.conv, self.bn, self.act = _modules(ctx, shape)
+        self.ref = reference(self.x, self.conv, self.bn, shape.get("act", "none"))
+        self.out_bytes = int(self.ref.numel()) * self.x.element_size()
+
+    def native(self) -> Callable[[], Any]:
+        x, conv, bn, act = self.x, self.conv, self.bn, self.act
+        if act is None:
+            return lambda: bn(conv(x))
+        return lambda: act(bn(conv(x)))
+
+    def scheme(self, module: Any) -> tuple[Callable[[], Any], dict[str, Any] | None]:
+        x, conv, bn, act = self.x, self.conv, self.bn, self.act
+        config = None
+        if hasattr(module, "resolve_config"):
+            s = self.shape
+            config = self.ctx.with_warnings(
+                lambda: module.resolve_config(self.ctx.device, s["kh"], s["kw"], s["s"], x.dtype)
+            )
+        return (lambda: module.depthwise_conv2d(x, conv, bn, act)), config
+
+    def tolerance(self) -> float:
+        return TOLERANCE[_precision(self.shape)]
+
+
+def launch(
+    module: Any, shape: dict[str, Any], dtype_name: str, config: dict[str, Any] | None = None
+) -> base.Launch:
+    """What one call of the kernel at ``shape`` launches, with ``config`` over the resolved
+    one; CPU tensors stand in for the GPU's. No dot: no matrix instruction is expected."""
+    torch = context.torch
+    kind = dtype(dtype_name)
+    x = torch.zeros(shape["n"], shape["c"], shape["h"], shape["w"], dtype=kind)
+    w = torch.zeros(shape["c"], 1, shape["kh"], shape["kw"], dtype=kind)
+    code = ACT_CODES[shape.get("act", "none")]
+    kernel, _grid, args, kwargs = module.prepare(x, w, int(shape["s"]), config, act=code)
+    return kernel, args, kwargs, None
+
+
+class Kernel(base.Kernel):
+    def __init__(self, ctx: Context, module: Any, shape: dict[str, Any]) -> None:
+        super().__init__(ctx, module, shape)
+        self.x, self.conv, self.bn, self.act = _modules(ctx, shape)
+        self.act_name = shape.get("act", "none")
+        self.ref = reference(self.x, self.conv, self.bn, self.act_name)
+        self.precision = str(module.precision_class(self.x.dtype))
+        s = shape
+        self.key = str(module.shape_class(s["kh"], s["kw"], s["s"])) + "_" + self.precision
+        self.tolerance = TOLERANCE[self.precision]
+        torch = context.torch
+        with torch.no_grad():
+            scale = torch.rsqrt(self.bn.running_var.float() + self.bn.eps) * self.bn.weight.float()
+            shift = self.bn.bias.float() - self.bn.running_mean.float() * scale
+        self.scale, self.shift = scale.contiguous(), shift.contiguous()
+
+    def resolve(self) -> dict[str, Any]:
+        self.module.clear_config_cache()
+        s = self.shape
+        return dict(
+            self.ctx.with_warnings(
+                lambda: self.module.resolve_config(
+                    self.ctx.device, s["kh"], s["kw"], s["s"], self.x.dtype
+                )
+            )
+        )
+
+    def calls(self, config: dict[str, Any]) -> list[Callable[[], Any]]:
+        return [functools.partial(self._kernel, config=dict(config))]
+
+    def user_calls(self) -> list[Callable[[], Any]]:
+        x, conv, bn, act = self.x, self.conv, self.bn, self.act
+        return [lambda: self.module.depthwise_conv2d(x, conv, bn, act)]
+
+    def _kernel(self, config: dict[str, Any] | None = None) -> Any:
+        conv = self.conv
+        return self.module.conv(
+            self.x,
+            conv.weight,
+            conv.stride,
+            conv.padding,
+            scale=self.scale,
+            shift=self.shift,
+            act=ACT_CODES[self.act_name],
+            config=config,
+        )
+
+    def check(self, config: dict[str, Any]) -> float:
+        poison(self.ctx, int(self.ref.numel()) * self.x.element_size())
+        out = self._kernel(config=dict(config))
+        self.ctx.sync()
+        return rel_err(out, self.ref)
+
+    @staticmethod
+    def compile_shape(shape: dict[str, Any]) -> dict[str, Any]:
+        return dict(shape, n=1, h=16, w=12)

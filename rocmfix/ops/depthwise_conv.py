@@ -1,0 +1,157 @@
+"""Depthwise convs (groups == in == out channels) of today's MinerU models: PP-DocLayoutV2's
+HGNetV2 backbone, PP-OCRv6's PPLCNetV4 and PP-FormulaNet's HGNetV2 encoder. MIOpen runs them
+through a grouped implicit-GEMM solver at a tenth of the memory bandwidth
+(rocm-libraries#12039) and has no fp32 depthwise path at all; whether a given MIOpen is slow at
+these shapes depends on the arch and the release, so ``doctor`` measures before ``apply``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import DTYPES, KERNEL_CONFIG_TEMPLATE, Case, GridGroup, Op, Scheme, Shape, TuneTarget
+
+SUPPORT_TEMPLATE = "rocmfix_kernel_support.py"
+
+
+def shape(
+    c: int, k: int | tuple[int, int], h: int, w: int, *, s: int = 1, n: int = 1,
+    dtype: str = "float32", act: str = "relu",
+) -> dict[str, Any]:  # fmt: skip
+    kh, kw = (k, k) if isinstance(k, int) else k
+    return {"n": n, "c": c, "kh": kh, "kw": kw, "s": s, "h": h, "w": w, "dtype": dtype, "act": act}
+
+
+def _id(s: Shape) -> str:
+    k = f"k{s['kh']}" if s["kh"] == s["kw"] else f"k{s['kh']}x{s['kw']}"
+    stride = f"-s{s['s']}" if s["s"] != 1 else ""
+    batch = f"-b{s['n']}" if s["n"] != 1 else ""
+    return f"depthwise-conv-c{s['c']}-{k}{stride}-{s['h']}x{s['w']}{batch}-{DTYPES[s['dtype']]}"
+
+
+def _case(gpu: dict[str, Any]) -> Case:
+    # The interpreter's shape: the same kernel, stride, dtype and activation, a thirty-second
+    # of the channels and a tenth of the size (distinct per case, so each row names its own).
+    small = {"c": max(2, gpu["c"] // 32), "h": max(3, gpu["h"] // 10), "w": max(3, gpu["w"] // 10)}
+    return Case(_id(gpu), gpu, dict(gpu, n=min(int(gpu["n"]), 2), **small))
+
+
+# Every depthwise shape MinerU 4.0's models run (shared/notes/stack.md): fp32 layout and OCR
+# detection, fp16 OCR recognition (batch 6 of 48-pixel lines) and formulas (batch 8).
+LAYOUT_K5_192 = shape(192, 5, 50, 50)
+LAYOUT_K5_384 = shape(384, 5, 25, 25)
+LAYOUT_S2_200 = shape(96, 3, 200, 200, s=2, act="none")
+DET_K3_64 = shape(64, 3, 240, 168, act="hardswish")
+DET_K5_64 = shape(64, 5, 240, 168, act="hardswish")
+REC_K3_12 = shape(96, 3, 12, 80, n=6, dtype="float16", act="hardswish")
+REC_K1X7 = shape(384, (1, 7), 3, 80, n=6, dtype="float16", act="hardswish")
+FORMULA_K5_384 = shape(384, 5, 24, 24, n=8, dtype="float16")
+
+CASES = (
+    _case(LAYOUT_K5_192),
+    _case(LAYOUT_K5_384),
+    _case(LAYOUT_S2_200),
+    _case(shape(192, 3, 100, 100, s=2, act="none")),
+    _case(shape(384, 3, 50, 50, s=2, act="none")),
+    _case(DET_K3_64),
+    _case(DET_K5_64),
+    _case(shape(64, 5, 30, 21, act="hardswish")),
+    _case(REC_K3_12),
+    _case(shape(192, 3, 6, 80, n=6, dtype="float16", act="hardswish")),
+    _case(shape(384, 3, 3, 80, n=6, dtype="float16", act="hardswish")),
+    _case(REC_K1X7),
+    _case(FORMULA_K5_384),
+    _case(shape(768, 5, 12, 12, n=8, dtype="float16")),
+)
+
+
+def _target(gpu: dict[str, Any]) -> TuneTarget:
+    k = f"k{gpu['kh']}" if gpu["kh"] == gpu["kw"] else f"k{gpu['kh']}x{gpu['kw']}"
+    prec = "fp32" if gpu["dtype"] == "float32" else "f16"
+    cpu = dict(gpu, n=1, c=4, h=10, w=9)
+    return TuneTarget(f"depthwise_conv:{k}_s{gpu['s']}_{prec}", gpu, cpu)
+
+
+# One target per tuned-file key ("<shape class>_<precision class>"): the shape of that class
+# MinerU runs most often.
+TUNE = tuple(
+    _target(s)
+    for s in (LAYOUT_K5_192, LAYOUT_S2_200, DET_K3_64, REC_K3_12, REC_K1X7, FORMULA_K5_384)
+)
+
+
+def _tile(p: int, c: int, warps: int) -> dict[str, Any]:
+    return {"BLOCK_P": p, "BLOCK_C": c, "num_warps": warps, "num_stages": 1}
+
+
+GRID = (
+    GridGroup(("cpu",), (_tile(64, 1, 4), _tile(32, 2, 4))),
+    GridGroup(
+        ("hip",),
+        (
+            _tile(128, 1, 4),
+            _tile(256, 1, 4),
+            _tile(512, 1, 4),
+            _tile(256, 1, 8),
+            _tile(512, 1, 8),
+            _tile(1024, 1, 8),
+            _tile(128, 2, 4),
+            _tile(64, 4, 4),
+        ),
+    ),
+    GridGroup(("hip", "option:waves_per_eu"), ({"waves_per_eu": 2}, {"waves_per_eu": 4})),
+    GridGroup(
+        ("cuda",),
+        (
+            _tile(128, 1, 4),
+            _tile(256, 1, 4),
+            _tile(512, 1, 4),
+            _tile(256, 1, 8),
+            _tile(512, 1, 8),
+            _tile(1024, 1, 8),
+            _tile(128, 2, 4),
+            _tile(64, 4, 2),
+        ),
+    ),
+)
+
+
+def label(s: Shape) -> str:
+    k = f"{s['kh']}x{s['kw']}"
+    stride = f" s{s['s']}" if s["s"] != 1 else ""
+    batch = f" b{s['n']}" if s["n"] != 1 else ""
+    return f"{s['c']}ch {k}{stride} {s['h']}x{s['w']}{batch} {DTYPES.get(s['dtype'], s['dtype'])}"
+
+
+OP = Op(
+    name="depthwise-conv",
+    title="depthwise conv",
+    native="F.conv2d, groups=C",
+    schemes=(
+        Scheme(
+            "triton",
+            "Triton direct depthwise conv, BatchNorm and activation in its store",
+            "Triton",
+            "depthwise_conv_triton.py",
+            (KERNEL_CONFIG_TEMPLATE, SUPPORT_TEMPLATE),
+            needs_triton=True,
+        ),
+        Scheme(
+            "channels-last",
+            "the vendor's depthwise conv on a channels-last copy, no Triton",
+            "channels-last",
+            "depthwise_conv_vendor.py",
+        ),
+    ),
+    cases=CASES,
+    kernel="depthwise_conv",
+    kernel_template="depthwise_conv_triton.py",
+    tune=TUNE,
+    grid=GRID,
+    harness="depthwise_conv",
+    label=label,
+    function="depthwise_conv2d",
+    config_env="ROCMFIX_DEPTHWISE_CONV_CONFIG",
+    fallback="channels-last",
+    order=30,
+)

@@ -1,0 +1,569 @@
+"""Depthwise conv2d as a Triton direct kernel, with the BatchNorm and activation that follow it
+in its store (rocmfix template, scheme ``triton``).
+
+rocmfix dropped this file beside a conv-norm-act layer (transformers' HGNetV2, MinerU's ports of
+PaddleOCR) and rewrote the layer's forward to call :func:`depthwise_conv2d` with its modules;
+``rocmfix revert`` removes it. Why: MIOpen runs depthwise convs through a grouped implicit-GEMM
+solver at a tenth of the memory bandwidth, and has no fp32 depthwise path at all.
+
+A depthwise conv (groups == in == out channels) reads each input element KH*KW times from
+cache and does as many FMAs: it is bound by memory, so the kernel makes one pass over the input
+with the weights in registers and an fp32 accumulator, tiles [BLOCK_C channels x BLOCK_P output
+pixels] of one image, then applies ``y * scale + shift`` (an eval-mode BatchNorm folded with the
+conv's bias) and ReLU, SiLU, GELU or Hardswish before the one store. NCHW or channels-last
+input (any strides), NCHW-contiguous output; fp32, fp16, bf16.
+
+:func:`depthwise_conv2d` never fails: a shape it does not handle (not depthwise, dilation > 1,
+CPU tensors outside Triton's interpreter, autograd recording, a training BatchNorm), Triton
+missing, or any error of the kernel runs the layer's own modules, with one warning for an error.
+Tile configs are data (:data:`SHIPPED_CONFIGS`), merged with the tuned file and
+``$ROCMFIX_DEPTHWISE_CONV_CONFIG`` by ``rocmfix_kernel_config``, dropped beside this file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import rocmfix_kernel_config as kc
+from . import rocmfix_kernel_support as ks
+
+SCHEME = "triton"
+KERNEL = "depthwise_conv"
+OP_NAME = "depthwise_conv2d"
+CONFIG_ENV = "ROCMFIX_DEPTHWISE_CONV_CONFIG"
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # noqa: BLE001 - a broken triton install must not break the model's import
+    triton = None
+    tl = None
+
+# Layers, least specific first: "any", the input layout ("nchw" or "nhwc"), the precision
+# class ("fp32", "f16"), the shape class ("k5_s1", "k1x7_s1") and "<shape>_<precision>".
+# BLOCK_P output pixels (whole rows and more of a plane) by BLOCK_C channels per program. An
+# arch's entry replaces the default's fields, whatever their layer: each arch names its own
+# channels-last tile.
+_NCHW = {"BLOCK_P": 256, "BLOCK_C": 1, "num_warps": 4, "num_stages": 1}
+# Channels-last input: channels are the contiguous axis, so a program reads them first.
+_NHWC = {"BLOCK_P": 32, "BLOCK_C": 32}
+
+
+def _arch(**layers: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {"any": dict(_NCHW), "nhwc": dict(_NHWC), **layers}
+
+
+SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
+    "default": _arch(),
+    # CDNA (wave64): a 256-pixel tile is four waves of one row of lanes each. Unmeasured.
+    "gfx90a": _arch(),
+    "gfx942": _arch(),
+    "gfx950": _arch(),
+    # RDNA (wave32): 128 pixels on 4 warps, one per lane. Unmeasured.
+    "gfx1100": _arch(any=dict(_NCHW, BLOCK_P=128)),
+    "gfx1201": _arch(any=dict(_NCHW, BLOCK_P=128)),
+    # Hopper: from bench/depthwise_conv.py's sweep at MinerU's shapes (H100, torch 2.11,
+    # Triton 3.6, 2026-11-24; docs/performance-depthwise.md). 5x5 planes of 25x25 and smaller
+    # waste half a 256-pixel tile. The fp16 5x5 convs (formula encoder, 24x24 and 12x12 at
+    # batch 8) are bound by instructions: 2 channels of 128 pixels measured 0.98x and 0.96x of
+    # the cuDNN layer where 256x1 measured 0.82x and 0.94x (4 channels of 64 on 2 warps, at
+    # 1.01x/1.15x, spills 40 registers under Triton 3.8: not shipped).
+    "sm_90": _arch(
+        k5_s1={"BLOCK_P": 128},
+        k5_s1_f16={"BLOCK_P": 128, "BLOCK_C": 2, "num_warps": 4},
+    ),
+}
+
+CONFIG = kc.KernelConfig(
+    KERNEL,
+    CONFIG_ENV,
+    SHIPPED_CONFIGS,
+    {"BLOCK_P": kc.pow2(16, 4096), "BLOCK_C": kc.pow2(1, 128)},
+)
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_KERNEL = 9
+_INT32_MAX = 2**31 - 1
+
+device_arch = kc.device_arch
+
+# --------------------------------------------------------------------------------------------
+# Kernel
+# --------------------------------------------------------------------------------------------
+
+if triton is not None:
+    # Builtins only, no @triton.jit helpers of triton.language (tl.sigmoid, tl.cdiv): those are
+    # compiled-or-interpreted when triton is first imported, and tests set TRITON_INTERPRET=1
+    # after that. Sizes stay out of the specialisation: a new page size compiles nothing new.
+
+    @triton.jit(do_not_specialize=("H", "W", "OH", "OW"))
+    def _dw_kernel(
+        x_ptr,
+        w_ptr,
+        scale_ptr,
+        shift_ptr,
+        out_ptr,
+        C,
+        H,
+        W,
+        OH,
+        OW,
+        sxn,
+        sxc,
+        sxh,
+        sxw,
+        KH: tl.constexpr,
+        KW: tl.constexpr,
+        SH: tl.constexpr,
+        SW: tl.constexpr,
+        PH: tl.constexpr,
+        PW: tl.constexpr,
+        HAS_SCALE: tl.constexpr,
+        HAS_SHIFT: tl.constexpr,
+        ACT: tl.constexpr,
+        BLOCK_P: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
+        pid_p = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        n = tl.program_id(2)
+        npix = OH * OW
+        offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask_p = offs_p < npix
+        mask_c = offs_c < C
+        oh = offs_p // OW
+        ow = offs_p - oh * OW
+        ih0 = oh * SH - PH
+        iw0 = ow * SW - PW
+        x_base = x_ptr + n * sxn + offs_c[:, None] * sxc
+        w_base = w_ptr + offs_c * (KH * KW)
+        acc = tl.zeros((BLOCK_C, BLOCK_P), dtype=tl.float32)
+        for kh in tl.static_range(KH):
+            ih = ih0 + kh
+            row_ok = mask_p & (ih >= 0) & (ih < H)
+            for kw in tl.static_range(KW):
+                iw = iw0 + kw
+                ok = row_ok & (iw >= 0) & (iw < W)
+                xv = tl.load(
+                    x_base + (ih * sxh + iw * sxw)[None, :],
+                    mask=mask_c[:, None] & ok[None, :],
+                    other=0.0,
+                )
+                wv = tl.load(w_base + (kh * KW + kw), mask=mask_c, other=0.0)
+                acc += xv.to(tl.float32) * wv.to(tl.float32)[:, None]
+        if HAS_SCALE:
+            acc = acc * tl.load(scale_ptr + offs_c, mask=mask_c, other=0.0)[:, None]
+        if HAS_SHIFT:
+            acc = acc + tl.load(shift_ptr + offs_c, mask=mask_c, other=0.0)[:, None]
+        if ACT == 1:
+            acc = tl.maximum(acc, 0.0)
+        elif ACT == 2:
+            acc = acc / (1.0 + tl.exp(-acc))
+        elif ACT == 3:
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        elif ACT == 4:
+            acc = acc * tl.minimum(tl.maximum(acc + 3.0, 0.0), 6.0) / 6.0
+        out = out_ptr + (n * C + offs_c[:, None]) * npix + offs_p[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_c[:, None] & mask_p[None, :])
+
+    INTERPRETING = ks.interpreted(_dw_kernel)
+else:
+    _dw_kernel = None
+    INTERPRETING = False
+
+
+# --------------------------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------------------------
+
+
+def precision_class(dtype: torch.dtype, arch: str = "") -> str:
+    """``f16`` for fp16/bf16, ``fp32`` for fp32 (no dot: no TF32 class)."""
+    return "fp32" if dtype == torch.float32 else "f16"
+
+
+def shape_class(kh: int, kw: int, stride: int) -> str:
+    size = f"k{kh}" if kh == kw else f"k{kh}x{kw}"
+    return f"{size}_s{stride}"
+
+
+def layout_class(x: torch.Tensor) -> str:
+    return "nhwc" if x.dim() == 4 and x.stride(1) == 1 and x.shape[1] > 1 else "nchw"
+
+
+def resolve_config(
+    device: torch.device | str | int | None = None,
+    kh: int = 3,
+    kw: int = 3,
+    stride: int = 1,
+    dtype: torch.dtype = torch.float32,
+    layout: str = "nchw",
+    *,
+    arch: str | None = None,
+) -> dict[str, Any]:
+    """The tile config of one conv shape on ``device`` (see rocmfix_kernel_config)."""
+    arch = arch or kc.device_arch(device)
+    prec = precision_class(dtype, arch)
+    shape = shape_class(kh, kw, stride)
+    return CONFIG.resolve(arch, ("any", layout, prec, shape, f"{shape}_{prec}"))
+
+
+_plans: ks.BoundedCache[tuple[Any, ...], tuple[Any, ...]] = ks.BoundedCache(256)
+_broken: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
+
+
+def clear_config_cache() -> None:
+    """Forget the tuned file, env config, arch queries and launch plans (tune, tests)."""
+    CONFIG.clear()
+    _plans.clear()
+    _broken.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# Launch
+# --------------------------------------------------------------------------------------------
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pair(v: Any) -> tuple[int, int] | None:
+    if type(v) is int:
+        return v, v
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(type(i) is int for i in v):
+        return int(v[0]), int(v[1])
+    return None
+
+
+def prepare_launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    config: dict[str, Any],
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    act: int = 0,
+    out: torch.Tensor | None = None,
+) -> tuple[Any, tuple[int, int, int], tuple[Any, ...], dict[str, Any], torch.Tensor]:
+    """Kernel, grid, positional arguments, launch keywords and output of one call; ``weight``
+    is ``[C, 1, KH, KW]``. Nothing is checked here: the entry point did."""
+    n, c, h, w = x.shape
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
+    oh = (h + 2 * padding[0] - kh) // stride[0] + 1
+    ow = (w + 2 * padding[1] - kw) // stride[1] + 1
+    if out is None:
+        out = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device)
+    wk = weight.reshape(c, kh * kw)
+    if not wk.is_contiguous():
+        wk = wk.contiguous()
+    block_p, block_c = int(config["BLOCK_P"]), int(config["BLOCK_C"])
+    grid = (_cdiv(oh * ow, block_p), _cdiv(c, block_c), n)
+    sn, sc, sh, sw = x.stride()
+    args = (x, wk, wk if scale is None else scale, wk if shift is None else shift, out,
+            c, h, w, oh, ow, sn, sc, sh, sw)  # fmt: skip
+    kwargs = {
+        "KH": kh,
+        "KW": kw,
+        "SH": stride[0],
+        "SW": stride[1],
+        "PH": padding[0],
+        "PW": padding[1],
+        "HAS_SCALE": scale is not None,
+        "HAS_SHIFT": shift is not None,
+        "ACT": act,
+        "BLOCK_P": block_p,
+        "BLOCK_C": block_c,
+        **kc.launch_options(config),
+    }
+    return _dw_kernel, grid, args, kwargs, out
+
+
+def prepare(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: int,
+    config: dict[str, Any] | None = None,
+    act: int = ks.ACT_RELU,
+) -> tuple[Any, tuple[int, int, int], tuple[Any, ...], dict[str, Any]]:
+    """One MinerU call's launch ("same" padding, a folded BatchNorm, ``act``) for the
+    ahead-of-time compile check: the resolved config with ``config`` over it."""
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
+    cfg = resolve_config(x.device, kh, kw, stride, x.dtype, layout_class(x))
+    cfg.update(CONFIG.validate(config or {}))
+    ones = torch.ones(x.shape[1], dtype=torch.float32, device=x.device)
+    pad = ((kh - 1) // 2, (kw - 1) // 2)
+    kernel, grid, args, kwargs, _ = prepare_launch(
+        x, weight, (stride, stride), pad, cfg, ones, ones, act
+    )
+    return kernel, grid, args, kwargs
+
+
+def conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    *,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    act: int = 0,
+    config: dict[str, Any] | None = None,
+) -> torch.Tensor:
+    """The kernel alone, no checks and no fallback, for ``rocmfix tune``/``doctor`` and tests:
+    ``act(conv(x) * scale + shift)``; ``config`` over the resolved one."""
+    if _dw_kernel is None:
+        raise RuntimeError("triton is not importable")
+    st, pad = _pair(stride), _pair(padding)
+    assert st is not None and pad is not None
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
+    cfg = resolve_config(x.device, kh, kw, st[0], x.dtype, layout_class(x))
+    if config:
+        cfg.update(CONFIG.validate(config))
+    kernel, grid, args, kwargs, out = prepare_launch(x, weight, st, pad, cfg, scale, shift, act)
+    kc.Launcher(kernel, grid, kwargs, kc.device_index(x)).launch_once(*args)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------
+
+
+def _conv_geometry(x: torch.Tensor, layer: Any) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(stride, padding) where the kernel computes ``layer(x)``, else None."""
+    if (
+        not isinstance(layer, torch.nn.Conv2d)
+        or type(layer).forward is not torch.nn.Conv2d.forward
+        or type(layer)._conv_forward is not torch.nn.Conv2d._conv_forward
+        or ks.hooked(layer)
+        or layer.padding_mode != "zeros"
+        or x.dim() != 4
+        or x.dtype not in SUPPORTED_DTYPES
+    ):
+        return None
+    weight = layer.weight
+    c = x.shape[1]
+    if (
+        layer.groups != c
+        or weight.shape[0] != c
+        or weight.shape[1] != 1
+        or weight.dtype != x.dtype
+        or weight.device != x.device
+        or tuple(layer.dilation) != (1, 1)
+        or not 1 <= weight.shape[2] <= MAX_KERNEL
+        or not 1 <= weight.shape[3] <= MAX_KERNEL
+        or x.shape[0] == 0
+        or c == 0
+    ):
+        return None
+    stride, padding = _pair(layer.stride), _pair(layer.padding)
+    if stride is None or padding is None or min(stride) < 1 or min(padding) < 0:
+        return None
+    if x.numel() > _INT32_MAX:
+        return None
+    oh = (x.shape[2] + 2 * padding[0] - weight.shape[2]) // stride[0] + 1
+    ow = (x.shape[3] + 2 * padding[1] - weight.shape[3]) // stride[1] + 1
+    if oh < 1 or ow < 1 or x.shape[0] * c * oh * ow > _INT32_MAX or x.shape[0] > 65535:
+        return None
+    return stride, padding
+
+
+def _epilogue(layer: Any, bn: Any, act: Any) -> tuple[Any, Any, int, bool, bool] | None:
+    """(scale, shift, act code, bn fused, act fused), or None where even the conv's bias
+    cannot be applied (it records gradients)."""
+    code = ks.act_code(act)
+    if bn is not None:
+        folded = ks.fold_bn(bn, layer.bias)
+        if folded is not None:
+            if code is None:
+                return folded[0], folded[1], 0, True, False
+            return folded[0], folded[1], code, True, True
+    plain = ks.fold_bn(None, layer.bias)
+    if plain is None:
+        return None
+    # A BatchNorm called as a module comes between the conv and the activation.
+    fuse_act = bn is None and code is not None
+    return plain[0], plain[1], code if fuse_act and code is not None else 0, bn is None, fuse_act
+
+
+def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
+    weight = layer._parameters.get("weight") if isinstance(layer, torch.nn.Module) else None
+    if weight is None:
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return None
+    # Everything a launch depends on but the tensors: their layout, the modules and their
+    # settings. A model calls each layer once a forward with the same shapes, so after the
+    # first call a layer's call checks that its tensors are unchanged and launches.
+    key = (kc.layout_key(x), id(layer), layer.stride, layer.padding, layer.dilation,
+           layer.groups, id(bn), id(act), bn.eps if bn is not None else None)  # fmt: skip
+    plan = _plans.get(key)
+    if (
+        plan is not None
+        and not ks.layer_hooked(layer, bn, act)
+        and ks.layer_current(plan[0], layer, bn)
+    ):
+        stamps, launcher, wk, scale, shift, out_shape, tail, bn_done, act_done = plan
+        out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+        launcher(x, wk, wk if scale is None else scale, wk if shift is None else shift, out,
+                 *tail)  # fmt: skip
+    else:
+        if _broken.get(key) or ks.layer_hooked(layer, bn, act):
+            return None
+        geometry = _conv_geometry(x, layer)
+        if geometry is None:
+            return None
+        epilogue = _epilogue(layer, bn, act)
+        if epilogue is None:
+            return None
+        scale, shift, code, bn_done, act_done = epilogue
+        stride, padding = geometry
+        kh, kw = int(weight.shape[2]), int(weight.shape[3])
+        cfg = resolve_config(x.device, kh, kw, stride[0], x.dtype, layout_class(x))
+        kernel, grid, args, kwargs, out = prepare_launch(
+            x, weight.detach(), stride, padding, cfg, scale, shift, code
+        )
+        launcher = kc.Launcher(kernel, grid, kwargs, kc.device_index(x))
+        try:
+            launcher(*args)
+        except Exception:
+            _broken.put(key, True)
+            raise
+        stamps = ks.layer_stamps(layer, bn)
+        if stamps is not None:
+            _plans.put(key, (stamps, launcher, args[1], scale, shift, tuple(out.shape),
+                             args[5:], bn_done, act_done))  # fmt: skip
+    if not bn_done and bn is not None:
+        out = bn(out)
+    if not act_done and act is not None:
+        out = act(out)
+    return out
+
+
+def _traced(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
+    """Under torch.compile: one opaque op for conv + fold + activation, or None."""
+    if torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad):
+        return None  # the op has no backward
+    geometry = _conv_geometry(x, layer)
+    if geometry is None or (bn is not None and not ks.foldable_bn(bn)):
+        return None
+    code = ks.act_code(act)
+    scale, shift = ks.fold_traced(bn, layer.bias)
+    fused_act = code if code is not None else 0
+    y: torch.Tensor = _OP(x, layer.weight, scale, shift, list(geometry[0]), list(geometry[1]),
+                          fused_act)  # fmt: skip
+    if code is None and act is not None:
+        y = act(y)
+    return y
+
+
+def depthwise_conv2d(
+    x: torch.Tensor,
+    conv: Any,
+    bn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    act: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``act(bn(conv(x)))`` (``conv(x)`` / ``bn(conv(x))`` where they are None) for any input:
+    ``conv`` is the layer's ``nn.Conv2d``, ``bn`` its BatchNorm, ``act`` its activation.
+
+    Depthwise convs (groups == in == out channels, dilation 1, zero padding, kernels up to
+    9x9, any stride) of fp32/fp16/bf16 GPU tensors (CPU ones under ``TRITON_INTERPRET=1``) run
+    the Triton kernel, an eval-mode ``nn.BatchNorm2d`` and an ``nn.ReLU``/``SiLU``/``GELU``/
+    ``Hardswish``/``Identity`` without hooks in its store; any other module is called on its
+    output. Everything else runs the modules themselves, as does any error (warned once).
+    """
+    if triton is None:
+        if x.is_cuda:
+            kc.warn_once("no-triton", "rocmfix: triton is not importable; depthwise convs run "
+                         "the stock modules")  # fmt: skip
+        return ks.stock(x, conv, bn, act)
+    if not (x.is_cuda or INTERPRETING):
+        return ks.stock(x, conv, bn, act)
+    if kc.is_compiling():
+        y = _traced(x, conv, bn, act)
+        return ks.stock(x, conv, bn, act) if y is None else y
+    try:
+        out = _eager(x, conv, bn, act)
+    except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
+        kc.warn_once(
+            "depthwise:" + type(exc).__name__,
+            f"rocmfix: the depthwise conv kernel failed ({type(exc).__name__}: {exc}); "
+            "running the stock modules",
+        )
+        out = None
+    return ks.stock(x, conv, bn, act) if out is None else out
+
+
+# --------------------------------------------------------------------------------------------
+# torch.compile: one custom op
+# --------------------------------------------------------------------------------------------
+
+
+def _reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    act: int,
+) -> torch.Tensor:
+    y = F.conv2d(x, weight, None, stride, padding, 1, x.shape[1]).float()
+    if scale is not None:
+        y = y * scale.view(1, -1, 1, 1)
+    if shift is not None:
+        y = y + shift.view(1, -1, 1, 1)
+    return ks.apply_act(y, act).to(x.dtype)
+
+
+def _impl(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    act: int,
+) -> torch.Tensor:
+    if _dw_kernel is not None and (x.is_cuda or INTERPRETING):
+        try:
+            return conv(x, weight, tuple(stride), tuple(padding),  # type: ignore[arg-type]
+                        scale=scale, shift=shift, act=act)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            kc.warn_once(
+                "depthwise-op:" + type(exc).__name__,
+                f"rocmfix: the depthwise conv kernel failed ({type(exc).__name__}: {exc}); "
+                "running F.conv2d",
+            )
+    return _reference(x, weight, scale, shift, stride, padding, act)
+
+
+def _impl_fake(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    act: int,
+) -> torch.Tensor:
+    n, c, h, w = x.shape
+    oh = (h + 2 * padding[0] - weight.shape[2]) // stride[0] + 1
+    ow = (w + 2 * padding[1] - weight.shape[3]) // stride[1] + 1
+    return x.new_empty((n, c, oh, ow))
+
+
+_OP = kc.register_op(
+    OP_NAME,
+    "(Tensor x, Tensor weight, Tensor? scale, Tensor? shift, int[] stride, int[] padding, "
+    "int act) -> Tensor",
+    _impl,
+    _impl,
+    _impl_fake,
+)

@@ -1,0 +1,278 @@
+"""Plumbing the newer rocmfix kernel templates share (rocmfix template).
+
+rocmfix drops this file, under this name, beside the kernel modules that import it (the
+depthwise conv); ``rocmfix revert`` removes it with them. Standard library and torch only.
+
+- :func:`interpreted`: whether a ``@triton.jit`` function runs in Triton's CPU interpreter
+  (``TRITON_INTERPRET=1`` when it was decorated);
+- :class:`BoundedCache`: the one cache type, a least-recently-used map of fixed size;
+- :func:`fold_bn`: an eval-mode ``BatchNorm2d`` (and the conv's bias) as a per-channel scale
+  and shift, recomputed only when one of its tensors changes;
+- :func:`act_code`: the activations a kernel can apply in its store;
+- :func:`layer_stamps` / :func:`layer_current`: whether a conv-norm layer's tensors are the
+  ones a cached launch plan was made from, unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Generic, Optional, TypeVar
+
+import torch
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def interpreted(kernel: Any) -> bool:
+    """Whether ``kernel`` (a ``@triton.jit`` function) runs in Triton's CPU interpreter."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+class BoundedCache(Generic[K, V]):
+    """A thread-safe map that forgets its least recently used entry beyond ``size``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        # A plain dict read is atomic in CPython; the recency update is worth no lock.
+        value = self._data.get(key)
+        if value is not None:
+            try:  # noqa: SIM105 - contextlib.suppress costs a microsecond a call
+                self._data.move_to_end(key)
+            except KeyError:  # another thread evicted it meanwhile
+                pass
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+# The activations a kernel applies in its store, by code; 0 is none. GELU only in its exact
+# (erf) form: the tanh approximation is called as a module after the kernel.
+ACT_NONE, ACT_RELU, ACT_SILU, ACT_GELU, ACT_HARDSWISH = 0, 1, 2, 3, 4
+_ACTS: dict[type, int] = {
+    torch.nn.Identity: ACT_NONE,
+    torch.nn.ReLU: ACT_RELU,
+    torch.nn.SiLU: ACT_SILU,
+    torch.nn.GELU: ACT_GELU,
+    torch.nn.Hardswish: ACT_HARDSWISH,
+}
+
+
+def global_hooks() -> bool:
+    module = torch.nn.modules.module
+    return bool(
+        getattr(module, "_global_forward_hooks", None)
+        or getattr(module, "_global_forward_pre_hooks", None)
+    )
+
+
+def hooked(module: Any) -> bool:
+    # Modules always have both dicts (torch >= 1.0); anything else has no hooks to honour.
+    try:
+        return bool(module._forward_hooks or module._forward_pre_hooks)
+    except AttributeError:
+        return False
+
+
+def act_code(act: Any) -> int | None:
+    """The store's code for ``act`` (None: ACT_NONE), or None where the module must be called
+    itself: an unknown type or subclass, a hook that would see it called, GELU's tanh form,
+    an in-place ReLU is fine (the kernel's output is its own)."""
+    if act is None:
+        return ACT_NONE
+    code = _ACTS.get(type(act))
+    if code is None or hooked(act):
+        return None
+    if code == ACT_GELU and getattr(act, "approximate", "none") != "none":
+        return None
+    return code
+
+
+def apply_act(y: torch.Tensor, code: int) -> torch.Tensor:
+    """What the store's ``code`` computes, with torch ops (the no-Triton path of a custom op)."""
+    if code == ACT_RELU:
+        return torch.relu(y)
+    if code == ACT_SILU:
+        return torch.nn.functional.silu(y)
+    if code == ACT_GELU:
+        return torch.nn.functional.gelu(y)
+    if code == ACT_HARDSWISH:
+        return torch.nn.functional.hardswish(y)
+    return y
+
+
+Fold = tuple[Optional[torch.Tensor], Optional[torch.Tensor]]  # evaluated: 3.9's syntax
+_folds: BoundedCache[tuple[int, int], tuple[Any, ...]] = BoundedCache(512)
+
+
+def foldable_bn(bn: Any) -> bool:
+    """An ``nn.BatchNorm2d`` (not a subclass) in eval mode with running statistics and no
+    hooks: the one a kernel may apply as a scale and shift."""
+    return (
+        type(bn) is torch.nn.BatchNorm2d
+        and not bn.training
+        and not hooked(bn)
+        and bn._buffers.get("running_mean") is not None
+        and bn._buffers.get("running_var") is not None
+    )
+
+
+def fold_bn(bn: Any, bias: torch.Tensor | None) -> Fold | None:
+    """``bn(y + bias)`` as ``y * scale + shift`` per channel (fp32, contiguous), either of
+    them None where it is the identity; None where it cannot be folded (see
+    :func:`foldable_bn`), or where autograd records through the BatchNorm's parameters.
+
+    Computed once per (BatchNorm, bias) and reused while the statistics, affine parameters,
+    bias and eps are the same tensors at the same addresses and versions (an in-place update,
+    a ``load_state_dict`` or a ``.to()`` changes one of them). Inference tensors have no
+    version to see an update by: folded anew each call.
+    """
+    if bn is None:
+        if bias is None:
+            return None, None
+        if torch.is_grad_enabled() and bias.requires_grad:
+            return None
+        return None, bias.detach().float().contiguous()
+    if not foldable_bn(bn):
+        return None
+    buffers, params = bn._buffers, bn._parameters
+    tensors = (
+        buffers["running_mean"],
+        buffers["running_var"],
+        params.get("weight"),
+        params.get("bias"),
+        bias,
+    )
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return None
+    try:
+        state = tuple((t, t.data_ptr(), t._version) if t is not None else None for t in tensors)
+    except RuntimeError:  # inference tensors
+        return _fold(tensors, bn.eps)
+    key = (id(bn), id(bias))
+    seen = _folds.get(key)
+    if seen is None or seen[0] != bn.eps or not _same(seen[1], state):
+        scale, shift = _fold(tensors, bn.eps)
+        seen = (bn.eps, state, scale, shift)
+        _folds.put(key, seen)
+    return seen[2], seen[3]
+
+
+def _same(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    # The cache holds the tensors it folded, so `is` cannot match a new tensor that reuses a
+    # freed one's id.
+    return all(
+        (a is None and b is None)
+        or (a is not None and b is not None and a[0] is b[0] and a[1:] == b[1:])
+        for a, b in zip(seen, now)
+    )
+
+
+def _fold(tensors: tuple[Any, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    mean, var, gamma, beta, bias = tensors
+    with torch.no_grad():
+        scale = torch.rsqrt(var.float() + eps)
+        if gamma is not None:
+            scale = scale * gamma.float()
+        centre = -mean.float() if bias is None else bias.float() - mean.float()
+        shift = centre * scale
+        if beta is not None:
+            shift = shift + beta.float()
+    return scale.contiguous(), shift.contiguous()
+
+
+def fold_traced(bn: Any, bias: torch.Tensor | None) -> Fold:
+    """:func:`fold_bn` as plain torch ops, for ``torch.compile`` to trace (no cache, no
+    version reads); the caller checked :func:`foldable_bn`."""
+    if bn is None:
+        return None, None if bias is None else bias.float()
+    scale = torch.rsqrt(bn.running_var.float() + bn.eps)
+    if bn.weight is not None:
+        scale = scale * bn.weight.float()
+    centre = -bn.running_mean.float() if bias is None else bias.float() - bn.running_mean.float()
+    shift = centre * scale
+    if bn.bias is not None:
+        shift = shift + bn.bias.float()
+    return scale, shift
+
+
+# A launch plan's validity: the tensors it was made from, unchanged, and no hooks.
+
+
+def layer_stamps(layer: Any, bn: Any) -> tuple[Any, ...] | None:
+    """Every tensor a plan depends on with its address and version, flat: the conv's weight
+    and bias, the BatchNorm's statistics and affine parameters; None for inference tensors,
+    which have no version to see an update by (such calls are not cached)."""
+    params = layer._parameters
+    tensors = [params["weight"], params.get("bias")]
+    if bn is not None:
+        buffers, affine = bn._buffers, bn._parameters
+        tensors += [buffers.get("running_mean"), buffers.get("running_var"),
+                    affine.get("weight"), affine.get("bias")]  # fmt: skip
+    out: list[Any] = []
+    try:
+        for t in tensors:
+            out += (t, None, None) if t is None else (t, t.data_ptr(), t._version)
+    except RuntimeError:
+        return None
+    return tuple(out)
+
+
+def layer_current(stamps: tuple[Any, ...], layer: Any, bn: Any) -> bool:
+    """Whether the tensors of ``stamps`` are still the modules' own, unchanged."""
+    params = layer._parameters
+    now = [params["weight"], params.get("bias")]
+    if bn is not None:
+        buffers, affine = bn._buffers, bn._parameters
+        now += [buffers.get("running_mean"), buffers.get("running_var"),
+                affine.get("weight"), affine.get("bias")]  # fmt: skip
+    for index, t in enumerate(now):
+        seen = stamps[3 * index]
+        if t is not seen:
+            return False
+        if t is not None and (t.data_ptr() != stamps[3 * index + 1]
+                              or t._version != stamps[3 * index + 2]):  # fmt: skip
+            return False
+    return True
+
+
+def layer_hooked(layer: Any, bn: Any, act: Any) -> bool:
+    return (
+        hooked(layer)
+        or (bn is not None and (hooked(bn) or bn.training))
+        or (act is not None and hooked(act))
+        or global_hooks()
+    )
+
+
+def stock(
+    x: torch.Tensor,
+    layer: Callable[[torch.Tensor], torch.Tensor],
+    bn: Callable[[torch.Tensor], torch.Tensor] | None,
+    act: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> torch.Tensor:
+    """``act(bn(layer(x)))`` as the patched code called them, modules and hooks and all."""
+    y = layer(x)
+    if bn is not None:
+        y = bn(y)
+    if act is not None:
+        y = act(y)
+    return y

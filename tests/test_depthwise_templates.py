@@ -1,0 +1,319 @@
+"""CPU tests of the depthwise conv templates (templates/depthwise_conv_{triton,vendor}.py).
+
+The Triton kernel runs in Triton's CPU interpreter (``TRITON_INTERPRET=1`` while the template
+is imported). Every check draws fresh random inputs; shapes are MinerU's (rocmfix/ops/
+depthwise_conv.py) scaled down, and odd sizes. The GPU proof is bench/depthwise_conv.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rocmfix.ops import op
+
+from conftest import load_template
+
+triton = pytest.importorskip("triton")
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+ACTS: dict[str, Any] = {
+    "none": None,
+    "identity": torch.nn.Identity,
+    "relu": torch.nn.ReLU,
+    "silu": torch.nn.SiLU,
+    "gelu": torch.nn.GELU,
+    "hardswish": torch.nn.Hardswish,
+}
+
+
+@pytest.fixture(scope="module")
+def tri() -> ModuleType:
+    return load_template("depthwise_conv_triton")
+
+
+@pytest.fixture(scope="module")
+def vendor() -> ModuleType:
+    return load_template("depthwise_conv_vendor")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
+    monkeypatch.delenv("ROCMFIX_DEPTHWISE_CONV_CONFIG", raising=False)
+    yield
+
+
+def _layer(
+    c: int, k: tuple[int, int], s: int, dtype: torch.dtype, act: str, bias: bool = False
+) -> tuple[torch.nn.Conv2d, torch.nn.BatchNorm2d, Any]:
+    kh, kw = k
+    conv = torch.nn.Conv2d(c, c, k, s, ((kh - 1) // 2, (kw - 1) // 2), groups=c, bias=bias)
+    bn = torch.nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 1.5)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+    make = ACTS[act]
+    return conv.to(dtype).eval(), bn.to(dtype).eval(), (make() if make else None)
+
+
+def _want(x: torch.Tensor, conv: Any, bn: Any, act: Any) -> torch.Tensor:
+    """The stock layer in fp32 (fp16's CPU conv is the thing under test's peer, not a truth)."""
+    y = F.conv2d(x.float(), conv.weight.float(), None if conv.bias is None else conv.bias.float(),
+                 conv.stride, conv.padding, 1, conv.groups)  # fmt: skip
+    if bn is not None:
+        y = F.batch_norm(y, bn.running_mean.float(), bn.running_var.float(), bn.weight.float(),
+                         bn.bias.float(), False, 0.0, bn.eps)  # fmt: skip
+    return act.float()(y) if act is not None else y
+
+
+def _check(y: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    assert y.dtype == dtype and y.shape == want.shape and y.is_contiguous()
+    err = float((y.float() - want).norm() / want.norm().clamp_min(1e-12))
+    assert err < TOL[dtype], err
+
+
+CASES = [
+    # MinerU's shapes, scaled down: layout 5x5, the stride-2 downsample, OCR 3x3/5x5 with
+    # Hardswish, recognition 1x7 in fp16, formula 5x5 fp16 at batch 2; odd sizes throughout.
+    (6, (5, 5), 1, 1, 11, 9, torch.float32, "relu"),
+    (4, (3, 3), 2, 1, 13, 10, torch.float32, "none"),
+    (3, (3, 3), 2, 2, 7, 7, torch.float32, "identity"),
+    (5, (3, 3), 1, 1, 24, 17, torch.float32, "hardswish"),
+    (6, (1, 7), 1, 2, 3, 17, torch.float16, "hardswish"),
+    (4, (5, 5), 1, 2, 6, 6, torch.float16, "relu"),
+    (7, (7, 7), 1, 1, 9, 12, torch.float32, "silu"),
+    (3, (3, 3), 1, 1, 5, 8, torch.float32, "gelu"),
+    (2, (5, 5), 2, 1, 4, 3, torch.float32, "relu"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"c{c[0]}k{c[1][0]}x{c[1][1]}s{c[2]}"
+                         f"n{c[3]}-{c[4]}x{c[5]}-{str(c[6])[6:]}-{c[7]}")  # fmt: skip
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_entry_matches_the_stock_layer(tri: ModuleType, case: tuple, layout: str) -> None:
+    c, k, s, n, h, w, dtype, act_name = case
+    conv, bn, act = _layer(c, k, s, dtype, act_name)
+    x = torch.randn(n, c, h, w).to(dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        y = tri.depthwise_conv2d(x, conv, bn, act)
+        _check(y, _want(x, conv, bn, act), dtype)
+        # The kernel ran (a plan for this layer), not the stock modules.
+        assert any(key[1] == id(conv) for key in list(tri._plans._data))
+        # Without the BatchNorm, and with neither.
+        _check(tri.depthwise_conv2d(x, conv, None, act), _want(x, conv, None, act), dtype)
+        _check(tri.depthwise_conv2d(x, conv), _want(x, conv, None, None), dtype)
+
+
+def test_the_kernel_ran_and_a_layers_next_call_replays_its_plan(tri: ModuleType) -> None:
+    conv, bn, act = _layer(4, (3, 3), 1, torch.float32, "relu", bias=True)
+    tri.clear_config_cache()
+    calls = []
+    real = tri._dw_kernel
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 4, 9, 7)
+            y = tri.depthwise_conv2d(x, conv, bn, act)
+            _check(y, _want(x, conv, bn, act), torch.float32)
+            calls.append(len(tri._plans))
+        # An in-place update of the weight, the bias or the statistics is seen.
+        conv.weight.mul_(2.0)
+        conv.bias.add_(1.0)
+        bn.running_var.mul_(3.0)
+        x = torch.randn(2, 4, 9, 7)
+        _check(tri.depthwise_conv2d(x, conv, bn, act), _want(x, conv, bn, act), torch.float32)
+        # So is a BatchNorm put back into training mode: the modules run themselves (with no
+        # momentum, so that both calls see the same statistics).
+        bn.train()
+        bn.momentum = 0.0
+        want = act(bn(conv(x)))
+        got = tri.depthwise_conv2d(x, conv, bn, act)
+        torch.testing.assert_close(got, want)
+    assert calls == [1, 1, 1] and tri._dw_kernel is real
+
+
+def test_unknown_activations_and_bn_run_as_modules(tri: ModuleType) -> None:
+    class Custom(torch.nn.Module):
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return t * 0.5 + 1.0
+
+    conv, bn, _ = _layer(4, (3, 3), 1, torch.float32, "none")
+    seen: list[str] = []
+    tanh_gelu = torch.nn.GELU(approximate="tanh")
+    hooked = torch.nn.ReLU()
+    hooked.register_forward_hook(lambda *_: seen.append("act"))
+    x = torch.randn(1, 4, 8, 6)
+    with torch.no_grad():
+        for act in (Custom(), tanh_gelu, hooked):
+            _check(tri.depthwise_conv2d(x, conv, bn, act), act(bn(conv(x))), torch.float32)
+
+        # A subclassed BatchNorm is called, then the activation after it.
+        class MyBN(torch.nn.BatchNorm2d):
+            pass
+
+        mine = MyBN(4).eval()
+        mine.register_forward_hook(lambda *_: seen.append("bn"))
+        relu = torch.nn.ReLU()
+        _check(tri.depthwise_conv2d(x, conv, mine, relu), relu(mine(conv(x))), torch.float32)
+    assert seen == ["act", "act", "bn", "bn"]
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["not-depthwise", "dilation", "groups", "grad", "cpu-no-interpreter", "padding-mode",
+     "hook", "float64", "string-padding"],
+)  # fmt: skip
+def test_what_it_does_not_handle_runs_the_stock_modules(tri: ModuleType, why: str) -> None:
+    c = 4
+    conv = torch.nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False)
+    x = torch.randn(1, c, 7, 6)
+    bn, act = torch.nn.BatchNorm2d(c).eval(), torch.nn.ReLU()
+    module = tri
+    calls: list[int] = []
+    if why == "not-depthwise":
+        conv = torch.nn.Conv2d(c, c, 3, 1, 1, bias=False)
+    elif why == "dilation":
+        conv = torch.nn.Conv2d(c, c, 3, 1, 2, dilation=2, groups=c, bias=False)
+    elif why == "groups":
+        conv = torch.nn.Conv2d(c, 2 * c, 3, 1, 1, groups=c, bias=False)
+        bn = torch.nn.BatchNorm2d(2 * c).eval()
+    elif why == "cpu-no-interpreter":
+        module = load_template("depthwise_conv_triton", interpret=False)
+    elif why == "padding-mode":
+        conv = torch.nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False, padding_mode="reflect")
+    elif why == "hook":
+        conv.register_forward_hook(lambda *_: calls.append(1))
+    elif why == "float64":
+        conv, bn, x = conv.double(), bn.double(), x.double()
+    elif why == "string-padding":
+        conv = torch.nn.Conv2d(c, c, 3, 1, "same", groups=c, bias=False)
+    launches = []
+    original = module._dw_kernel
+    module._dw_kernel = _Spy(original, launches)
+    try:
+        if why == "grad":
+            y = module.depthwise_conv2d(x, conv, bn, act)  # the weight requires grad
+            y.sum().backward()
+            assert conv.weight.grad is not None
+        else:
+            with torch.no_grad():
+                y = module.depthwise_conv2d(x, conv, bn, act)
+    finally:
+        module._dw_kernel = original
+    with torch.no_grad():
+        torch.testing.assert_close(y, act(bn(conv(x))))
+    assert launches == []
+    assert calls == ([1, 1] if why == "hook" else [])
+
+
+class _Spy:
+    """Records that the kernel was prepared; the launch goes through ``kernel[grid]``."""
+
+    def __init__(self, kernel: Any, seen: list[int]) -> None:
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid: Any) -> Any:
+        self.seen.append(1)
+        return self.kernel[grid]
+
+
+def test_a_failing_kernel_warns_once_and_runs_the_stock_modules(tri: ModuleType) -> None:
+    module = load_template("depthwise_conv_triton")
+
+    class Broken:
+        def __getitem__(self, grid: Any) -> Any:
+            raise RuntimeError("simulated compiler failure")
+
+    module._dw_kernel = Broken()
+    conv, bn, act = _layer(4, (5, 5), 1, torch.float32, "silu")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(3):
+            x = torch.randn(1, 4, 9, 9)
+            torch.testing.assert_close(module.depthwise_conv2d(x, conv, bn, act), act(bn(conv(x))))
+    messages = [str(w.message) for w in caught if "depthwise" in str(w.message)]
+    assert len(messages) == 1 and "simulated compiler failure" in messages[0]
+
+
+def test_triton_missing_runs_the_stock_modules() -> None:
+    module = load_template("depthwise_conv_triton", block_triton=True)
+    assert module.triton is None
+    conv, bn, act = _layer(3, (3, 3), 1, torch.float32, "relu")
+    x = torch.randn(1, 3, 6, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(module.depthwise_conv2d(x, conv, bn, act), act(bn(conv(x))))
+
+
+def test_vendor_scheme_matches_and_keeps_cpu_inputs_stock(vendor: ModuleType) -> None:
+    conv, bn, act = _layer(5, (5, 5), 1, torch.float32, "hardswish")
+    x = torch.randn(2, 5, 9, 8)
+    with torch.no_grad():
+        want = act(bn(conv(x)))
+        assert torch.equal(vendor.depthwise_conv2d(x, conv, bn, act), want)
+        assert not vendor._handled(x, conv)  # CPU tensors: the stock modules, bit for bit
+
+
+def test_the_kernel_alone_at_every_tune_target_and_grid_tile(tri: ModuleType) -> None:
+    depthwise = op("depthwise-conv")
+    for target in depthwise.tune:
+        s = target.cpu
+        dtype = {"float32": torch.float32, "float16": torch.float16}[s["dtype"]]
+        conv = _layer(s["c"], (s["kh"], s["kw"]), s["s"], dtype, s["act"])[0]
+        x = torch.randn(s["n"], s["c"], s["h"], s["w"]).to(dtype)
+        for group in depthwise.grid:
+            if group.when != ("cpu",):
+                continue
+            for config in group.configs:
+                y = tri.conv(
+                    x, conv.weight.detach(), conv.stride, conv.padding, config=dict(config)
+                )
+                _check(y, _want(x, conv, None, None), dtype)
+
+
+def test_shipped_configs_validate(tri: ModuleType) -> None:
+    for arch, layers in tri.SHIPPED_CONFIGS.items():
+        for layer in layers.values():
+            tri.CONFIG.validate(layer)
+        if arch != "default":
+            cfg = tri.resolve_config(None, 5, 5, 1, torch.float16, arch=arch)
+            assert {"BLOCK_P", "BLOCK_C", "num_warps", "num_stages"} <= set(cfg)
+
+
+def test_registered_op_under_torch_compile_fullgraph(tri: ModuleType) -> None:
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            conv, bn, act = _layer(4, (3, 3), 1, torch.float32, "hardswish", bias=True)
+            self.conv, self.bn, self.act = conv, bn, act
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return tri.depthwise_conv2d(x, self.conv, self.bn, self.act)  # type: ignore[no-any-return]
+
+    layer = Layer().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 4, 9, 7)
+    with torch.no_grad():
+        got = compiled(x)
+        _check(got, _want(x, layer.conv, layer.bn, layer.act), torch.float32)
+    opcheck = getattr(torch.library, "opcheck", None)
+    if opcheck is not None:
+        opdef = getattr(torch.ops.rocmfix, tri.OP_NAME).default
+        scale, shift = torch.rand(4) + 0.5, torch.randn(4)
+        opcheck(opdef, (x, layer.conv.weight.detach(), scale, shift, [1, 1], [1, 1], 4),
+                test_utils=("test_schema", "test_faketensor"))  # fmt: skip

@@ -1,0 +1,87 @@
+"""The contract between the op registry and the templates, checked for every scheme of every
+op (rocmfix.ops.base.Template and KernelTemplate), and the registry's discovery of op modules.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+
+import rocmfix.ops as registry
+from rocmfix import worker
+from rocmfix.guest.worker import config_envs
+from rocmfix.ops import OPS, KernelTemplate, Op, Scheme, Template
+
+from conftest import TEMPLATES, load_template
+
+PAIRS = [(op, scheme) for op in OPS for scheme in op.schemes]
+
+
+def _required(fn: object) -> list[str]:
+    params = inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+    return [p.name for p in params if p.default is inspect.Parameter.empty]
+
+
+@pytest.mark.parametrize("op, scheme", PAIRS, ids=[f"{o.name}-{s.name}" for o, s in PAIRS])
+def test_every_template_keeps_the_contract(op: Op, scheme: Scheme) -> None:
+    module = load_template(scheme.entry[:-3])
+    assert isinstance(module, Template) and scheme.name == module.SCHEME
+    assert module.__doc__ and "rocmfix revert" in module.__doc__
+    entry = getattr(module, op.function, None)
+    assert callable(entry), f"{scheme.entry} has no {op.function}"
+    # The patched code calls every scheme the same way.
+    default = load_template(op.default_scheme.entry[:-3])
+    assert _required(entry) == _required(getattr(default, op.function))
+    for support in scheme.support:
+        assert (TEMPLATES / support).is_file(), support
+    if scheme.entry == op.kernel_template:
+        assert isinstance(module, KernelTemplate)
+        assert op.kernel == module.KERNEL and op.config_env == module.CONFIG_ENV
+    elif hasattr(module, "CONFIG_ENV"):
+        assert op.config_env == module.CONFIG_ENV
+
+
+def test_every_op_names_a_fallback_and_its_own_config_variable() -> None:
+    envs = [op.config_env for op in OPS if op.config_env]
+    assert len(envs) == len(set(envs))
+    for op in OPS:
+        assert op.function and op.fallback is not None
+        assert not op.scheme(op.fallback).needs_triton
+        assert not op.kernel_template or op.config_env, op.name
+
+
+def test_the_worker_reads_the_config_variables_from_the_request() -> None:
+    request = worker.request("measure", OPS)
+    assert config_envs(request) == [op.config_env for op in OPS if op.config_env]
+    # Only the requested ops' variables: a doctor of one op neither reports nor clears others.
+    one = [op for op in OPS if op.name == "depthwise-conv"]
+    assert config_envs(worker.request("measure", one)) == ["ROCMFIX_DEPTHWISE_CONV_CONFIG"]
+
+
+def test_the_registry_discovers_a_new_op_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new op is one module in rocmfix/ops: nothing else in the registry names it.
+    (tmp_path / "zz_probe_op.py").write_text(
+        "from rocmfix.ops.base import Op, Scheme\n"
+        "OP = Op(name='probe-op', title='probe', native='F.probe',\n"
+        "        schemes=(Scheme('plain', 'a probe', 'probe', 'probe.py'),), cases=(),\n"
+        "        kernel='', kernel_template='', tune=(), grid=(), harness='probe',\n"
+        "        label=str, function='probe', fallback='plain', order=15)\n"
+    )
+    (tmp_path / "_private.py").write_text("raise AssertionError('private modules are skipped')\n")
+    monkeypatch.setattr(registry, "__path__", [*registry.__path__, str(tmp_path)])
+    try:
+        found = registry._discover()
+    finally:
+        sys.modules.pop("rocmfix.ops.zz_probe_op", None)
+    names = [op.name for op in found]
+    assert names == ["patch-embed", "probe-op", *[op.name for op in OPS[1:]]]
+    assert [op.name for op in OPS] == ["patch-embed", "dilated-conv", "depthwise-conv",
+                                       "conv-transpose"]  # fmt: skip
