@@ -13,8 +13,8 @@ from . import (
 PATCHES = (
     *vllm_vision.PATCHES,
     *transformers_vision.PATCHES,
-    doclayout_dilated_conv.PATCH,
-    mineru_tokenizer.PATCH,
     *transformers_hgnet.PATCHES,
     *mineru_pytorchocr.PATCHES,
+    doclayout_dilated_conv.PATCH,
+    mineru_tokenizer.PATCH,
 )
