@@ -121,9 +121,15 @@ def test_apply_and_revert_through_the_cli(tmp_path: Path, version: str) -> None:
 # outputs or checks the patched ones against them. The model part defines ``models()``.
 PRELUDE = r"""
 import ast, copy, importlib.abc, importlib.machinery, json, os, sys, types, warnings
-os.environ["TRITON_INTERPRET"] = "1"
+# ROCMFIX_TEST_DEVICE=cuda runs the same check on a GPU (the guard is true there anyway).
+device = os.environ.get("ROCMFIX_TEST_DEVICE", "cpu")
+if device == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
 import torch
 
+# fp32 means fp32 on a GPU too (cuDNN's convs default to TF32), so stock is a fair reference.
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
 site, mode, store, root = sys.argv[1:5]
 
 
@@ -208,7 +214,8 @@ def flat(out):
 def compare(models):
     report = {}
     for name, model, inputs in models:
-        model = model.eval()
+        model = model.eval().to(device)
+        inputs = {k: v.to(device) for k, v in inputs.items()}
         # Non-trivial BatchNorm statistics, so a BatchNorm applied in the kernel's store counts.
         torch.manual_seed(2)
         for m in model.modules():
@@ -217,7 +224,9 @@ def compare(models):
                 m.running_var.uniform_(0.5, 1.5)
         spy = Spy()
         with torch.no_grad(), spy:
-            outs = flat(model(**inputs))
+            outs = [t.cpu() for t in flat(model(**inputs))]
+        if device != "cpu":
+            torch.cuda.synchronize()
         path = os.path.join(store, name + ".pt")
         entry = {"depthwise": spy.depthwise, "transposed": spy.transposed, "other": spy.other}
         if mode == "stock":
@@ -250,7 +259,7 @@ with open(os.path.join(resources, "arch_config.yaml")) as f:
     arch = yaml.safe_load(f)
 with open(os.path.join(resources, "pp_formulanet_arch_config.yaml")) as f:
     formula = yaml.safe_load(f)
-if mode == "patched":
+if mode == "patched" and device == "cpu":
     head = importlib.import_module(package + ".modeling.heads.det_db_head")
     assert head._rocmfix_conv_transpose2d is not None
     ct = importlib.import_module(package + ".modeling.rocmfix_conv_transpose")
