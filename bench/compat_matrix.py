@@ -1,7 +1,8 @@
 """Every release of the target packages through rocmfix: ``docs/compatibility.md``.
 
-For each PyPI release of mineru-vl-utils and doclayout-yolo, each vllm release from 0.8.0
-and each transformers release from 4.45.0 to the newest, this builds a fresh environment
+For each PyPI release of mineru-vl-utils and doclayout-yolo, each vllm release from 0.8.0,
+each transformers release from 4.45.0 and each mineru release from 2.0.0 (its own pytorchocr
+files) to the newest, this builds a fresh environment
 holding the released files (pip installs the small wheels; vllm's and transformers' target
 files, the files their verdicts read, the package ``__init__.py`` files and the real
 METADATA/WHEEL/RECORD come out of the wheel by HTTP range requests, see
@@ -70,7 +71,15 @@ from rocmfix.registry import all_patches  # noqa: E402
 import faults  # noqa: E402
 import releases  # noqa: E402
 
-PROJECTS = ("mineru-vl-utils", "doclayout-yolo", "vllm", "transformers", "sglang", "lmdeploy")
+PROJECTS = (
+    "mineru-vl-utils",
+    "doclayout-yolo",
+    "vllm",
+    "transformers",
+    "mineru",
+    "sglang",
+    "lmdeploy",
+)
 OLDEST = {
     "vllm": Version("0.8.0"),
     "transformers": Version("4.45.0"),
@@ -93,7 +102,8 @@ LMDEPLOY_ERAS = ("0.6.0", "0.10.0", "0.17.0")
 MINERU_SAMPLE = ("2.0.0", "2.5.4", "2.7.6", "3.0.0")
 MINERU_BOUNDARY = ("0.1.0", "0.1.1", "0.1.13", "0.1.14")
 MINERU_SAMPLE_SIZE = 12
-OK_VERDICTS = {"applicable", "not-needed", "unsupported"}
+# ``unmeasured``: a patch whose verdict follows doctor's measurement, with none stored.
+OK_VERDICTS = {"applicable", "not-needed", "unsupported", "unmeasured"}
 FRESH_BAD = {"changed", "stale", "interrupted", "applied", "not-installed"}
 
 
@@ -519,7 +529,8 @@ class MinerURow:
 
 def mineru_patches() -> list[Any]:
     """The patches whose targets some MinerU may run (a table column each)."""
-    return [p for p in PATCHES if p.mineru is not None and not p.mineru.never]
+    # MinerU's own files (its pytorchocr package) are run by every release that has them.
+    return [p for p in PATCHES if p.mineru is not None and not p.mineru.never and not p.mineru.own]
 
 
 def check_mineru(version: str) -> MinerURow:
@@ -719,9 +730,10 @@ def render(
         "leave no state; with the first scheme, `apply --dry-run` must give a diff that",
         "`patch -p1` applies to the same bytes; `status` at the end must read as at the start.",
         "A release with nothing to apply must be left untouched by `apply` and `revert`.",
-        "vllm is checked from 0.8.0 and transformers from 4.45.0 (their target files, the",
+        "vllm is checked from 0.8.0, transformers from 4.45.0 (their target files, the",
         "files the verdicts read, the package `__init__.py` files and the real",
-        "METADATA/RECORD, read out of the released wheel).",
+        "METADATA/RECORD, read out of the released wheel) and mineru from 2.0.0 (the whole",
+        "wheel, installed without its dependencies).",
         "",
         "## Summary",
         "",

@@ -4,8 +4,10 @@ shape), in the order status lists them."""
 from . import (
     doclayout_dilated_conv,
     lmdeploy_vision,
+    mineru_pytorchocr,
     mineru_tokenizer,
     sglang_vision,
+    transformers_hgnet,
     transformers_vision,
     vllm_vision,
 )
@@ -15,6 +17,8 @@ PATCHES = (
     *transformers_vision.PATCHES,
     *sglang_vision.PATCHES,
     *lmdeploy_vision.PATCHES,
+    *transformers_hgnet.PATCHES,
+    *mineru_pytorchocr.PATCHES,
     doclayout_dilated_conv.PATCH,
     mineru_tokenizer.PATCH,
 )

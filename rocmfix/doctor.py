@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import kernels, supervise, tuned, worker
+from . import kernels, measured, supervise, tuned, worker
 from .checks import EnvWarning, torch_build
 from .environment import Environment
 from .errors import RefusedError, UsageError
@@ -234,7 +234,7 @@ def run(
         if progress is not None:
             progress(done, len(items), "compiling the kernels it ran for their register use")
         compiled = kernels.compile_items(env, ops, items)
-    return build_report(
+    report = build_report(
         status,
         outcome,
         ops=ops,
@@ -242,6 +242,9 @@ def run(
         tuned_file=request["tuned_file"],
         compiled=compiled,
     )
+    # What status and apply follow for the ops whose slowness depends on the GPU.
+    measured.store(report)
+    return report
 
 
 def _compile_items(ops: Sequence[Op], outcome: supervise.WorkerRun) -> list[dict[str, Any]]:

@@ -22,7 +22,12 @@ from .patch import Patch, TorchInfo
 from .state import StateDir
 
 # Distributions read for warnings and for the patches' context, beyond the targets.
-EXTRAS = ("torch", "triton", "pytorch-triton-rocm", "flash-attn", "vllm", "mineru")
+# torchvision, accelerate and safetensors: what MinerU's small models need to run in torch
+# (rocmfix.mineru.runs_onnx).
+EXTRAS: tuple[str, ...] = (
+    *("torch", "triton", "pytorch-triton-rocm", "flash-attn", "vllm", "mineru"),
+    *("torchvision", "accelerate", "safetensors"),
+)
 # Paths whose presence the checks need: flash-attn's Triton backend for AMD.
 EXISTS = {"flash-attn": ["flash_attn/flash_attn_triton_amd"]}
 # Extras whose code rocmfix reads (never imports): MinerU, to know which targets it runs.

@@ -10,7 +10,7 @@ not contain any of the evidence's words are not parsed at all.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,11 @@ from . import fsops
 from .patch import MinerUUse, Patch
 
 DISTRIBUTION = "mineru"
+# MinerU 4's list of what its small models need to run in torch (``runtime/device.py``): with
+# one missing, or no GPU, they run in ONNX and never import their torch code.
+TORCH_NEEDS = "TORCH_REQUIRED_MODULES"
+# Its length bounds what an untrusted file can make rocmfix say.
+_MAX_NEEDS = 16
 
 
 @dataclass(frozen=True)
@@ -27,9 +32,14 @@ class Found:
     imports: frozenset[str]
     names: frozenset[str]
     strings: frozenset[str]
+    # The modules MinerU's code says its small models need to run in torch (None: its code
+    # names none, as before 4.0: they run in torch wherever torch is).
+    torch_needs: tuple[str, ...] | None = None
 
     def shows(self, use: MinerUUse) -> str | None:
         """What in MinerU's code shows that it runs the target, else None."""
+        if use.own:
+            return "holds it"
         for module in use.imports:
             if any(m == module or m.startswith(module + ".") for m in self.imports):
                 return f"imports {module}"
@@ -61,6 +71,27 @@ def _collect(tree: ast.AST, wanted: frozenset[str], found: dict[str, set[str]]) 
             isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in wanted
         ):
             found["strings"].add(node.value)
+        elif needs := _torch_needs(node):
+            found["torch_needs"].update(needs)
+
+
+def _torch_needs(node: ast.AST) -> tuple[str, ...]:
+    """The names of ``TORCH_REQUIRED_MODULES = ("torch", ...)``, else ()."""
+    targets: list[ast.expr]
+    if isinstance(node, ast.AnnAssign):
+        targets, value = [node.target], node.value
+    elif isinstance(node, ast.Assign):
+        targets, value = list(node.targets), node.value
+    else:
+        return ()
+    if not any(isinstance(t, ast.Name) and t.id == TORCH_NEEDS for t in targets):
+        return ()
+    if not isinstance(value, ast.Tuple | ast.List) or len(value.elts) > _MAX_NEEDS:
+        return ()
+    names = [e.value for e in value.elts if isinstance(e, ast.Constant)]
+    if not all(isinstance(n, str) and n.isidentifier() for n in names):
+        return ()
+    return tuple(str(n) for n in names)
 
 
 def scan(roots: Iterable[Path], patches: Iterable[Patch]) -> Found:
@@ -68,8 +99,13 @@ def scan(roots: Iterable[Path], patches: Iterable[Patch]) -> Found:
     uses = [p.mineru for p in patches if p.mineru is not None]
     strings = frozenset(s for u in uses for s in u.strings)
     needles = {w.split(".")[0].encode() for u in uses for w in (*u.imports, *u.names)}
-    needles |= {s.encode() for s in strings}
-    found: dict[str, set[str]] = {"imports": set(), "names": set(), "strings": set()}
+    needles |= {s.encode() for s in strings} | {TORCH_NEEDS.encode()}
+    found: dict[str, set[str]] = {
+        "imports": set(),
+        "names": set(),
+        "strings": set(),
+        "torch_needs": set(),
+    }
     for path in _files(roots):
         try:
             data = fsops.read_regular(path)
@@ -83,7 +119,10 @@ def scan(roots: Iterable[Path], patches: Iterable[Patch]) -> Found:
             continue
         _collect(tree, strings, found)
     return Found(
-        frozenset(found["imports"]), frozenset(found["names"]), frozenset(found["strings"])
+        frozenset(found["imports"]),
+        frozenset(found["names"]),
+        frozenset(found["strings"]),
+        tuple(sorted(found["torch_needs"])) if found["torch_needs"] else None,
     )
 
 
@@ -97,3 +136,21 @@ class MinerU:
 
 def read(version: str, roots: Iterable[Path], patches: Iterable[Patch]) -> MinerU:
     return MinerU(version, scan(roots, patches))
+
+
+def runs_onnx(use: MinerUUse, mineru: MinerU, installed: Collection[str]) -> str | None:
+    """Why this MinerU runs the small model ``use`` names in ONNX here, never in torch: its
+    code lists what its torch path needs, and ``installed`` (the distributions the probe found)
+    lacks one. None where it may run in torch (whether a GPU is visible, the probe cannot
+    tell: MinerU needs one too)."""
+    needs = mineru.found.torch_needs
+    if not use.small_model or needs is None:
+        return None
+    missing = [n for n in needs if n not in installed]
+    if not missing:
+        return None
+    verb = "is" if len(missing) == 1 else "are"
+    return (
+        f"mineru {mineru.version} runs {use.what.split(':')[0]} in ONNX here, not in torch: "
+        f"{', '.join(missing)} {verb} not installed"
+    )

@@ -58,17 +58,23 @@ class TargetContext:
 class MinerUUse:
     """How MinerU's own code shows that it runs a target: any import of one of ``imports``
     (a module or its submodules), of one of ``names`` from any module, or any string constant
-    in ``strings``. With none of them, no MinerU runs the target, and ``what`` says why; else
-    ``what`` names the part of MinerU that runs it."""
+    in ``strings``, or ``own`` (the target is MinerU's own file). With none of them, no MinerU
+    runs the target, and ``what`` says why; else ``what`` names the part of MinerU that runs
+    it."""
 
     what: str
     imports: tuple[str, ...] = ()
     names: tuple[str, ...] = ()
     strings: tuple[str, ...] = ()
+    # A file of MinerU's own package: MinerU runs it whenever it runs the model it belongs to.
+    own: bool = False
+    # One of MinerU's small models, which run in torch only where MinerU's torch stack is
+    # installed (rocmfix.mineru reads which), else in ONNX.
+    small_model: bool = False
 
     @property
     def never(self) -> bool:
-        return not (self.imports or self.names or self.strings)
+        return not (self.own or self.imports or self.names or self.strings)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ class Verdict(enum.Enum):
     STALE = "stale"
     UNSUPPORTED = "unsupported"
     INTERRUPTED = "interrupted"
+    # The code needs the patch, but whether this GPU's vendor op is slow is measured, and
+    # ``doctor`` has not measured it here (rocmfix.measured).
+    UNMEASURED = "unmeasured"
 
     @property
     def settled(self) -> bool:

@@ -402,7 +402,7 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
     # settings. A model calls each layer once a forward with the same shapes, so after the
     # first call a layer's call checks that its tensors are unchanged and launches.
     key = (kc.layout_key(x), id(layer), layer.stride, layer.padding, layer.dilation,
-           layer.groups, id(bn), id(act), bn.eps if bn is not None else None)  # fmt: skip
+           layer.groups, id(bn), id(act), getattr(bn, "eps", None))  # fmt: skip
     plan = _plans.get(key)
     if (
         plan is not None

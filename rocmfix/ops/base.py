@@ -139,6 +139,9 @@ class Op:
     order: int = 100
     # The dtypes its kernels are checked in, ahead of time, on every GPU.
     dtypes: tuple[str, ...] = ("bfloat16", "float16", "float32")
+    # Whether the vendor op is slow depends on the GPU and the ROCm release: status and apply
+    # follow what doctor measured here (rocmfix.measured), not the code alone.
+    measured_verdict: bool = False
 
     def __post_init__(self) -> None:
         names = self.scheme_names

@@ -56,5 +56,6 @@ OP = Op(
     label=label,
     function="conv_transpose2d",
     fallback="linear",
+    measured_verdict=True,
     order=40,
 )

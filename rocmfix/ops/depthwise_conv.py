@@ -153,5 +153,6 @@ OP = Op(
     function="depthwise_conv2d",
     config_env="ROCMFIX_DEPTHWISE_CONV_CONFIG",
     fallback="channels-last",
+    measured_verdict=True,
     order=30,
 )

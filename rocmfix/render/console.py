@@ -36,6 +36,7 @@ STYLE = {
     Verdict.CHANGED: "red",
     Verdict.UNSUPPORTED: "red",
     Verdict.INTERRUPTED: "red",
+    Verdict.UNMEASURED: "yellow",
 }
 
 

@@ -190,6 +190,9 @@ def plan_apply(
             plan.outcomes.append(Outcome(patch, Action.ABSENT, st.reason))
             continue
         forced: tuple[str, ...] = ()
+        if st.verdict is Verdict.UNMEASURED:
+            plan.outcomes.append(Outcome(patch, Action.SKIP, st.reason))
+            continue
         if st.verdict is Verdict.NOT_NEEDED:
             if not (force and seen.forceable):
                 plan.outcomes.append(Outcome(patch, Action.SKIP, st.reason))

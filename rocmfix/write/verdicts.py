@@ -17,10 +17,11 @@ from pathlib import Path
 
 import libcst as cst
 
-from rocmfix import fsops, supervise
+from rocmfix import fsops, measured, supervise
 from rocmfix.checks import is_rocm, torch_build
 from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError
+from rocmfix.mineru import runs_onnx
 from rocmfix.patch import Patch, Shape, TargetContext
 from rocmfix.results import PatchStatus, Pristine, Verdict
 from rocmfix.rewrite import TooDeepError
@@ -353,6 +354,11 @@ class _Inspector:
             )
         if entry is None:
             notes = (*notes, *self._used_by_mineru())
+            judged, reason, notes = measured.follow(
+                self.patch, self.env.torch, self.explicit, reason, notes
+            )
+            if judged is not None:
+                return self.done(judged, reason, notes=notes)
         if entry is not None:
             was = (
                 "" if entry.version == self.dist.version else f" (rocmfix patched {entry.version})"
@@ -374,6 +380,9 @@ class _Inspector:
             return None
         # One wording for every patch, so that status groups them on one line.
         anyway = "`--only` with its patch id patches it anyway"
+        onnx = runs_onnx(use, mineru, self.env.versions)
+        if onnx is not None:
+            return f"{onnx}; {anyway}"
         if use.never:
             return f"mineru {mineru.version} never runs it: {use.what}; {anyway}"
         if mineru.found.shows(use) is None:

@@ -1,0 +1,269 @@
+"""Routing a layer's conv (and the BatchNorm and activation after it) through a dropped entry.
+
+The depthwise and transposed convs of PP-DocLayoutV2's HGNetV2, D-FINE and MinerU's PaddleOCR
+ports all sit in a layer's ``forward`` as consecutive statements on one variable::
+
+    hidden = self.convolution(x)
+    hidden = self.normalization(hidden)
+    hidden = self.activation(hidden)
+
+A :class:`Site` names such a run by its class and attributes; the rewrite keeps the run, as
+the ``else`` of a guard that sends GPU inputs to the dropped entry with the same modules
+(``entry(x, self.convolution, bn=self.normalization, act=self.activation)``). The entry
+decides per call whether it handles the conv (depthwise, eval mode, a dtype it knows) and
+runs the stock modules otherwise, so the guard only asks whether the module imported and the
+input is on a GPU. Runs may sit in nested blocks (``if self.mode == ...:``); every run of a
+site's attributes in its method is routed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+
+from rocmfix.errors import AnchorNotFoundError
+from rocmfix.patch import Classification, Shape, TargetContext
+from rocmfix.rewrite import (
+    calls,
+    dotted,
+    find_class,
+    find_method,
+    insert_after_last_import,
+    marker_line,
+    module_has_marker,
+    nodes,
+    relative_import,
+    statement,
+)
+
+
+@dataclass(frozen=True)
+class Site:
+    """``cls.method`` runs ``v = self.conv(x)``, then ``v = self.bn(v)`` and ``v = self.act(v)``
+    where those are named; the entry gets what is named."""
+
+    cls: str
+    conv: str
+    bn: str | None = None
+    act: str | None = None
+    method: str = "forward"
+
+    @property
+    def label(self) -> str:
+        steps = " → ".join(f"self.{a}" for a in (self.conv, self.bn, self.act) if a)
+        return f"{self.cls}.{self.method} ({steps})"
+
+
+@dataclass(frozen=True)
+class Router:
+    """One target file's sites and how its rewrite imports the entry."""
+
+    path: str
+    kernel_module: str
+    entry: str
+    sites: tuple[Site, ...]
+    # Why GPU inputs go around the stock op, for the marker comment (one short line).
+    why: str
+    needs: str
+    # Route only convs with groups > 1: the dense and 1x1 convs of the same layer class then
+    # keep the stock call, without even the entry's checks (a layer's module may be a wrapper
+    # with no ``groups``: it counts as 1).
+    grouped: bool = False
+
+    @property
+    def local(self) -> str:
+        return f"_rocmfix_{self.entry}"
+
+
+def _single_call(line: cst.CSTNode) -> tuple[str, str, cst.Call] | None:
+    """(target, callee, call) for ``target = callee(arg)`` with one positional argument."""
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        return None
+    assign = line.body[0]
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return None
+    target = assign.targets[0].target
+    call = assign.value
+    if not isinstance(target, cst.Name) or not isinstance(call, cst.Call):
+        return None
+    if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
+        return None
+    callee = dotted(call.func)
+    if callee is None or not isinstance(call.args[0].value, cst.Name):
+        return None
+    return target.value, callee, call
+
+
+def _run_at(lines: Sequence[cst.BaseStatement], i: int, site: Site) -> tuple[str, str] | None:
+    """(target, input) when ``lines[i:]`` starts with ``site``'s run, else None."""
+    steps = [a for a in (site.conv, site.bn, site.act) if a]
+    if i + len(steps) > len(lines):
+        return None
+    first = _single_call(lines[i])
+    if first is None or first[1] != f"self.{site.conv}":
+        return None
+    target = first[0]
+    arg = first[2].args[0].value
+    assert isinstance(arg, cst.Name)
+    for offset, attr in enumerate(steps[1:], start=1):
+        found = _single_call(lines[i + offset])
+        if found is None or found[:2] != (target, f"self.{attr}"):
+            return None
+        inner = found[2].args[0].value
+        if not (isinstance(inner, cst.Name) and inner.value == target):
+            return None
+    return target, arg.value
+
+
+def _blocks(method: cst.FunctionDef) -> list[cst.IndentedBlock]:
+    found: list[cst.IndentedBlock] = []
+
+    class _Visit(cst.CSTVisitor):
+        def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+            found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            # Nested functions are not the layer's forward.
+            return node is method
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+    method.visit(_Visit())
+    return found
+
+
+def _count_runs(method: cst.FunctionDef, site: Site) -> int:
+    return sum(
+        _run_at(block.body, i, site) is not None
+        for block in _blocks(method)
+        for i in range(len(block.body))
+    )
+
+
+def _mentions(cls: cst.ClassDef, attr: str) -> bool:
+    """Whether the class uses ``self.attr`` at all: a release whose class has no such module
+    (DBHead before PP-OCRv6's ``conv_final``) has no such site."""
+    return any(dotted(node) == f"self.{attr}" for node in nodes(cls, cst.Attribute))
+
+
+def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classification:
+    local = router.local
+    if calls(module, local):
+        if module_has_marker(module):
+            return Classification(Shape.PATCHED, f"GPU inputs go through {router.entry}")
+        return Classification(Shape.UNKNOWN, f"{local} is there, but not from rocmfix")
+    present = []
+    for site in router.sites:
+        cls = find_class(module, site.cls)
+        if cls is None or not _mentions(cls, site.conv):
+            continue
+        method = find_method(cls, site.method)
+        if method is None or _count_runs(method, site) == 0:
+            return Classification(
+                Shape.UNKNOWN,
+                f"{site.cls}.{site.method} does not run {site.label.split('(')[1][:-1]} "
+                "as rocmfix knows it",
+            )
+        if site.cls not in present:
+            present.append(site.cls)
+    if not present:
+        names = ", ".join(sorted({s.cls for s in router.sites}))
+        return Classification(Shape.FIXED_UPSTREAM, f"this version has no {names}")
+    return Classification(Shape.NEEDS_PATCH, f"{', '.join(present)}: {router.needs}")
+
+
+def _guarded(
+    module: cst.Module,
+    router: Router,
+    site: Site,
+    run: list[cst.BaseStatement],
+    io: tuple[str, str],
+) -> cst.If:
+    target, arg = io
+    extra = "".join(f", {k}=self.{v}" for k, v in (("bn", site.bn), ("act", site.act)) if v)
+    gate = f' and getattr(self.{site.conv}, "groups", 1) > 1' if router.grouped else ""
+    code = (
+        f"if {router.local} is not None and {arg}.is_cuda{gate}:\n"
+        f"    {target} = {router.local}({arg}, self.{site.conv}{extra})\n"
+        "else:\n    pass\n"
+    )
+    guard = statement(module, code)
+    assert isinstance(guard, cst.If) and isinstance(guard.orelse, cst.Else)
+    first = run[0]
+    assert isinstance(first, cst.SimpleStatementLine)
+    body = [*run]
+    body[0] = first.with_changes(leading_lines=[])
+    return guard.with_changes(
+        leading_lines=[*first.leading_lines, marker_line(router.why)],
+        orelse=guard.orelse.with_changes(body=guard.orelse.body.with_changes(body=body)),
+    )
+
+
+def _route_method(
+    module: cst.Module, router: Router, site: Site, method: cst.FunctionDef
+) -> cst.FunctionDef:
+    blocks = {id(b) for b in _blocks(method)}
+
+    class _Swap(cst.CSTTransformer):
+        def leave_IndentedBlock(
+            self, old: cst.IndentedBlock, new: cst.IndentedBlock
+        ) -> cst.IndentedBlock:
+            if id(old) not in blocks:
+                return new
+            lines = list(new.body)
+            out: list[cst.BaseStatement] = []
+            i = 0
+            while i < len(lines):
+                io = _run_at(lines, i, site)
+                if io is None:
+                    out.append(lines[i])
+                    i += 1
+                    continue
+                size = len([a for a in (site.conv, site.bn, site.act) if a])
+                out.append(_guarded(module, router, site, lines[i : i + size], io))
+                i += size
+            return new.with_changes(body=out)
+
+    routed = method.visit(_Swap())
+    assert isinstance(routed, cst.FunctionDef)
+    return routed
+
+
+def transform(router: Router, module: cst.Module) -> cst.Module:
+    if calls(module, router.local):
+        raise AnchorNotFoundError(f"{router.local} is already called")
+    routed_any = False
+    for site in router.sites:
+        cls = find_class(module, site.cls)
+        if cls is None or not _mentions(cls, site.conv):
+            continue
+        method = find_method(cls, site.method)
+        if method is None or _count_runs(method, site) == 0:
+            raise AnchorNotFoundError(f"no {site.label} run")
+        new_method = _route_method(module, router, site, method)
+        body = cls.body
+        assert isinstance(body, cst.IndentedBlock)
+        new_cls = cls.with_changes(
+            body=body.with_changes(body=[new_method if n is method else n for n in body.body])
+        )
+        module = module.with_changes(body=[new_cls if n is cls else n for n in module.body])
+        routed_any = True
+    if not routed_any:
+        raise AnchorNotFoundError(f"none of {', '.join(s.cls for s in router.sites)}")
+    kernels = relative_import(router.path, router.kernel_module)
+    imported = statement(
+        module,
+        f"try:\n    from {kernels} import {router.entry} as {router.local}\n"
+        # OSError too: a kernel file another user cannot read must not break the import.
+        f"except (ImportError, OSError):\n    {router.local} = None\n",
+    )
+    imported = imported.with_changes(
+        leading_lines=[
+            cst.EmptyLine(),
+            marker_line(f"{kernels.lstrip('.')} was dropped here by rocmfix; revert removes it"),
+        ]
+    )
+    return insert_after_last_import(module, imported)

@@ -1,0 +1,272 @@
+"""Measured verdicts: whether this GPU's vendor op is slow, as ``doctor`` last measured it.
+
+Whether MIOpen is slow at a depthwise or a transposed conv depends on the GPU and the ROCm
+release (a CK or direct solver covers some archs, dtypes and tile sizes, not others), so for
+an op with ``measured_verdict`` the code alone does not decide: ``doctor`` times the vendor op
+against rocmfix's schemes and stores the result here, per GPU arch and torch/ROCm build, and
+``status``/``apply`` read it. The ops MIOpen has no fast kernel for on any arch (the Conv3d
+patch embed, the dilated conv) keep their code-based verdicts.
+
+The file sits beside the tuned file (``measured.json`` in its folder)::
+
+    {"schema": 1,
+     "ops": {"<op>": {"<arch> torch <version> hip <version>": {
+         "arch": ..., "torch": ..., "hip": ..., "scheme": ..., "speedup": 6.1,
+         "measured_at": "2026-12-01"}}}}
+
+It is untrusted input, read as the tuned file is: a regular file (never through a link),
+size-capped, schema-checked entry by entry; a file or an entry that fails any check reads as
+no measurement. ``status`` cannot see the GPU (its probe never imports torch), so it takes the
+newest entry for this environment's torch and ROCm build and names its arch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import fsops
+from .ops import Op
+from .patch import Patch, TorchInfo
+from .results import Verdict
+from .tuned import tuned_path
+
+if TYPE_CHECKING:
+    from .doctor import DoctorReport
+
+SCHEMA = 1
+NAME = "measured.json"
+MAX_BYTES = 256 * 1024
+# What doctor calls worth a patch: below this eager speed-up the vendor op is as fast.
+WORTH = 1.1
+_ARCH = re.compile(r"^[A-Za-z0-9_.:+-]{1,40}$")
+_VERSION = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def path() -> Path:
+    return tuned_path().parent / NAME
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One stored doctor result for one op on one GPU arch and torch/ROCm build."""
+
+    op: str
+    arch: str
+    torch: str
+    hip: str | None
+    scheme: str
+    speedup: float
+    measured_at: str
+
+    @property
+    def faster(self) -> bool:
+        return self.speedup >= WORTH
+
+    def where(self) -> str:
+        rocm = f"ROCm {short(self.hip)}" if self.hip else f"torch {self.torch}"
+        return f"on {self.arch}, {rocm}, {self.measured_at}"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the stored measurements say for one op here: ``faster`` True (patch it), False
+    (the vendor op is as fast), None (unmeasured for this build)."""
+
+    faster: bool | None
+    reason: str
+
+
+def short(hip: str) -> str:
+    """``7.2`` for a HIP version such as ``7.2.26015-fc0010cf6a``."""
+    parts = hip.split("-")[0].split(".")
+    return ".".join(parts[:2])
+
+
+def _key(arch: str, torch: str, hip: str | None) -> str:
+    return f"{arch} torch {torch} hip {hip or '-'}"
+
+
+def _entry(op: str, raw: object) -> Measured | None:
+    if not isinstance(raw, dict):
+        return None
+    arch, torch, hip = raw.get("arch"), raw.get("torch"), raw.get("hip")
+    scheme, speedup, when = raw.get("scheme"), raw.get("speedup"), raw.get("measured_at")
+    if not (isinstance(arch, str) and _ARCH.match(arch)):
+        return None
+    if not (isinstance(torch, str) and _VERSION.match(torch)):
+        return None
+    if hip is not None and not (isinstance(hip, str) and _VERSION.match(hip)):
+        return None
+    if not (isinstance(scheme, str) and _VERSION.match(scheme)):
+        return None
+    if isinstance(speedup, bool) or not isinstance(speedup, int | float):
+        return None
+    if not (math.isfinite(speedup) and 0 < speedup < 1e6):
+        return None
+    if not (isinstance(when, str) and _DATE.match(when)):
+        return None
+    return Measured(op, arch, torch, hip, scheme, float(speedup), when)
+
+
+def read(file: Path | None = None) -> tuple[Measured, ...]:
+    """Every well-formed entry of the file; nothing for a missing, linked, oversized or
+    malformed one."""
+    file = file or path()
+    try:
+        data = fsops.read_regular(file, limit=MAX_BYTES)
+    except (fsops.NotRegularError, OSError):
+        return ()
+    if data is None:
+        return ()
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError):
+        return ()
+    if not isinstance(parsed, dict) or parsed.get("schema") != SCHEMA:
+        return ()
+    ops = parsed.get("ops")
+    if not isinstance(ops, dict):
+        return ()
+    found: list[Measured] = []
+    for op, entries in ops.items():
+        if isinstance(op, str) and isinstance(entries, dict):
+            found.extend(m for m in (_entry(op, e) for e in entries.values()) if m)
+    return tuple(found)
+
+
+def reading(op: Op, torch: TorchInfo | None, file: Path | None = None) -> Reading:
+    """What the stored measurements say about ``op`` with this torch build."""
+    command = f"run `rocmfix doctor --op {op.name}` on the GPU"
+    mine = [m for m in read(file) if m.op == op.name]
+    here = [m for m in mine if torch is not None and (m.torch, m.hip) == (torch.version, torch.hip)]
+    if not here:
+        if mine:
+            newest = max(mine, key=lambda m: m.measured_at)
+            return Reading(
+                None,
+                f"measured {newest.where()}, not with this torch build; {command}",
+            )
+        return Reading(None, f"whether the vendor op is slow depends on the GPU; {command}")
+    newest = max(here, key=lambda m: m.measured_at)
+    if newest.faster:
+        return Reading(
+            True, f"measured {newest.speedup:.1f}x faster ({newest.scheme}) {newest.where()}"
+        )
+    return Reading(
+        False,
+        f"the vendor op measured as fast here ({newest.scheme}: {newest.speedup:.2f}x "
+        f"{newest.where()})",
+    )
+
+
+def record(
+    results: Mapping[str, tuple[str, float]],
+    arch: str,
+    torch: str,
+    hip: str | None,
+    file: Path | None = None,
+    today: datetime.date | None = None,
+) -> Path | None:
+    """Store doctor's result per op (``{op: (best scheme, eager speed-up)}``) for this GPU
+    arch and torch/ROCm build, keeping the other entries. Returns the file, or None where
+    there was nothing to store or it could not be written (the measurement stands; only
+    status will not remember it)."""
+    if not results:
+        return None
+    file = file or path()
+    when = (today or datetime.date.today()).isoformat()
+    ops: dict[str, dict[str, Any]] = {}
+    for m in read(file):
+        ops.setdefault(m.op, {})[_key(m.arch, m.torch, m.hip)] = _raw(m)
+    for op, (scheme, speedup) in results.items():
+        new = _entry(
+            op,
+            {
+                "arch": arch,
+                "torch": torch,
+                "hip": hip,
+                "scheme": scheme,
+                "speedup": round(speedup, 3),
+                "measured_at": when,
+            },
+        )
+        if new is not None:
+            ops.setdefault(op, {})[_key(arch, torch, hip)] = _raw(new)
+    data = json.dumps({"schema": SCHEMA, "ops": ops}, indent=1, sort_keys=True).encode()
+    try:
+        _write(file, data)
+    except OSError:
+        return None
+    return file
+
+
+def _raw(m: Measured) -> dict[str, Any]:
+    return {
+        "arch": m.arch,
+        "torch": m.torch,
+        "hip": m.hip,
+        "scheme": m.scheme,
+        "speedup": m.speedup,
+        "measured_at": m.measured_at,
+    }
+
+
+def _write(file: Path, data: bytes) -> None:
+    file.parent.mkdir(parents=True, exist_ok=True)
+    if file.is_symlink() or (file.exists() and not file.is_file()):
+        raise OSError(f"{file} is not a regular file")
+    fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, file)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def store(report: DoctorReport, file: Path | None = None) -> Path | None:
+    """Record what ``report`` measured on a GPU for the ops whose verdict is measured: the
+    best correct scheme's eager speed-up over the vendor op at MinerU's shapes. Nothing from
+    Triton's CPU interpreter (its times mean nothing), nor for an op where a scheme failed."""
+    device = report.device
+    if device.interpreter:
+        return None
+    results = {}
+    for op in report.ops:
+        failed = any(m.failed for case in op.cases for m in case.schemes)
+        if op.op.measured_verdict and not failed and op.recommended and op.speedup:
+            results[op.op.name] = (op.recommended, op.speedup)
+    return record(results, device.arch, device.torch, device.hip, file)
+
+
+def follow(
+    patch: Patch, torch: TorchInfo | None, explicit: bool, reason: str, notes: tuple[str, ...]
+) -> tuple[Verdict | None, str, tuple[str, ...]]:
+    """A patch whose code needs it, weighed against what was measured here: (the verdict, or
+    None to go on as the code says; the reason; the notes). A patch named with ``--only`` goes
+    on whatever was measured; a measured speed-up becomes the reason, the code's a note."""
+    if patch.op is None or not patch.op.measured_verdict:
+        return None, reason, notes
+    found = reading(patch.op, torch)
+    if found.faster:
+        return None, found.reason, (reason, *notes)
+    if explicit:
+        return None, reason, (*notes, found.reason)
+    anyway = f"; `--only {patch.id}` patches it anyway"
+    verdict = Verdict.NOT_NEEDED if found.faster is False else Verdict.UNMEASURED
+    return verdict, found.reason + anyway, notes
