@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -33,6 +34,13 @@ import releases
 from conftest import load_template, run_cli
 
 pytestmark = pytest.mark.network
+
+# Each whole-model Inductor compile of DocLayout-YOLO takes 5-13 minutes on CI's two cores, more
+# than the suite's budget for all of them; bench/compile_gpu.py checks the same on a GPU.
+slow = pytest.mark.skipif(
+    not os.environ.get("ROCMFIX_SLOW_TESTS"),
+    reason="a whole-model compile takes minutes on 2 cores: set ROCMFIX_SLOW_TESTS=1",
+)
 
 # Page sizes (multiples of the model's stride 32) and batch sizes a compiled model meets.
 PAGES = ((1, 64, 64), (1, 96, 64), (2, 64, 96))
@@ -123,6 +131,7 @@ def _op_nodes(gm: torch.fx.GraphModule) -> int:
     return sum(n.op == "call_function" and n.target in (op, op.default) for n in gm.graph.nodes)
 
 
+@slow
 def test_the_patched_model_compiles_whole_and_matches_stock(
     model: torch.nn.Module, scheme: str
 ) -> None:
@@ -215,6 +224,7 @@ _STOCK_FRAMES: dict[bool | None, int] = {}
     ids=["gemm-default", "gemm-dynamic", "linear-dynamic"],
     indirect=["scheme"],
 )
+@slow
 def test_page_sizes_recompile_no_more_than_stock(
     model: torch.nn.Module, scheme: str, dynamic: bool | None
 ) -> None:
