@@ -337,7 +337,17 @@ def _is_torch_file(path):
     return norm.startswith("torch/") or "/site-packages/torch/" in norm or "/torch/nn/" in norm
 
 
-def _op_record(event):
+def _dtypes_by_id(prof):
+    """Input dtypes by event id, from the profiler's raw events: torch before 2.12 keeps them
+    there and not on its FunctionEvent (whose id is the raw event's correlation id)."""
+    out = {}
+    with contextlib.suppress(Exception):
+        for raw in prof.profiler.kineto_results.events():
+            out[raw.correlation_id()] = list(raw.dtypes())
+    return out
+
+
+def _op_record(event, dtypes_by_id=None):
     """One top-level op: everything the report and the replay need, or None."""
     module, source = "", None
     parent = event.cpu_parent
@@ -376,7 +386,14 @@ def _op_record(event):
     return {
         "name": event.name,
         "shapes": [list(s) if isinstance(s, (list, tuple)) else [] for s in event.input_shapes],
-        "dtypes": [str(d) for d in (event.input_dtypes or [])],
+        "dtypes": [
+            str(d)
+            for d in (
+                getattr(event, "input_dtypes", None)
+                or (dtypes_by_id or {}).get(getattr(event, "id", None))
+                or []
+            )
+        ],
         "strides": [
             list(s) if isinstance(s, (list, tuple)) and all(isinstance(x, int) for x in s) else []
             for s in strides
@@ -398,11 +415,12 @@ def _write(profs):
 
     ops = []
     for prof in profs:
+        dtypes = _dtypes_by_id(prof)
         for event in prof.events():
             name = event.name
             if not name.startswith("aten::") or getattr(event, "is_python_function", False):
                 continue
-            record = _op_record(event)
+            record = _op_record(event, dtypes)
             if record is not None:
                 ops.append(record)
     ops.sort(key=lambda op: op["start_us"])
