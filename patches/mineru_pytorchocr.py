@@ -117,7 +117,8 @@ def _patch(
         path=path,
         classify=partial(_conv_sites.classify, router),
         transform=partial(_conv_sites.transform, router),
-        missing_reason=f"mineru {{version}} has no {path} (MinerU {releases} has it)",
+        # One wording for the package's four files, so that status and apply group them.
+        missing_reason=f"mineru {{version}} has no {package}/ (MinerU {releases} has it)",
         op=op(op_name),
         kernel_module=kernels,
         known=tuple(f"{s.label}" for s in sites),

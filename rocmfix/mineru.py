@@ -149,8 +149,10 @@ def runs_onnx(use: MinerUUse, mineru: MinerU, installed: Collection[str]) -> str
     missing = [n for n in needs if n not in installed]
     if not missing:
         return None
-    verb = "is" if len(missing) == 1 else "are"
-    return (
-        f"mineru {mineru.version} runs {use.what.split(':')[0]} in ONNX here, not in torch: "
-        f"{', '.join(missing)} {verb} not installed"
-    )
+    # One wording for every small model, so that status groups them on one line; the note
+    # (``onnx_note``) names the model this file serves.
+    return f"mineru {mineru.version} runs its small models in ONNX here (no {', '.join(missing)})"
+
+
+def onnx_note(use: MinerUUse) -> str:
+    return f"this file serves {use.what.split(':')[0]}"

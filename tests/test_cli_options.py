@@ -146,10 +146,11 @@ def test_model_source_says_what_each_source_does(tmp_path: Path) -> None:
 
 
 def test_unknown_only_names_the_distributions_not_every_id() -> None:
-    done = run_cli("status", "--only", "mineru")
+    # `mineru` itself is a distribution rocmfix patches (its pytorchocr files).
+    done = run_cli("status", "--only", "mineru-vl")
     assert done.returncode == 2
     hint = next(line for line in done.stderr.splitlines() if line.startswith("hint:"))
-    for name in ("vllm", "transformers", "doclayout-yolo", "mineru-vl-utils"):
+    for name in ("vllm", "transformers", "doclayout-yolo", "mineru-vl-utils", "mineru"):
         assert name in hint
     assert "transformers-glm4v" not in hint  # not every patch id on one line
 

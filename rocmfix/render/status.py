@@ -134,7 +134,7 @@ def _settled_block(console: Console, report: StatusReport) -> None:
     for group in groups.values():
         first = group[0]
         reason = first.reason
-        if first.verdict is Verdict.NOT_NEEDED and first.path is None and len(group) > 1:
+        if first.verdict is Verdict.NOT_NEEDED and first.path is None and _differ(group):
             reason = f"{first.patch.distribution} {first.version} has none of these files"
         if len(group) == 1:
             label = f"{first.patch.id} {first.verdict.value}"
@@ -170,7 +170,7 @@ def patches_block(console: Console, report: StatusReport) -> None:
             label = first.patch.id if len(group) == 1 else f"{len(group)} patches"
             console.print(f"  {escape(label):<{width}}{_verdict(first)}")
             reason = first.reason
-            if first.verdict is Verdict.NOT_NEEDED and first.path is None and len(group) > 1:
+            if first.verdict is Verdict.NOT_NEEDED and first.path is None and _differ(group):
                 reason = f"{name} {first.version} has none of these files"
             console.print(wrap(reason, "      ", "      "))
             for note in first.notes:
@@ -298,3 +298,9 @@ def patch_list(patches: Sequence[Patch], *, as_json: bool) -> None:
 
 def status_json(report: StatusReport) -> None:
     sys.stdout.write(json.dumps(status_document(report), indent=2) + "\n")
+
+
+def _differ(group: list[PatchStatus]) -> bool:
+    """Whether a group's reasons differ (each names its own missing file): then one line
+    names what they share."""
+    return len({item.reason for item in group}) > 1

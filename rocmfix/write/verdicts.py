@@ -21,7 +21,7 @@ from rocmfix import fsops, measured, supervise
 from rocmfix.checks import is_rocm, torch_build
 from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError
-from rocmfix.mineru import runs_onnx
+from rocmfix.mineru import onnx_note, runs_onnx
 from rocmfix.patch import Patch, Shape, TargetContext
 from rocmfix.results import PatchStatus, Pristine, Verdict
 from rocmfix.rewrite import TooDeepError
@@ -343,7 +343,8 @@ class _Inspector:
         if entry is None:
             unused = self._unused_by_mineru()
             if unused is not None:
-                return self.done(Verdict.NOT_NEEDED, unused, notes=notes)
+                reason, why = unused
+                return self.done(Verdict.NOT_NEEDED, reason, notes=(*notes, *why))
         if self.patch.needs_rocm and torch is not None and not is_rocm(self.env):
             return self.done(
                 Verdict.NOT_NEEDED,
@@ -372,9 +373,9 @@ class _Inspector:
             )
         return self.done(Verdict.APPLICABLE, reason, notes=notes)
 
-    def _unused_by_mineru(self) -> str | None:
-        """Why the MinerU installed here never runs this target, unless the user named the
-        patch by its id (``--only``): then it is theirs to apply."""
+    def _unused_by_mineru(self) -> tuple[str, tuple[str, ...]] | None:
+        """Why the MinerU installed here never runs this target (the reason, and notes),
+        unless the user named the patch by its id (``--only``): then it is theirs to apply."""
         use, mineru = self.patch.mineru, self.env.mineru
         if self.explicit or use is None or mineru is None:
             return None
@@ -382,9 +383,9 @@ class _Inspector:
         anyway = "`--only` with its patch id patches it anyway"
         onnx = runs_onnx(use, mineru, self.env.versions)
         if onnx is not None:
-            return f"{onnx}; {anyway}"
+            return f"{onnx}; {anyway}", (onnx_note(use),)
         if use.never:
-            return f"mineru {mineru.version} never runs it: {use.what}; {anyway}"
+            return f"mineru {mineru.version} never runs it; {anyway}", (use.what,)
         if mineru.found.shows(use) is None:
             looked = " or ".join(
                 [f"import {w}" for w in (*use.imports, *use.names)] + [repr(w) for w in use.strings]
@@ -392,7 +393,7 @@ class _Inspector:
             return (
                 f"mineru {mineru.version} does not use {self.patch.distribution}: its code has "
                 f"no {looked}; {anyway}"
-            )
+            ), ()
         return None
 
     def _used_by_mineru(self) -> tuple[str, ...]:
