@@ -54,7 +54,9 @@ def test_release_round_trip_every_scheme(
     measured = {
         pid
         for pid, p in PATCHES.items()
-        if pid not in EMBEDS and p.op is not None and p.op.measured_verdict
+        if pid not in EMBEDS
+        and p.op is not None
+        and p.op.measured_verdict
         and (env.site / p.path).exists()
     }
     assert _verdicts(env) == {
