@@ -325,7 +325,17 @@ COUNTS = {"det": (17, 2), "rec": (14, 0), "formula": (57, 0)}
 LEFT = {"det": 0, "rec": 1, "formula": 0}
 
 
-@pytest.mark.parametrize("model", list(COUNTS))
+# det and formula run 10-16 minutes each through Triton's interpreter on CI's two cores, past
+# the suite's budget: ROCMFIX_SLOW_TESTS=1 runs them; rec (about 90 s) always runs.
+_SLOW = pytest.mark.skipif(
+    not os.environ.get("ROCMFIX_SLOW_TESTS"),
+    reason="minutes through Triton's interpreter on 2 cores: set ROCMFIX_SLOW_TESTS=1",
+)
+
+
+@pytest.mark.parametrize(
+    "model", [pytest.param(m, marks=() if m == "rec" else (_SLOW,)) for m in COUNTS]
+)
 def test_the_real_models_match_stock(tmp_path: Path, model: str) -> None:
     env = _rocm_mineru(tmp_path / "env", releases.PINNED["mineru"])
     root = env.site / NEW
