@@ -243,7 +243,7 @@ def run(
         compiled=compiled,
     )
     # What status and apply follow for the ops whose slowness depends on the GPU.
-    measured.store(report)
+    remember(report)
     return report
 
 
@@ -521,3 +521,18 @@ def _advice(
     if needed is False:
         return f"fastest scheme: {recommended}, {ratio} the native op; nothing to apply here"
     return f"recommend {recommended}: {ratio} faster than {op.native} here; `{command}`"
+
+
+def remember(report: DoctorReport, file: Path | None = None) -> Path | None:
+    """Record what ``report`` measured on a GPU for the ops whose verdict is measured: the
+    best correct scheme's eager speed-up over the vendor op at MinerU's shapes. Nothing from
+    Triton's CPU interpreter (its times mean nothing), nor for an op where a scheme failed."""
+    device = report.device
+    if device.interpreter:
+        return None
+    results = {}
+    for op in report.ops:
+        failed = any(m.failed for case in op.cases for m in case.schemes)
+        if op.op.measured_verdict and not failed and op.recommended and op.speedup:
+            results[op.op.name] = (op.recommended, op.speedup)
+    return measured.record(results, device.arch, device.torch, device.hip, file)

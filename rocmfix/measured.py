@@ -32,16 +32,13 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import fsops
 from .ops import Op
 from .patch import Patch, TorchInfo
 from .results import Verdict
 from .tuned import tuned_path
-
-if TYPE_CHECKING:
-    from .doctor import DoctorReport
 
 SCHEMA = 1
 NAME = "measured.json"
@@ -237,21 +234,6 @@ def _write(file: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def store(report: DoctorReport, file: Path | None = None) -> Path | None:
-    """Record what ``report`` measured on a GPU for the ops whose verdict is measured: the
-    best correct scheme's eager speed-up over the vendor op at MinerU's shapes. Nothing from
-    Triton's CPU interpreter (its times mean nothing), nor for an op where a scheme failed."""
-    device = report.device
-    if device.interpreter:
-        return None
-    results = {}
-    for op in report.ops:
-        failed = any(m.failed for case in op.cases for m in case.schemes)
-        if op.op.measured_verdict and not failed and op.recommended and op.speedup:
-            results[op.op.name] = (op.recommended, op.speedup)
-    return record(results, device.arch, device.torch, device.hip, file)
 
 
 def follow(

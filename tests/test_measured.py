@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rocmfix import measured
+from rocmfix import doctor, measured
 from rocmfix.ops import op
 from rocmfix.patch import TorchInfo
 
@@ -175,9 +175,9 @@ def test_doctor_stores_gpu_results_only(tmp_path: Path) -> None:
         ]  # fmt: skip
         return SimpleNamespace(device=device, ops=ops)
 
-    assert measured.store(report("cpu"), file) is None
+    assert doctor.remember(report("cpu"), file) is None
     assert not file.exists()
-    assert measured.store(report("gpu"), file) == file
+    assert doctor.remember(report("gpu"), file) == file
     today = datetime.date.today().isoformat()
     stored = {(m.op, m.arch, m.scheme, m.speedup, m.measured_at) for m in measured.read(file)}
     assert stored == {
