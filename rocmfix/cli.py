@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import datetime
 import enum
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from . import __version__, doctor, exports, fsops, kernels, render, tune, write
+from . import __version__, crashlog, doctor, exports, fsops, kernels, render, tune, write
 from .environment import Environment, discover
 from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, RocmfixError, UsageError
 from .ops import OPS
@@ -96,25 +94,6 @@ RevertForceOpt = Annotated[
 ]
 
 
-def _log_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "rocmfix" / "logs"
-
-
-def _write_log(exc: BaseException) -> str | None:
-    try:
-        directory = _log_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        path = directory / f"rocmfix-{stamp}-{os.getpid()}.log"
-        path.write_text(
-            f"rocmfix {__version__}\n" + "".join(traceback.format_exception(exc)), encoding="utf-8"
-        )
-    except OSError:
-        return None
-    return str(path)
-
-
 def _run(body: Callable[[], int]) -> None:
     """Turn the engine's errors into one line on stderr and the documented exit code."""
     try:
@@ -136,7 +115,7 @@ def _run(body: Callable[[], int]) -> None:
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the last line of defence: log, never a traceback
-        render.internal_error(exc, _write_log(exc))
+        render.internal_error(exc, crashlog.write(exc))
         raise typer.Exit(EXIT_INTERNAL) from None
     raise typer.Exit(code)
 
