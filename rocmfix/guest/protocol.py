@@ -139,7 +139,9 @@ class ShapePair(Message):
 
 
 @dataclass(frozen=True)
-class GridGroup(Message):
+class GridSpec(Message):
+    """Tile configs tune tries where every condition in ``when`` holds (an ops GridGroup)."""
+
     when: list[str]
     configs: list[dict[str, Any]]
 
@@ -158,7 +160,7 @@ class OpSpec(Message):
     dtypes: list[str]
     cases: dict[str, ShapePair]
     tune: dict[str, ShapePair]
-    grid: list[GridGroup]
+    grid: list[GridSpec]
 
     @property
     def kernel_scheme(self) -> str:
