@@ -291,3 +291,11 @@ def test_stray_lines_that_are_not_events_are_not_the_protocol(tmp_path: Path) ->
         worker.run(
             _fake_worker(tmp_path, bad), worker.request("measure", OPS), limit_for=lambda _i: 30.0
         )
+
+
+def test_the_protocol_is_python_3_8() -> None:
+    """The guest imports it in the user's interpreter: no syntax newer than 3.8 (its
+    annotations are never evaluated, so builtin generics and ``X | None`` in them are fine)."""
+    import ast
+
+    ast.parse(Path(protocol.__file__).read_text(encoding="utf-8"), feature_version=(3, 8))
