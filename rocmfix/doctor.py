@@ -10,17 +10,19 @@ prints.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import kernels, measured, supervise, tuned, worker
+from . import kernels, measured, tuned, worker
 from .checks import EnvWarning, torch_build
 from .environment import Environment
 from .errors import RefusedError, UsageError
+from .guest import protocol
+from .guest.protocol import item_id
 from .ops import OPS, Case, Op
-from .results import PatchStatus, StatusReport, Verdict
+from .results import PatchStatus, StatusReport, Verdict, WorkerReport
 
 SCHEMA = "rocmfix-doctor/1"
 
@@ -105,7 +107,7 @@ class OpReport:
 
 
 @dataclass(frozen=True)
-class DoctorReport:
+class DoctorReport(WorkerReport):
     status: StatusReport
     device: worker.DeviceInfo
     ops: tuple[OpReport, ...]
@@ -122,27 +124,17 @@ class DoctorReport:
     def environment(self) -> Environment:
         return self.status.environment
 
-    @property
-    def failures(self) -> tuple[str, ...]:
-        out = [
-            f"{result.case.id} {m.impl}: {m.status}"
-            for op in self.ops
-            for result in op.cases
-            for m in result.schemes
-            if m.failed
-        ]
-        if self.worker_error:
-            out.append(f"worker: {self.worker_error}")
-        return tuple(out)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
+    def findings(self) -> Iterator[str]:
+        for op in self.ops:
+            for result in op.cases:
+                for m in result.schemes:
+                    if m.failed:
+                        yield f"{result.case.id} {m.impl}: {m.status}"
 
 
-def _item_ids(ops: Sequence[Op]) -> list[dict[str, str]]:
+def _items(ops: Sequence[Op]) -> list[protocol.MeasureItem]:
     return [
-        {"id": f"{case.id}/{impl}", "op": op.name, "case": case.id, "impl": impl}
+        protocol.MeasureItem(op=op.name, case=case.id, impl=impl)
         for op in ops
         for case in op.cases
         for impl in ("native", *op.scheme_names)
@@ -151,7 +143,7 @@ def _item_ids(ops: Sequence[Op]) -> list[dict[str, str]]:
 
 def _limit(ops: Sequence[Op], time_limit: float) -> Callable[[str], float]:
     compiled = {
-        f"{case.id}/{s.name}"
+        item_id(case.id, s.name)
         for op in ops
         for case in op.cases
         for s in op.schemes
@@ -166,7 +158,7 @@ def _limit(ops: Sequence[Op], time_limit: float) -> Callable[[str], float]:
 
 def _labels(ops: Sequence[Op], gpu: bool) -> dict[str, str]:
     return {
-        f"{case.id}/{impl}": f"{op.title} {op.label(case.gpu if gpu else case.cpu)}: {impl}"
+        item_id(case.id, impl): f"{op.title} {op.label(case.gpu if gpu else case.cpu)}: {impl}"
         for op in ops
         for case in op.cases
         for impl in ("native", *op.scheme_names)
@@ -197,49 +189,44 @@ def run(
             f"torch is not installed in {env.python.executable}: there is nothing to measure",
             hint="point --python at the interpreter that runs MinerU",
         )
-    items = _item_ids(ops)
-    request = {**worker.request("measure", ops), "items": items, "budget_s": 0.5}
+    items = _items(ops)
+    body = worker.request("measure", ops, items=items, budget_s=0.5)
     labels: dict[str, str] = {}
     done = 0
 
-    def on_event(event: supervise.Event) -> None:
+    def on_event(event: protocol.AnyEvent) -> None:
         nonlocal done
         if progress is None:
             return
-        kind = event.get("event")
-        if kind == "hello":
+        if isinstance(event, protocol.Hello):
             # The table's own words for each row, at the shapes this device runs.
-            gpu = (event.get("device") or {}).get("kind") == "gpu"
-            labels.update(_labels(ops, gpu))
+            labels.update(_labels(ops, event.device.kind == "gpu"))
             progress(done, len(items), "worker started")
-        elif kind == "start":
-            progress(done, len(items), labels.get(str(event.get("id")), ""))
-        elif kind == "item":
+        elif isinstance(event, protocol.Start):
+            progress(done, len(items), labels.get(event.id, ""))
+        elif isinstance(event, protocol.Measured):
             done += 1
-            label = f"{labels.get(str(event.get('id')), '')}: {event.get('status')}"
-            progress(done, len(items), label)
+            progress(done, len(items), f"{labels.get(event.id, '')}: {event.status}")
 
-    outcome = supervise.run(
+    answer = worker.run(
         env.python.executable,
-        request,
+        body,
         limit_for=_limit(ops, time_limit),
-        on_event=on_event,
-        item_ids=[i["id"] for i in items],
+        listen=on_event,
+        item_ids=[i.id for i in items],
     )
-    if outcome.hello is None:
-        raise worker.WorkerError(env.python.executable, outcome)
     compiled: dict[str, kernels.KernelCheck] = {}
-    items = _compile_items(ops, outcome)
-    if items:
+    compiles = _compile_items(ops, answer)
+    if compiles:
         if progress is not None:
-            progress(done, len(items), "compiling the kernels it ran for their register use")
-        compiled = kernels.compile_items(env, ops, items)
+            progress(done, len(compiles), "compiling the kernels it ran for their register use")
+        compiled = kernels.compile_items(env, ops, compiles)
     report = build_report(
         status,
-        outcome,
+        answer,
         ops=ops,
         time_limit=time_limit,
-        tuned_file=request["tuned_file"],
+        tuned_file=body.tuned_file,
         compiled=compiled,
     )
     # What status and apply follow for the ops whose slowness depends on the GPU.
@@ -247,60 +234,60 @@ def run(
     return report
 
 
-def _compile_items(ops: Sequence[Op], outcome: supervise.WorkerRun) -> list[dict[str, Any]]:
+def _compile_items(ops: Sequence[Op], answer: worker.Answer) -> list[protocol.CompileItem]:
     """Each Triton scheme's case as it ran (its config, its shape and dtype), to be compiled
     for the GPU it ran on: registers, spills and LDS are what the timings cannot show."""
-    device = worker.device(outcome.hello)
-    arch = device.compile_arch()
+    device = answer.device
+    arch = worker.compile_arch(device)
     if arch is None:
         return []
-    by_id = {str(e.get("id")): e for e in outcome.events if e.get("event") == "item"}
+    by_id = answer.by_id()
     items = []
     for op in ops:
         for case in op.cases:
             shape = case.gpu if device.kind == "gpu" else case.cpu
             for scheme in op.schemes:
-                event = by_id.get(f"{case.id}/{scheme.name}")
-                if not scheme.needs_triton or event is None or event.get("config") is None:
+                event = by_id.get(item_id(case.id, scheme.name))
+                if not scheme.needs_triton or event is None or event.config is None:
                     continue
                 items.append(
-                    {
-                        "id": f"{case.id}/{scheme.name}",
-                        "op": op.name,
-                        "scheme": scheme.name,
-                        "shape": case.id,
-                        "gpu": dict(shape),
-                        "dtype": shape["dtype"],
-                        "arch": arch,
-                        "config": event["config"],
-                    }
+                    protocol.CompileItem(
+                        id=event.id,
+                        op=op.name,
+                        scheme=scheme.name,
+                        shape=case.id,
+                        gpu=dict(shape),
+                        dtype=shape["dtype"],
+                        arch=arch,
+                        config=event.config,
+                    )
                 )
     return items
 
 
 def _measurement(
-    impl: str, event: Mapping[str, Any] | None, compiled: kernels.KernelCheck | None = None
+    impl: str, event: protocol.Measured | None, compiled: kernels.KernelCheck | None = None
 ) -> Measurement:
     if event is None:
         return Measurement(impl=impl, status="missing", message="the worker never ran it")
     return Measurement(
         impl=impl,
-        status=str(event.get("status", "error")),
-        first_ms=event.get("first_ms"),
-        ms=event.get("ms"),
-        kernel_ms=event.get("kernel_ms"),
-        rel_err=event.get("rel_err"),
-        tolerance=event.get("tolerance"),
-        config=event.get("config"),
-        message=event.get("message"),
-        limit_s=event.get("limit_s"),
+        status=event.status,
+        first_ms=event.first_ms,
+        ms=event.ms,
+        kernel_ms=event.kernel_ms,
+        rel_err=event.rel_err,
+        tolerance=event.tolerance,
+        config=event.config,
+        message=event.message,
+        limit_s=event.limit_s,
         compiled=compiled,
     )
 
 
 def build_report(
     status: StatusReport,
-    outcome: supervise.WorkerRun,
+    answer: worker.Answer,
     *,
     ops: Sequence[Op],
     time_limit: float,
@@ -310,8 +297,8 @@ def build_report(
     """Turn the worker's events into the report (pure: the unit tests feed it events)."""
     compiled = compiled or {}
     env = status.environment
-    device = worker.device(outcome.hello)
-    by_id = {str(e.get("id")): e for e in outcome.events if e.get("event") == "item"}
+    device = answer.device
+    by_id = answer.by_id()
     variant = "gpu" if device.kind == "gpu" else "cpu"
     reports = []
     for op in ops:
@@ -320,9 +307,11 @@ def build_report(
                 op=op,
                 case=case,
                 shape=case.gpu if variant == "gpu" else case.cpu,
-                native=_measurement("native", by_id.get(f"{case.id}/native")),
+                native=_measurement("native", by_id.get(item_id(case.id, "native"))),
                 schemes=tuple(
-                    _measurement(s, by_id.get(f"{case.id}/{s}"), compiled.get(f"{case.id}/{s}"))
+                    _measurement(
+                        s, by_id.get(item_id(case.id, s)), compiled.get(item_id(case.id, s))
+                    )
                     for s in op.scheme_names
                 ),
                 timed=variant == "gpu",
@@ -333,17 +322,17 @@ def build_report(
         reports.append(_op_report(env, device, op, results, patches, time_limit))
     warnings = list(status.warnings)
     seen = set()
-    for event in outcome.events:
-        if event.get("event") == "warning" and event.get("message") not in seen:
-            seen.add(event.get("message"))
+    for event in answer.of(protocol.KernelWarning):
+        if event.message not in seen:
+            seen.add(event.message)
             warnings.append(
                 EnvWarning(
                     "kernel-warning",
-                    str(event.get("message")),
+                    event.message,
                     "the dropped-in kernels print the same warning in MinerU",
                 )
             )
-    overrides = (outcome.hello or {}).get("overrides") or {}
+    overrides = answer.hello.overrides if answer.hello is not None else {}
     for name, value in sorted(overrides.items()):
         warnings.append(
             EnvWarning(
@@ -367,8 +356,8 @@ def build_report(
         tuned_archs=tuple(sorted(file.archs())),
         tuned_exists=file.exists,
         warnings=tuple(warnings),
-        worker_error=outcome.fatal,
-        worker_log=outcome.stderr_tail,
+        worker_error=answer.fatal,
+        worker_log=answer.stderr_tail,
     )
 
 

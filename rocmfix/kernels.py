@@ -10,15 +10,17 @@ Nothing here prints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import supervise, worker
+from . import worker
 from .environment import Environment
 from .errors import RefusedError, UsageError
+from .guest import protocol
 from .guest.aot import TARGETS
 from .ops import OPS, Op
+from .results import WorkerReport
 
 SCHEMA = "rocmfix-kernels/1"
 IDLE_LIMIT_S = 300.0
@@ -51,27 +53,17 @@ class KernelCheck:
 
 
 @dataclass(frozen=True)
-class KernelsReport:
+class KernelsReport(WorkerReport):
     environment: Environment
     device: worker.DeviceInfo
     checks: tuple[KernelCheck, ...]
     worker_error: str | None
     worker_log: str
 
-    @property
-    def failures(self) -> tuple[str, ...]:
-        out = [
-            f"{c.kernel} {c.dtype} {c.shape} on {c.arch}: {problem}"
-            for c in self.checks
-            for problem in c.problems
-        ]
-        if self.worker_error:
-            out.append(f"worker: {self.worker_error}")
-        return tuple(out)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
+    def findings(self) -> Iterator[str]:
+        for c in self.checks:
+            for problem in c.problems:
+                yield f"{c.kernel} {c.dtype} {c.shape} on {c.arch}: {problem}"
 
 
 def select_archs(names: Sequence[str]) -> tuple[str, ...]:
@@ -83,41 +75,41 @@ def select_archs(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(a for a in ARCHS if a in names) if names else ARCHS
 
 
-def _label(event: Mapping[str, Any], ops: Sequence[Op]) -> str:
+def _label(event: protocol.Checked, ops: Sequence[Op]) -> str:
     """The op's own words for the shape, in the dtype this row compiled."""
     for op in ops:
         for target in op.tune:
-            if target.id == event.get("shape"):
-                return op.label({**target.gpu, "dtype": event.get("dtype")})
+            if target.id == event.shape:
+                return op.label({**target.gpu, "dtype": event.dtype})
         for case in op.cases:
-            if case.id == event.get("shape"):
-                return op.label({**case.gpu, "dtype": event.get("dtype")})
-    return str(event.get("shape"))
+            if case.id == event.shape:
+                return op.label({**case.gpu, "dtype": event.dtype})
+    return event.shape
 
 
-def _check(event: Mapping[str, Any], ops: Sequence[Op]) -> KernelCheck:
+def _check(event: protocol.Checked, ops: Sequence[Op]) -> KernelCheck:
     return KernelCheck(
-        op=str(event.get("op")),
-        scheme=str(event.get("scheme")),
-        kernel=str(event.get("kernel") or event.get("template")),
-        shape=str(event.get("shape")),
+        op=event.op,
+        scheme=event.scheme,
+        kernel=event.kernel or event.template,
+        shape=event.shape,
         shape_label=_label(event, ops),
-        dtype=str(event.get("dtype")),
-        arch=str(event.get("arch")),
-        ok=bool(event.get("ok")),
-        registers=event.get("registers"),
-        spills=int(event.get("spills") or 0),
-        sgpr_spills=int(event.get("sgpr_spills") or 0),
-        scratch=int(event.get("scratch") or 0),
-        shared=int(event.get("shared") or 0),
-        shared_limit=int(event.get("shared_limit") or 0),
-        waves=event.get("waves"),
-        matrix=int(event.get("matrix") or 0),
-        matrix_wanted=event.get("matrix_wanted"),
-        operands=event.get("operands"),
-        options=dict(event.get("options") or {}),
-        constexprs=dict(event.get("constexprs") or {}),
-        problems=tuple(str(p) for p in event.get("problems") or ()),
+        dtype=event.dtype,
+        arch=event.arch,
+        ok=event.ok,
+        registers=event.registers,
+        spills=event.spills,
+        sgpr_spills=event.sgpr_spills,
+        scratch=event.scratch,
+        shared=event.shared,
+        shared_limit=event.shared_limit,
+        waves=event.waves,
+        matrix=event.matrix,
+        matrix_wanted=event.matrix_wanted,
+        operands=event.operands,
+        options=dict(event.options),
+        constexprs=dict(event.constexprs),
+        problems=tuple(event.problems),
     )
 
 
@@ -129,28 +121,24 @@ def _planned(ops: Sequence[Op], archs: Sequence[str]) -> int:
 
 
 def _supervised(
-    env: Environment, request: Mapping[str, Any], total: int, progress: worker.Progress
-) -> supervise.WorkerRun:
+    env: Environment, body: protocol.Request, total: int, progress: worker.Progress
+) -> worker.Answer:
     done = [0]
 
-    def seen(event: Mapping[str, Any]) -> None:
-        if event.get("event") == "checked":
+    def seen(event: protocol.AnyEvent) -> None:
+        if isinstance(event, protocol.Checked):
             done[0] += 1
-            what = event.get("kernel") or event.get("op")
-            progress(done[0], total, f"{what} on {event.get('arch')}")
+            progress(done[0], total, f"{event.kernel or event.op} on {event.arch}")
 
     # One compile takes seconds; a Triton that hangs in its compiler is stopped by the idle
     # limit rather than by a total one that would depend on how many archs were asked for.
-    outcome = supervise.run(
+    return worker.run(
         env.python.executable,
-        request,
+        body,
         limit_for=lambda _item: IDLE_LIMIT_S,
-        on_event=seen,
+        listen=seen,
         idle_limit_s=IDLE_LIMIT_S,
     )
-    if outcome.hello is None:
-        raise worker.WorkerError(env.python.executable, outcome)
-    return outcome
 
 
 def _needs_torch(env: Environment) -> None:
@@ -170,24 +158,23 @@ def run(
 ) -> KernelsReport:
     """Every Triton scheme's kernel at MinerU's shapes, in each dtype, for each of ``archs``."""
     _needs_torch(env)
-    request = {**worker.request("check", ops), "archs": list(archs)}
-    outcome = _supervised(env, request, _planned(ops, archs), progress)
-    checks = tuple(_check(e, ops) for e in outcome.events if e.get("event") == "checked")
+    body = worker.request("check", ops, archs=list(archs))
+    answer = _supervised(env, body, _planned(ops, archs), progress)
     return KernelsReport(
         environment=env,
-        device=worker.device(outcome.hello),
-        checks=checks,
-        worker_error=outcome.fatal,
-        worker_log=outcome.stderr_tail,
+        device=answer.device,
+        checks=tuple(_check(e, ops) for e in answer.of(protocol.Checked)),
+        worker_error=answer.fatal,
+        worker_log=answer.stderr_tail,
     )
 
 
 def compile_items(
-    env: Environment, ops: Sequence[Op], items: Sequence[Mapping[str, Any]]
+    env: Environment, ops: Sequence[Op], items: Sequence[protocol.CompileItem]
 ) -> dict[str, KernelCheck]:
     """Explicit compiles (``doctor``'s: the config each case ran, for the GPU it ran on), by
     item id; an item the worker gave no answer for is left out."""
     _needs_torch(env)
-    request = {**worker.request("check", ops), "items": [dict(i) for i in items]}
-    outcome = _supervised(env, request, len(items), lambda _d, _t, _l: None)
-    return {str(e.get("id")): _check(e, ops) for e in outcome.events if e.get("event") == "checked"}
+    body = worker.request("check", ops, compiles=list(items))
+    answer = _supervised(env, body, len(items), lambda _d, _t, _l: None)
+    return {str(e.id): _check(e, ops) for e in answer.of(protocol.Checked)}

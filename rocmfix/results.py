@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,3 +127,25 @@ class RunResult:
     @property
     def changed(self) -> bool:
         return bool(self.changes)
+
+
+class WorkerReport:
+    """What the reports of the commands that run the worker (doctor, kernels, tune) share:
+    their findings, then the worker's own error, make up the failures that exit 1."""
+
+    worker_error: str | None
+
+    def findings(self) -> Iterable[str]:
+        """This report's own failures, one line each."""
+        raise NotImplementedError
+
+    @property
+    def failures(self) -> tuple[str, ...]:
+        out = list(self.findings())
+        if self.worker_error:
+            out.append(f"worker: {self.worker_error}")
+        return tuple(out)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures

@@ -236,7 +236,7 @@ def _run(
         body = dict(request)
         body["skip"] = sorted(finished)
         encoded = base64.b64encode(json.dumps(body).encode("utf-8")).decode("ascii")
-        ended, current = _one_worker(
+        ended, current = one_worker(
             guest.command(python, "worker", encoded),
             limit_for,
             on_event,
@@ -256,7 +256,7 @@ def _run(
             return outcome
 
 
-def _one_worker(
+def one_worker(
     argv: list[str],
     limit_for: Callable[[str], float],
     on_event: Callable[[Event], None],
@@ -264,7 +264,9 @@ def _one_worker(
     outcome: WorkerRun,
     finished: set[str],
 ) -> tuple[bool, str | None]:
-    """One worker process. Returns (ended cleanly, the item it was stopped in)."""
+    """One worker process (``argv``, any guest module that speaks JSON lines with ``start``
+    and ``item`` events: the doctor/tune worker through :func:`run`, the profiler's replay),
+    held to its limits. Returns (ended cleanly, the item it was stopped in)."""
     with tempfile.TemporaryFile() as errors:
         try:
             proc = subprocess.Popen(

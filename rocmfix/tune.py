@@ -12,14 +12,16 @@ at inference time. Nothing here prints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import __version__, supervise, tuned, worker
+from . import __version__, tuned, worker
 from .environment import Environment
 from .errors import RefusedError, UsageError
+from .guest import protocol
 from .ops import OPS, Op
+from .results import WorkerReport
 from .state import now
 
 SCHEMA = "rocmfix-tune/1"
@@ -72,7 +74,7 @@ class KernelResult:
 
 
 @dataclass(frozen=True)
-class TuneReport:
+class TuneReport(WorkerReport):
     environment: Environment
     device: worker.DeviceInfo
     path: str
@@ -83,33 +85,24 @@ class TuneReport:
     worker_error: str | None
     worker_log: str
 
-    @property
-    def failures(self) -> tuple[str, ...]:
-        out = []
+    def findings(self) -> Iterator[str]:
         for k in self.kernels:
             if k.status != "ok":
-                out.append(f"{k.id}: {k.status}" + (f": {k.message}" if k.message else ""))
+                yield f"{k.id}: {k.status}" + (f": {k.message}" if k.message else "")
             elif k.verified is False:
-                out.append(f"{k.id}: a fresh process did not resolve the stored config")
-        if self.worker_error:
-            out.append(f"worker: {self.worker_error}")
-        return tuple(out)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
+                yield f"{k.id}: a fresh process did not resolve the stored config"
 
 
-def _candidate(raw: Mapping[str, Any]) -> Candidate:
+def _candidate(row: protocol.CandidateRow) -> Candidate:
     return Candidate(
-        config=raw.get("config") or {},
-        role=str(raw.get("role", "grid")),
-        status=str(raw.get("status", "error")),
-        ms=raw.get("ms"),
-        rel_err=raw.get("rel_err"),
-        message=raw.get("message"),
-        compiled=raw.get("compiled"),
-        kernel_ms=raw.get("kernel_ms"),
+        config=row.config,
+        role=row.role,
+        status=row.status,
+        ms=row.ms,
+        rel_err=row.rel_err,
+        message=row.message,
+        compiled=row.compiled,
+        kernel_ms=row.kernel_ms,
     )
 
 
@@ -121,13 +114,16 @@ def _no_slower_kernel(candidate: Candidate, shipped: Candidate, min_gain: float)
     return candidate.kernel_ms <= shipped.kernel_ms * (1.0 + min_gain)
 
 
-def _result(event: Mapping[str, Any], min_gain: float) -> KernelResult:
-    candidates = tuple(_candidate(c) for c in event.get("candidates") or [])
+def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> KernelResult:
+    if isinstance(event, protocol.Measured):
+        # A target the worker timed out or died in: rocmfix.supervise wrote an item for it.
+        event = protocol.Tuned(id=event.id, status=event.status, message=event.message)
+    candidates = tuple(_candidate(c) for c in event.candidates)
     shipped = candidates[0] if candidates else None
     timed = [c for c in candidates if c.status == "ok" and c.ms is not None]
     best = min(timed, key=lambda c: c.ms or 0.0) if timed else None
-    status = str(event.get("status", "error"))
-    message = event.get("message")
+    status = event.status
+    message = event.message
     if status == "ok" and (shipped is None or shipped.status != "ok"):
         # The shipped config itself gave a wrong result: the kernel is broken here.
         status = "failed"
@@ -145,14 +141,14 @@ def _result(event: Mapping[str, Any], min_gain: float) -> KernelResult:
         and _no_slower_kernel(best, shipped, min_gain)
     )
     return KernelResult(
-        id=str(event.get("id")),
-        kernel=str(event.get("kernel", "")),
-        arch=str(event.get("arch", "?")),
-        key=str(event.get("key", "")),
-        precision=str(event.get("precision", "")),
+        id=event.id,
+        kernel=event.kernel,
+        arch=event.arch,
+        key=event.key,
+        precision=event.precision,
         status=status,
         message=message,
-        method=event.get("method"),
+        method=event.method,
         shipped=shipped,
         fastest=best,
         best=best if win else shipped,
@@ -182,52 +178,49 @@ def run(
         )
     path = tuned.tuned_path()
     targets = [t.id for op in ops for t in op.tune]
-    request = {
-        **worker.request("tune", ops),
-        "budget_s": budget_s,
-        "interpret": interpret,
-        "require_gpu": not interpret,
-    }
+    body = worker.request(
+        "tune", ops, budget_s=budget_s, interpret=interpret, require_gpu=not interpret
+    )
     planned: dict[str, int] = {}
     done: dict[str, int] = {}
 
-    def on_event(event: supervise.Event) -> None:
-        kind = event.get("event")
-        kid = str(event.get("id"))
-        if kind == "plan":
-            planned[kid] = int(event.get("total") or 0)
-        elif kind == "candidate":
-            done[kid] = int(event.get("index", 0)) + 1
-        elif kind == "tuned":
-            done[kid] = planned.get(kid, 0)
+    def on_event(event: protocol.AnyEvent) -> None:
+        if isinstance(event, protocol.Plan):
+            planned[event.id] = event.total
+            status = "planned"
+        elif isinstance(event, protocol.Tried):
+            done[event.id] = event.index + 1
+            status = event.status
+        elif isinstance(event, protocol.Tuned):
+            done[event.id] = planned.get(event.id, 0)
+            status = event.status
         else:
             return
         if progress is not None:
             # Kernels not planned yet count as one step each, so the bar never runs backwards
             # by much when their grids arrive.
             total = sum(planned.get(t, 1) for t in targets)
-            progress(sum(done.values()), total, f"{kid}: {event.get('status', 'planned')}")
+            progress(sum(done.values()), total, f"{event.id}: {status}")
 
     # Compiles and the confirm round come on top of the search budget.
     slack = budget_s + 600.0
-    outcome = supervise.run(
+    answer = worker.run(
         env.python.executable,
-        request,
+        body,
         limit_for=lambda _item: slack,
-        on_event=on_event,
+        listen=on_event,
         item_ids=targets,
         idle_limit_s=slack,
     )
-    if outcome.hello is None:
-        raise worker.WorkerError(env.python.executable, outcome)
-    device = worker.device(outcome.hello)
+    device = answer.device
     if device.kind != "gpu" and not interpret:
         raise RefusedError(
             f"no GPU is visible to {env.python.executable} (torch {device.torch}): "
             "there is nothing to tune",
             hint="`rocmfix doctor` checks the kernels on the CPU",
         )
-    results = [_result(e, min_gain) for e in outcome.events if e.get("event") in ("tuned", "item")]
+    searched = (protocol.Tuned, protocol.Measured)
+    results = [_result(e, min_gain) for e in answer.events if isinstance(e, searched)]
     entries = [
         tuned.Entry(r.kernel, r.arch, r.key, dict(r.best.config) if r.tuned and r.best else None)
         for r in results
@@ -247,7 +240,7 @@ def run(
             if r.tuned
         }
         stored = tuned.store(path, entries, meta)
-        results = _verify(env, request, results)
+        results = _verify(env, body, results)
     return TuneReport(
         environment=env,
         device=device,
@@ -256,35 +249,36 @@ def run(
         stored=stored,
         min_gain=min_gain,
         budget_s=budget_s,
-        worker_error=outcome.fatal,
-        worker_log=outcome.stderr_tail,
+        worker_error=answer.fatal,
+        worker_log=answer.stderr_tail,
     )
 
 
 def _verify(
-    env: Environment, request: Mapping[str, Any], results: list[KernelResult]
+    env: Environment, body: protocol.Request, results: list[KernelResult]
 ) -> list[KernelResult]:
     """Read the file back the way the kernels will: in a new process, from their own code."""
-    body = dict(request, mode="resolve")
-    outcome = supervise.run(
-        env.python.executable, body, limit_for=lambda _item: 300.0, on_event=lambda _e: None
+    answer = worker.run(
+        env.python.executable,
+        replace(body, mode="resolve"),
+        limit_for=lambda _item: 300.0,
+        need_hello=False,
     )
-    resolved = {str(e.get("id")): e for e in outcome.events if e.get("event") == "resolved"}
+    resolved = {e.id: e for e in answer.of(protocol.Resolved)}
     out = []
     for result in results:
         event = resolved.get(result.id)
         if result.status != "ok" or event is None or result.best is None:
             out.append(result)
             continue
-        config = event.get("config")
+        config = event.config
         expected = result.best.config
         ok = (
-            isinstance(config, dict)
-            and event.get("arch") == result.arch
+            config is not None
+            and event.arch == result.arch
             and all(config.get(k) == v for k, v in expected.items())
         )
-        resolved_config = config if isinstance(config, dict) else None
-        out.append(replace(result, verified=ok, resolved=resolved_config))
+        out.append(replace(result, verified=ok, resolved=config))
     return out
 
 

@@ -1,6 +1,7 @@
 """What ``doctor``, ``tune`` and ``kernels`` share about the worker they run in the target
-interpreter (:mod:`rocmfix.guest.worker`): the request every run starts from, the device the
-worker reports, and the error for a worker that never started."""
+interpreter (:mod:`rocmfix.guest.worker`): the request every run starts from, the worker's
+answer parsed once as it arrives (:mod:`rocmfix.guest.protocol`), the device it reports, and
+the errors for a worker that never started or answered out of protocol."""
 
 from __future__ import annotations
 
@@ -8,85 +9,130 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from . import supervise, tuned
 from ._resources import data_dir
 from .errors import RefusedError
 from .fsops import TEST_HOOKS_ENV
+from .guest import protocol
 from .ops import Op
 
 # done, total, label: how doctor, tune and kernels report a long run while it goes.
 Progress = Callable[[int, int, str], None]
+# The device the worker reports (the defaults say "unknown" where it never said hello).
+DeviceInfo = protocol.DeviceFacts
+_E = TypeVar("_E", bound=protocol.Event)
+
+
+def compile_arch(device: DeviceInfo) -> str | None:
+    """The GPU ahead-of-time compiles target for this device: its own arch, or, without a
+    GPU, only the one a test names (``aot_arch`` in the test hooks)."""
+    if device.kind == "gpu":
+        return device.arch
+    try:
+        hooks = json.loads(os.environ.get(TEST_HOOKS_ENV) or "{}")
+    except ValueError:
+        return None
+    arch = hooks.get("aot_arch") if isinstance(hooks, dict) else None
+    return str(arch) if arch else None
+
+
+def request(mode: str, ops: Sequence[Op], **extra: Any) -> protocol.Request:
+    """What every worker run is told: the ops (as data) and where their templates are."""
+    return protocol.Request(
+        mode=mode,
+        templates_dir=str(data_dir("templates")),
+        templates=sorted({s.entry for op in ops for s in op.schemes}),
+        ops={op.name: op.request() for op in ops},
+        tuned_file=str(tuned.tuned_path()),
+        **extra,
+    )
 
 
 @dataclass(frozen=True)
-class DeviceInfo:
-    kind: str
-    backend: str
-    name: str | None
-    arch: str
-    count: int
-    torch: str
-    hip: str | None
-    cuda: str | None
-    triton: str | None
-    triton_error: str | None
-    conv_library: str | None
-    memory_gib: float | None
+class Answer:
+    """Every event of one worker run (those of the items it could not finish written by
+    :mod:`rocmfix.supervise`), and what went wrong outside any item."""
+
+    hello: protocol.Hello | None = None
+    events: tuple[protocol.AnyEvent, ...] = ()
+    fatal: str | None = None
+    stderr_tail: str = ""
 
     @property
-    def interpreter(self) -> bool:
-        return self.kind != "gpu"
+    def device(self) -> DeviceInfo:
+        return self.hello.device if self.hello is not None else DeviceInfo()
 
-    def compile_arch(self) -> str | None:
-        """The GPU ahead-of-time compiles target for this device: its own arch, or, without a
-        GPU, only the one a test names (``aot_arch`` in the test hooks)."""
-        if self.kind == "gpu":
-            return self.arch
-        try:
-            hooks = json.loads(os.environ.get(TEST_HOOKS_ENV) or "{}")
-        except ValueError:
-            return None
-        arch = hooks.get("aot_arch") if isinstance(hooks, dict) else None
-        return str(arch) if arch else None
+    def of(self, *kinds: type[_E]) -> list[_E]:
+        return [e for e in self.events if isinstance(e, kinds)]
 
-
-def request(mode: str, ops: Sequence[Op]) -> dict[str, Any]:
-    """What every worker run is told: the ops (as data) and where their templates are."""
-    return {
-        "mode": mode,
-        "templates_dir": str(data_dir("templates")),
-        "templates": sorted({s.entry for op in ops for s in op.schemes}),
-        "ops": {op.name: op.request() for op in ops},
-        "tuned_file": str(tuned.tuned_path()),
-    }
+    def by_id(self) -> dict[str, protocol.Measured]:
+        """Doctor's items by id."""
+        return {e.id: e for e in self.of(protocol.Measured)}
 
 
 class WorkerError(RefusedError):
     """The worker never got as far as saying hello: torch or the GPU would not start."""
 
-    def __init__(self, python: str, outcome: supervise.WorkerRun) -> None:
-        lines = [line for line in outcome.stderr_tail.strip().splitlines() if line.strip()]
+    def __init__(self, python: str, answer: Answer) -> None:
+        lines = [line for line in answer.stderr_tail.strip().splitlines() if line.strip()]
         super().__init__(
-            f"could not start the worker in {python}: {outcome.fatal or 'it did not start'}",
+            f"could not start the worker in {python}: {answer.fatal or 'it did not start'}",
             hint=lines[-1][:300] if lines else None,
         )
 
 
-def device(hello: Mapping[str, Any] | None) -> DeviceInfo:
-    raw: Mapping[str, Any] = (hello or {}).get("device") or {}
-    return DeviceInfo(
-        kind=str(raw.get("kind", "unknown")),
-        backend=str(raw.get("backend", "unknown")),
-        name=raw.get("name"),
-        arch=str(raw.get("arch", "?")),
-        count=int(raw.get("count") or 0),
-        torch=str(raw.get("torch", "?")),
-        hip=raw.get("hip"),
-        cuda=raw.get("cuda"),
-        triton=raw.get("triton"),
-        triton_error=raw.get("triton_error"),
-        conv_library=raw.get("conv_library"),
-        memory_gib=raw.get("memory_gib"),
+class ProtocolRefusal(RefusedError):
+    """The worker answered something that is not the protocol: nothing it said is used."""
+
+    def __init__(self, python: str, error: protocol.ProtocolError) -> None:
+        super().__init__(
+            f"the worker in {python} sent a malformed answer: {error}",
+            hint="is the rocmfix in that interpreter another version? reinstall rocmfix",
+        )
+
+
+def run(
+    python: str,
+    body: protocol.Request,
+    *,
+    limit_for: Callable[[str], float],
+    listen: Callable[[protocol.AnyEvent], None] = lambda _event: None,
+    item_ids: Sequence[str] = (),
+    idle_limit_s: float = 600.0,
+    need_hello: bool = True,
+) -> Answer:
+    """Run the worker (:func:`rocmfix.supervise.run`), each event parsed once as it arrives
+    and handed to ``listen``. Raises :class:`ProtocolRefusal` for an event out of protocol
+    and, with ``need_hello``, :class:`WorkerError` for a worker that never said hello."""
+    events: list[protocol.AnyEvent] = []
+    hello: list[protocol.Hello] = []
+
+    def on_event(raw: Mapping[str, Any]) -> None:
+        try:
+            event = protocol.parse_event(raw)
+        except protocol.ProtocolError as exc:
+            raise ProtocolRefusal(python, exc) from None
+        if isinstance(event, protocol.Hello):
+            hello.append(event)
+        events.append(event)
+        listen(event)
+
+    outcome = supervise.run(
+        python,
+        body.to_json(),
+        limit_for=limit_for,
+        on_event=on_event,
+        item_ids=item_ids,
+        idle_limit_s=idle_limit_s,
     )
+    answer = Answer(
+        hello=hello[0] if hello else None,
+        events=tuple(events),
+        fatal=outcome.fatal,
+        stderr_tail=outcome.stderr_tail,
+    )
+    if need_hello and answer.hello is None:
+        raise WorkerError(python, answer)
+    return answer

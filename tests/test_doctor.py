@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from rocmfix import doctor, supervise, tuned
+from rocmfix import doctor, tuned, worker
 from rocmfix.checks import EnvWarning
 from rocmfix.environment import Environment, PythonInfo
+from rocmfix.guest import protocol
 from rocmfix.ops import OPS, PATCH_EMBED
 from rocmfix.patch import TorchInfo
 from rocmfix.registry import all_patches
@@ -222,10 +223,11 @@ def _status(env: Environment, verdicts: dict[str, tuple[Verdict, str]]) -> Statu
     return StatusReport(environment=env, patches=patches, pending=None, busy=False)
 
 
-def _run(items: dict[str, dict[str, Any]], kind: str = "gpu") -> supervise.WorkerRun:
-    hello = {"event": "hello", "device": {"kind": kind, "arch": "gfx1100", "torch": "2.9.0"}}
-    events = [{"event": "item", "id": key, **value} for key, value in items.items()]
-    return supervise.WorkerRun(events=events, hello=hello)
+def _run(items: dict[str, dict[str, Any]], kind: str = "gpu") -> worker.Answer:
+    device = protocol.DeviceFacts(kind=kind, arch="gfx1100", torch="2.9.0")
+    hello = protocol.Hello(pid=1, python="/usr/bin/python3", device=device)
+    events = [protocol.Measured.parse({"id": key, **value}) for key, value in items.items()]
+    return worker.Answer(hello=hello, events=(hello, *events))
 
 
 def _embed(native: dict[str, Any], gemm_ms: float, linear_ms: float) -> dict[str, Any]:

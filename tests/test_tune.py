@@ -260,13 +260,15 @@ def test_a_winner_must_be_faster_for_users_and_no_slower_as_a_kernel() -> None:
     where the host's launch cost sets that time, tiles tie and noise would pick one, so a
     winner's kernel (graph replay) must be no slower than the shipped one's either."""
     from rocmfix import tune as tune_mod
+    from rocmfix.guest.protocol import Tuned
 
-    def event(eager: float, kernel: float) -> dict[str, Any]:
+    def event(eager: float, kernel: float) -> Tuned:
         shipped = {"config": {"BLOCK_M": 64}, "role": "shipped", "status": "ok", "ms": 0.050,
                    "kernel_ms": 0.030}  # fmt: skip
         other = {"config": {"BLOCK_M": 128}, "role": "grid", "status": "ok", "ms": eager,
                  "kernel_ms": kernel}  # fmt: skip
-        return {"id": "t", "status": "ok", "method": "user", "candidates": [shipped, other]}
+        raw = {"id": "t", "status": "ok", "method": "user", "candidates": [shipped, other]}
+        return Tuned.parse(raw)
 
     assert tune_mod._result(event(0.040, 0.029), 0.03).tuned
     slower_kernel = tune_mod._result(event(0.040, 0.040), 0.03)

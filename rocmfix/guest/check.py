@@ -17,66 +17,75 @@ from typing import Any
 
 from . import aot, harness
 from .context import Context, one_line
+from .protocol import Checked, CompileItem, Request
 
 
-def sweep(request: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    archs = request.get("archs") or list(aot.TARGETS)
-    for op in request["ops"].values():
-        for scheme in op["triton_schemes"]:
-            for target, shapes in op["tune"].items():
-                for dtype_name in op["dtypes"]:
+def sweep(request: Request) -> Iterator[CompileItem]:
+    archs = request.archs or list(aot.TARGETS)
+    for op in request.ops.values():
+        for scheme in op.triton_schemes:
+            for target, shapes in op.tune.items():
+                for dtype_name in op.dtypes:
                     for arch in archs:
-                        yield {
-                            "op": op["name"],
-                            "scheme": scheme,
-                            "shape": target,
-                            "gpu": shapes["gpu"],
-                            "dtype": dtype_name,
-                            "arch": arch,
-                        }
+                        yield CompileItem(
+                            op=op.name,
+                            scheme=scheme,
+                            shape=target,
+                            gpu=dict(shapes.gpu),
+                            dtype=dtype_name,
+                            arch=arch,
+                        )
 
 
-def compile_item(ctx: Context, item: dict[str, Any]) -> dict[str, Any]:
+def compile_item(ctx: Context, item: CompileItem) -> Checked:
     """One compile as an event: the compiler's numbers, or why there are none."""
-    op = ctx.request["ops"][item["op"]]
-    template = op["schemes"][item["scheme"]]
-    event: dict[str, Any] = {"event": "checked", "template": template, **item}
-    event.pop("gpu", None)
-    row = aot.describe(item["arch"])
+    op = ctx.request.ops[item.op]
+    template = op.schemes[item.scheme]
+    fields: dict[str, Any] = {
+        "template": template,
+        "op": item.op,
+        "scheme": item.scheme,
+        "shape": item.shape,
+        "dtype": item.dtype,
+        "arch": item.arch,
+        "config": item.config,
+        "id": item.id,
+    }
+    row = aot.describe(item.arch)
     if row is None:
-        event.update(ok=False, problems=[f"no compile target known for {item['arch']}"])
-        return event
+        return Checked(ok=False, problems=[f"no compile target known for {item.arch}"], **fields)
     try:
         module = ctx.module(template)
         kc = importlib.import_module(module.__package__ + ".rocmfix_kernel_config")
-        launch = harness.module(op["harness"]).launch
+        launch = harness.module(op.harness).launch
         backend, _warp, cc, *_ = row
-        emulation = kc.Emulation(item["arch"].split(":")[0], backend == "hip", cc // 10, 132)
+        emulation = kc.Emulation(item.arch.split(":")[0], backend == "hip", cc // 10, 132)
         with kc.emulating(emulation):
             module.clear_config_cache()
             try:
                 kernel, args, kwargs, operands = ctx.with_warnings(
-                    lambda: launch(module, dict(item["gpu"]), item["dtype"], item.get("config"))
+                    lambda: launch(module, dict(item.gpu), item.dtype, item.config)
                 )
-                stats = aot.check(kernel, args, kwargs, item["arch"], operands or "")
+                stats = aot.check(kernel, args, kwargs, item.arch, operands or "")
             finally:
                 module.clear_config_cache()
-        event.update(stats.as_dict())
-        event["kernel"] = kernel.__name__
-        event["operands"] = operands
-        event["options"] = {k: v for k, v in kwargs.items() if not k[0].isupper()}
-        event["constexprs"] = {k: v for k, v in kwargs.items() if k[0].isupper()}
+        fields.update(stats.as_dict())
+        fields["kernel"] = kernel.__name__
+        fields["operands"] = operands
+        fields["options"] = {k: v for k, v in kwargs.items() if not k[0].isupper()}
+        fields["constexprs"] = {k: v for k, v in kwargs.items() if k[0].isupper()}
     except Exception as exc:  # noqa: BLE001 - one launch's failure is a row
-        event.update(
+        fields.update(
             ok=False,
             error=one_line(exc),
             problems=["cannot prepare: " + one_line(exc)],
             traceback=traceback.format_exc()[-1500:],
         )
-    return event
+    fields.setdefault("ok", True)
+    return Checked(**fields)
 
 
 def check(ctx: Context) -> None:
-    items = ctx.request.get("items") or list(sweep(ctx.request))
+    items = ctx.request.compiles or list(sweep(ctx.request))
     for item in items:
         ctx.channel.send(compile_item(ctx, item))

@@ -1,7 +1,7 @@
 """What every worker mode shares: the event channel, the loaded templates, the device.
 
-Protocol: one JSON object per line on the original stdout; stray prints of torch, triton or
-the GPU libraries are sent to stderr so they cannot break it.
+Protocol (:mod:`.protocol`): one JSON object per line on the original stdout; stray prints of
+torch, triton or the GPU libraries are sent to stderr so they cannot break it.
 
 ``ROCMFIX_UNSAFE_TEST_HOOKS`` (shared with the write side's fault injection, see
 ``rocmfix.fsops``) is a test hook that stays in production code because what it simulates
@@ -15,6 +15,7 @@ its own environment, and the CLI warns whenever it is set.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import templates
+from .protocol import DeviceFacts, Event, KernelWarning, Request
 
 TEST_ENV = "ROCMFIX_UNSAFE_TEST_HOOKS"
 
@@ -49,8 +51,8 @@ class Channel:
         os.dup2(2, 1)
         sys.stdout = sys.stderr
 
-    def send(self, event: dict[str, Any]) -> None:
-        self._out.write(json.dumps(event, default=str) + "\n")
+    def send(self, event: Event) -> None:
+        self._out.write(json.dumps(event.to_json(), default=str) + "\n")
         self._out.flush()
 
 
@@ -96,7 +98,7 @@ def interpreter_unavailable(exc: BaseException) -> Unavailable | None:
 
 
 class Context:
-    def __init__(self, request: dict[str, Any], channel: Channel, gpu: bool) -> None:
+    def __init__(self, request: Request, channel: Channel, gpu: bool) -> None:
         self.request = request
         self.channel = channel
         self.gpu = gpu
@@ -118,8 +120,8 @@ class Context:
             self.triton_version = str(getattr(triton, "__version__", "?"))
         except Exception as exc:  # noqa: BLE001 - a broken triton is a finding, not a crash
             self.triton_error = one_line(exc)
-        folder = self.request.get("templates_dir", "")
-        for name in self.request.get("templates", []):
+        folder = self.request.templates_dir
+        for name in self.request.templates:
             try:
                 self.modules[name] = self.with_warnings(
                     functools.partial(templates.load, folder, name)
@@ -143,7 +145,7 @@ class Context:
             message = str(item.message)
             if message.startswith("rocmfix") and message not in seen:
                 seen.add(message)
-                self.channel.send({"event": "warning", "code": "kernel", "message": message})
+                self.channel.send(KernelWarning(code="kernel", message=message))
 
     def with_warnings(self, fn: Callable[[], Any]) -> Any:
         """Run fn, forwarding the templates' own warnings (a corrupt tuned file, say)."""
@@ -154,39 +156,39 @@ class Context:
         return result
 
 
-def device_info(ctx: Context) -> dict[str, Any]:
+def device_info(ctx: Context) -> DeviceFacts:
     hip = getattr(torch.version, "hip", None)
     cuda = getattr(torch.version, "cuda", None)
-    info: dict[str, Any] = {
-        "kind": "gpu" if ctx.gpu else "cpu",
-        "backend": ("hip" if hip else "cuda") if ctx.gpu else "cpu",
-        "torch": str(torch.__version__),
-        "hip": str(hip) if hip else None,
-        "cuda": str(cuda) if cuda else None,
-        "triton": ctx.triton_version,
-        "triton_error": ctx.triton_error,
-        "interpreter": not ctx.gpu,
-        "name": None,
-        "arch": "cpu",
-        "count": 0,
-        "conv_library": None,
-        "memory_gib": None,
-        "cc_major": 0,
-    }
+    conv_library = None
     try:
         version = torch.backends.cudnn.version()
         if version:
-            info["conv_library"] = ("MIOpen " if hip else "cuDNN ") + str(version)
+            conv_library = ("MIOpen " if hip else "cuDNN ") + str(version)
     except Exception:  # noqa: BLE001
         pass
-    if ctx.gpu:
-        props = torch.cuda.get_device_properties(0)
-        info["name"] = str(props.name)
-        info["count"] = int(torch.cuda.device_count())
-        info["memory_gib"] = round(props.total_memory / 2**30, 1)
-        if hip:
-            info["arch"] = (str(getattr(props, "gcnArchName", "") or "").split(":")[0]) or "?"
-        else:
-            info["arch"] = f"sm_{props.major}{props.minor}"
-        info["cc_major"] = int(props.major)
-    return info
+    facts = DeviceFacts(
+        kind="gpu" if ctx.gpu else "cpu",
+        backend=("hip" if hip else "cuda") if ctx.gpu else "cpu",
+        torch=str(torch.__version__),
+        hip=str(hip) if hip else None,
+        cuda=str(cuda) if cuda else None,
+        triton=ctx.triton_version,
+        triton_error=ctx.triton_error,
+        arch="cpu",
+        conv_library=conv_library,
+    )
+    if not ctx.gpu:
+        return facts
+    props = torch.cuda.get_device_properties(0)
+    if hip:
+        arch = (str(getattr(props, "gcnArchName", "") or "").split(":")[0]) or "?"
+    else:
+        arch = f"sm_{props.major}{props.minor}"
+    return dataclasses.replace(
+        facts,
+        name=str(props.name),
+        count=int(torch.cuda.device_count()),
+        memory_gib=round(props.total_memory / 2**30, 1),
+        arch=arch,
+        cc_major=int(props.major),
+    )

@@ -12,22 +12,23 @@ from typing import Any
 
 from . import context, harness
 from .context import Context, Unavailable, finite, interpreter_unavailable, one_line
-from .harness.base import Case
+from .harness.base import Bench
+from .protocol import First, Measured, MeasureItem, Start
 from .timing import poison, rel_err, time_eager, time_graph
 
 
 def measure(ctx: Context) -> None:
     request = ctx.request
-    skip = set(request.get("skip", []))
-    cases: dict[str, Case] = {}
-    budget_s = float(request.get("budget_s", 0.5))
+    skip = set(request.skip)
+    benches: dict[str, Bench] = {}
+    budget_s = request.budget_s if request.budget_s is not None else 0.5
     hooks = ctx.hooks
-    for item in request["items"]:
-        item_id = item["id"]
+    for item in request.items:
+        item_id = item.id
         if item_id in skip:
             continue
-        result: dict[str, Any] = {"event": "item", "id": item_id, "status": "ok"}
-        ctx.channel.send({"event": "start", "id": item_id})
+        result: dict[str, Any] = {"id": item_id, "status": "ok"}
+        ctx.channel.send(Start(id=item_id))
         if item_id in hooks.get("crash", []):
             os._exit(70)
         if item_id in hooks.get("sleep", {}):
@@ -39,7 +40,7 @@ def measure(ctx: Context) -> None:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                _measure_item(ctx, item, cases, result, budget_s)
+                _measure_item(ctx, item, benches, result, budget_s)
         except Unavailable as exc:
             result["status"] = "unavailable"
             result["message"] = str(exc)
@@ -53,34 +54,34 @@ def measure(ctx: Context) -> None:
                 result["message"] = one_line(exc)
                 result["traceback"] = traceback.format_exc()[-2000:]
         ctx.forward(caught)
-        ctx.channel.send(result)
+        ctx.channel.send(Measured(**result))
 
 
-def _case(ctx: Context, item: dict[str, Any], cases: dict[str, Case]) -> Case:
-    key = item["op"] + "/" + item["case"]
-    if key not in cases:
-        op = ctx.request["ops"][item["op"]]
-        shape = op["cases"][item["case"]][ctx.variant]
-        cases[key] = harness.module(op["harness"]).Case(ctx, op, dict(shape))
-    return cases[key]
+def _bench(ctx: Context, item: MeasureItem, benches: dict[str, Bench]) -> Bench:
+    key = item.op + "/" + item.case
+    if key not in benches:
+        op = ctx.request.ops[item.op]
+        shape = op.cases[item.case].on(ctx.variant)
+        benches[key] = harness.module(op.harness).Bench(ctx, op, shape)
+    return benches[key]
 
 
 def _measure_item(
     ctx: Context,
-    item: dict[str, Any],
-    cases: dict[str, Case],
+    item: MeasureItem,
+    benches: dict[str, Bench],
     result: dict[str, Any],
     budget_s: float,
 ) -> None:
-    item_id, impl = item["id"], item["impl"]
-    case = _case(ctx, item, cases)
+    item_id, impl = item.id, item.impl
+    bench = _bench(ctx, item, benches)
     if impl == "native":
-        fn, config = case.native(), None
+        fn, config = bench.native(), None
     else:
-        op = ctx.request["ops"][item["op"]]
-        if impl in op["triton_schemes"]:
+        op = ctx.request.ops[item.op]
+        if impl in op.triton_schemes:
             ctx.needs_triton()
-        fn, config = case.scheme(ctx.module(op["schemes"][impl]))
+        fn, config = bench.scheme(ctx.module(op.schemes[impl]))
     result["config"] = config
     torch = context.torch
     with torch.no_grad():
@@ -89,19 +90,19 @@ def _measure_item(
         out = fn()
         ctx.sync()
         result["first_ms"] = (time.perf_counter() - t0) * 1e3
-        ctx.channel.send({"event": "first", "id": item_id, "ms": result["first_ms"]})
+        ctx.channel.send(First(id=item_id, ms=result["first_ms"]))
         if ctx.gpu:
             del out
-            poison(ctx, case.out_bytes)
+            poison(ctx, bench.out_bytes)
             out = fn()
             ctx.sync()
         if item_id in ctx.hooks.get("corrupt", []):
             out = out + 1.0
-        err = rel_err(out.reshape(case.ref.shape), case.ref)
+        err = rel_err(out.reshape(bench.ref.shape), bench.ref)
         del out
         result["rel_err"] = finite(err)
         if impl != "native":
-            result["tolerance"] = case.tolerance()
+            result["tolerance"] = bench.tolerance()
             if not err < result["tolerance"]:  # NaN fails too
                 result["status"] = "failed"
         if ctx.gpu:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -24,6 +25,21 @@ from typing import Any
 from . import command, context, harness
 from .context import Context, Unavailable, finite, one_line
 from .harness.base import Kernel
+from .protocol import (
+    CandidateRow,
+    Checked,
+    CompileItem,
+    CompileJob,
+    DeviceFacts,
+    OpSpec,
+    Plan,
+    ProtocolError,
+    Request,
+    Resolved,
+    Start,
+    Tried,
+    Tuned,
+)
 from .timing import time_eager, time_graph
 
 TUNED_FILE_ENV = "ROCMFIX_TUNED_FILE"
@@ -48,15 +64,15 @@ def _host_tma() -> bool:
         return False
 
 
-def facts(ctx: Context, info: dict[str, Any], precision: str) -> set[str]:
+def facts(ctx: Context, info: DeviceFacts, precision: str) -> set[str]:
     """What the grid's conditions can ask about this GPU and this kernel."""
     if not ctx.gpu:
         out = {"cpu"}
     else:
-        out = {info["backend"], "arch:" + info["arch"]}
-        if info["backend"] == "hip":
+        out = {info.backend, "arch:" + info.arch}
+        if info.backend == "hip":
             out |= {"option:" + name for name in _hip_options()}
-        elif info.get("cc_major", 0) >= 9:
+        elif info.cc_major >= 9:
             out.add("sm>=90")
             if _host_tma():
                 out.add("host-tma")
@@ -72,13 +88,13 @@ def _holds(condition: str, known: set[str]) -> bool:
     return condition in known
 
 
-def grid(op: dict[str, Any], known: set[str]) -> list[dict[str, Any]]:
+def grid(op: OpSpec, known: set[str]) -> list[dict[str, Any]]:
     """The op's candidate configs whose every condition holds, in the registry's order."""
     return [
         dict(config)
-        for group in op["grid"]
-        if all(_holds(c, known) for c in group["when"])
-        for config in group["configs"]
+        for group in op.grid
+        if all(_holds(c, known) for c in group.when)
+        for config in group.configs
     ]
 
 
@@ -86,9 +102,9 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def _kernel(ctx: Context, op: dict[str, Any], shape: dict[str, Any]) -> Kernel:
-    module = ctx.module(op["kernel_template"])
-    kernel: Kernel = harness.module(op["harness"]).Kernel(ctx, module, dict(shape))
+def _kernel(ctx: Context, op: OpSpec, shape: dict[str, Any]) -> Kernel:
+    module = ctx.module(op.kernel_template)
+    kernel: Kernel = harness.module(op.harness).Kernel(ctx, module, dict(shape))
     return kernel
 
 
@@ -139,7 +155,7 @@ def _time_calls(ctx: Context, calls: list[Callable[[], Any]], delay: float, how:
 
 
 def _precompile(
-    ctx: Context, op: dict[str, Any], target: str, configs: list[dict[str, Any]], budget_s: float
+    ctx: Context, op: OpSpec, target: str, configs: list[dict[str, Any]], budget_s: float
 ) -> None:
     """Compile every candidate in helper processes first: Triton compiles one kernel at a
     time per process, and a dozen configs in a row would spend most of the budget on it."""
@@ -148,13 +164,9 @@ def _precompile(
     helpers = max(1, min(len(configs), 8, (os.cpu_count() or 2) // 2))
     procs = []
     for index in range(helpers):
-        request = dict(
-            ctx.request,
-            mode="compile",
-            jobs=[{"op": op["name"], "target": target, "config": cfg}
-                  for cfg in configs[index::helpers]],
-        )  # fmt: skip
-        encoded = base64.b64encode(json.dumps(request).encode("utf-8")).decode("ascii")
+        jobs = [CompileJob(op=op.name, target=target, config=cfg)
+                for cfg in configs[index::helpers]]  # fmt: skip
+        encoded = _encode(dataclasses.replace(ctx.request, mode="compile", jobs=jobs))
         try:
             procs.append(
                 subprocess.Popen(
@@ -175,40 +187,39 @@ def _precompile(
             proc.wait()
 
 
-def _scheme_of(op: dict[str, Any]) -> str:
-    return str(next(n for n, entry in op["schemes"].items() if entry == op["kernel_template"]))
+def _encode(request: Request) -> str:
+    return base64.b64encode(json.dumps(request.to_json()).encode("utf-8")).decode("ascii")
 
 
-def _aot_arch(ctx: Context, info: dict[str, Any]) -> str | None:
+def _aot_arch(ctx: Context, info: DeviceFacts) -> str | None:
     """The GPU candidates are compiled for before they are timed: this one, or (tests, in
     Triton's CPU interpreter) the arch the test hooks name."""
     if ctx.gpu:
-        return str(info.get("arch") or "") or None
+        return info.arch or None
     arch = ctx.hooks.get("aot_arch")
     return str(arch) if arch else None
 
 
 def screen(
-    ctx: Context, op: dict[str, Any], target: str, configs: list[dict[str, Any]], arch: str,
+    ctx: Context, op: OpSpec, target: str, configs: list[dict[str, Any]], arch: str,
     budget_s: float,
-) -> list[dict[str, Any] | None]:  # fmt: skip
+) -> list[Checked | None]:  # fmt: skip
     """Each config compiled ahead of time for ``arch`` in a helper process (never the
     interpreter, whatever this one runs in): registers, spills and LDS, or None where the
     helper gave no answer. A config that spills or overflows LDS is not worth timing."""
     items = [
-        {
-            "op": op["name"],
-            "scheme": _scheme_of(op),
-            "shape": target,
-            "gpu": op["tune"][target]["gpu"],
-            "dtype": op["tune"][target][ctx.variant]["dtype"],
-            "arch": arch,
-            "config": cfg,
-        }
+        CompileItem(
+            op=op.name,
+            scheme=op.kernel_scheme,
+            shape=target,
+            gpu=dict(op.tune[target].gpu),
+            dtype=op.tune[target].on(ctx.variant)["dtype"],
+            arch=arch,
+            config=cfg,
+        )
         for cfg in configs
     ]
-    request = dict(ctx.request, mode="check", items=items)
-    encoded = base64.b64encode(json.dumps(request).encode("utf-8")).decode("ascii")
+    encoded = _encode(dataclasses.replace(ctx.request, mode="check", compiles=items))
     try:
         done = subprocess.run(
             command(sys.executable, "worker", encoded),
@@ -220,73 +231,77 @@ def screen(
         )
     except (OSError, subprocess.TimeoutExpired):
         return [None] * len(configs)
-    events = []
+    events: list[Checked | None] = []
     for line in done.stdout.splitlines():
         try:
-            event = json.loads(line)
+            data = json.loads(line)
         except ValueError:
             continue
-        if event.get("event") == "checked":
-            events.append(event)
+        if isinstance(data, dict) and data.get("event") == Checked.EVENT:
+            try:
+                events.append(Checked.parse(data, "checked"))
+            except ProtocolError:
+                events.append(None)  # no answer for this config: it is timed
     return [*events, *[None] * (len(configs) - len(events))][: len(configs)]
 
 
-def _rejection(compiled: dict[str, Any] | None) -> str | None:
-    if not compiled:
+def _rejection(compiled: Checked | None) -> str | None:
+    if compiled is None:
         return None
-    arch = compiled.get("arch")
-    if compiled.get("error"):
-        return f"does not compile for {arch}: {compiled['error']}"
+    arch = compiled.arch
+    if compiled.error:
+        return f"does not compile for {arch}: {compiled.error}"
     reasons = []
-    if compiled.get("spills") or compiled.get("scratch"):
-        reasons.append(f"spills {compiled.get('spills')} registers")
-    limit = int(compiled.get("shared_limit") or 0)
-    if limit and int(compiled.get("shared") or 0) > limit:
-        reasons.append(f"needs {compiled.get('shared')} bytes of LDS of {limit}")
+    if compiled.spills or compiled.scratch:
+        reasons.append(f"spills {compiled.spills} registers")
+    limit = compiled.shared_limit
+    if limit and compiled.shared > limit:
+        reasons.append(f"needs {compiled.shared} bytes of LDS of {limit}")
     return f"on {arch}: " + " and ".join(reasons) if reasons else None
 
 
 def compile_jobs(ctx: Context) -> None:
-    for job in ctx.request.get("jobs", []):
-        op = ctx.request["ops"][job["op"]]
+    for job in ctx.request.jobs:
+        op = ctx.request.ops[job.op]
         try:
-            cls = harness.module(op["harness"]).Kernel
-            shape = cls.compile_shape(op["tune"][job["target"]][ctx.variant])
+            cls = harness.module(op.harness).Kernel
+            shape = cls.compile_shape(op.tune[job.target].on(ctx.variant))
             kernel = _kernel(ctx, op, shape)
             with context.torch.no_grad():
-                for call in kernel.calls(dict(kernel.resolve(), **job["config"])):
+                for call in kernel.calls(dict(kernel.resolve(), **job.config)):
                     call()
             ctx.sync()
         except Exception:  # noqa: BLE001 - the tune loop reports failures itself
             pass
 
 
-def _targets(ctx: Context) -> list[tuple[dict[str, Any], str]]:
+def _targets(ctx: Context) -> list[tuple[OpSpec, str]]:
     return [
         (op, target)
-        for op in ctx.request["ops"].values()
-        for target in op["tune"]
+        for op in ctx.request.ops.values()
+        for target in op.tune
     ]  # fmt: skip
 
 
-def tune(ctx: Context, info: dict[str, Any]) -> None:
+def tune(ctx: Context, info: DeviceFacts) -> None:
     request = ctx.request
-    skip = set(request.get("skip", []))
+    skip = set(request.skip)
     hooks = ctx.hooks.get("slow", {})
     scratch = tempfile.mkdtemp(prefix="rocmfix-tune-")
-    real_file = request["tuned_file"]
-    deadline = time.monotonic() + float(request.get("budget_s", 300))
+    real_file = request.tuned_file
+    budget_s = request.budget_s if request.budget_s is not None else 300.0
+    deadline = time.monotonic() + budget_s
     for op, target in _targets(ctx):
         if target in skip:
             continue
-        ctx.channel.send({"event": "start", "id": target})
-        result: dict[str, Any] = {"event": "tuned", "id": target}
+        ctx.channel.send(Start(id=target))
+        result: dict[str, Any] = {"id": target}
         try:
             ctx.needs_triton()
-            kernel = _kernel(ctx, op, op["tune"][target][ctx.variant])
+            kernel = _kernel(ctx, op, op.tune[target].on(ctx.variant))
             result.update(
                 {
-                    "kernel": op["kernel"],
+                    "kernel": op.kernel,
                     "arch": kernel.arch(),
                     "key": kernel.key,
                     "precision": kernel.precision,
@@ -308,9 +323,9 @@ def tune(ctx: Context, info: dict[str, Any]) -> None:
                 cfg.update(partial)
                 if not any(_same(cfg, seen) for seen in configs):
                     configs.append(cfg)
-            ctx.channel.send({"event": "plan", "id": target, "total": len(configs)})
+            ctx.channel.send(Plan(id=target, total=len(configs)))
             arch = _aot_arch(ctx, info)
-            compiled: list[dict[str, Any] | None] = [None] * len(configs)
+            compiled: list[Checked | None] = [None] * len(configs)
             if arch:
                 compiled = screen(ctx, op, target, configs, arch,
                                   max(30.0, deadline - time.monotonic()))  # fmt: skip
@@ -337,7 +352,7 @@ def tune(ctx: Context, info: dict[str, Any]) -> None:
             _confirm(ctx, kernel, rows, hooks, how)
             for row in rows:
                 row.pop("_cfg", None)
-            result["candidates"] = rows
+            result["candidates"] = [CandidateRow(**row) for row in rows]
             result["current"] = None if _same(current, shipped) else kernel.stored(current)
         except Unavailable as exc:
             result["status"] = "unavailable"
@@ -348,7 +363,7 @@ def tune(ctx: Context, info: dict[str, Any]) -> None:
             result["traceback"] = traceback.format_exc()[-2000:]
         result.setdefault("status", "ok")
         os.environ[TUNED_FILE_ENV] = real_file
-        ctx.channel.send(result)
+        ctx.channel.send(Tuned(**result))
 
 
 def _candidate(
@@ -363,13 +378,13 @@ def _candidate(
     hooks: dict[str, Any],
     methods: tuple[str, str | None],
     total: int,
-    compiled: dict[str, Any] | None,
+    compiled: Checked | None,
 ) -> dict[str, Any]:
     how, kernel_how = methods
     role = "shipped" if index == 0 else ("current" if _same(cfg, current) else "grid")
     row: dict[str, Any] = {"config": kernel.stored(cfg), "role": role, "status": "ok"}
-    if compiled:
-        row["compiled"] = {k: compiled.get(k) for k in COMPILED_FIELDS}
+    if compiled is not None:
+        row["compiled"] = {k: getattr(compiled, k) for k in COMPILED_FIELDS}
     rejected = _rejection(compiled)
     if index > 0 and rejected:
         # The shipped config is the baseline and runs whatever tune decides: never rejected.
@@ -397,14 +412,7 @@ def _candidate(
             context.torch.cuda.empty_cache()
     row["_cfg"] = cfg
     ctx.channel.send(
-        {
-            "event": "candidate",
-            "id": target,
-            "index": index,
-            "total": total,
-            "status": row["status"],
-            "ms": row.get("ms"),
-        }
+        Tried(id=target, index=index, total=total, status=row["status"], ms=row.get("ms"))
     )
     return row
 
@@ -433,13 +441,13 @@ def _confirm(
 
 def resolve(ctx: Context) -> None:
     """What a fresh process's kernels resolve from the tuned file (tune's proof)."""
-    os.environ[TUNED_FILE_ENV] = ctx.request["tuned_file"]
+    os.environ[TUNED_FILE_ENV] = ctx.request.tuned_file
     for op, target in _targets(ctx):
-        event: dict[str, Any] = {"event": "resolved", "id": target}
+        event: dict[str, Any] = {"id": target}
         try:
-            kernel = _kernel(ctx, op, op["tune"][target][ctx.variant])
+            kernel = _kernel(ctx, op, op.tune[target].on(ctx.variant))
             event.update({"arch": kernel.arch(), "key": kernel.key})
             event["config"] = kernel.stored(kernel.resolve())
         except Exception as exc:  # noqa: BLE001
             event["error"] = one_line(exc)
-        ctx.channel.send(event)
+        ctx.channel.send(Resolved(**event))

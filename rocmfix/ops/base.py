@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from rocmfix.guest.protocol import GridSpec, OpSpec, ShapePair
+
 Shape = Mapping[str, Any]
 Config = Mapping[str, Any]
 
@@ -170,19 +172,20 @@ class Op:
         """Every template file any scheme of this op drops, each once."""
         return tuple(dict.fromkeys(t for s in self.schemes for t in s.templates))
 
-    def request(self) -> dict[str, Any]:
-        """What the target-side harness needs, as JSON."""
-        return {
-            "name": self.name,
-            "harness": self.harness,
-            "config_env": self.config_env,
-            "kernel": self.kernel,
-            "kernel_template": self.kernel_template,
-            "schemes": {s.name: s.entry for s in self.schemes},
-            "triton_schemes": [s.name for s in self.schemes if s.needs_triton],
-            "dtypes": list(self.dtypes),
-            "cases": {c.id: {"gpu": dict(c.gpu), "cpu": dict(c.cpu)} for c in self.cases},
-            "tune": {t.id: {"gpu": dict(t.gpu), "cpu": dict(t.cpu)} for t in self.tune},
-            "grid": [{"when": list(g.when), "configs": [dict(c) for c in g.configs]}
-                     for g in self.grid],
-        }  # fmt: skip
+    def request(self) -> OpSpec:
+        """What the target-side harness needs (sent as JSON)."""
+        return OpSpec(
+            name=self.name,
+            harness=self.harness,
+            config_env=self.config_env,
+            kernel=self.kernel,
+            kernel_template=self.kernel_template,
+            schemes={s.name: s.entry for s in self.schemes},
+            triton_schemes=[s.name for s in self.schemes if s.needs_triton],
+            dtypes=list(self.dtypes),
+            cases={c.id: ShapePair(gpu=dict(c.gpu), cpu=dict(c.cpu)) for c in self.cases},
+            tune={t.id: ShapePair(gpu=dict(t.gpu), cpu=dict(t.cpu)) for t in self.tune},
+            grid=[
+                GridSpec(when=list(g.when), configs=[dict(c) for c in g.configs]) for g in self.grid
+            ],
+        )

@@ -56,7 +56,7 @@ def run(
             "skip": sorted(finished),
         }
         encoded = base64.b64encode(json.dumps(request).encode("utf-8")).decode("ascii")
-        ended, _current = supervise._one_worker(
+        ended, _current = supervise.one_worker(
             guest.command(python, "profile_replay", encoded),
             lambda _item: limit_s,
             on_event,

@@ -1,4 +1,4 @@
-"""What a harness's doctor case and tune kernel share, whatever the op."""
+"""What a harness's doctor bench and tune kernel share, whatever the op."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 from ..context import Context
 
 
-class Case:
-    """Inputs and fp64 reference of one doctor case, built once per process."""
+class Bench:
+    """Inputs and fp64 reference of one doctor case (``rocmfix.ops.Case``, a shape MinerU
+    runs), and the calls doctor measures on them; built once per process."""
 
     ref: Any
     out_bytes: int

@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import context
 from ..context import Context
+from ..protocol import OpSpec
 from ..timing import dtype
 from . import base
 
@@ -25,8 +26,8 @@ def reference(x: Any, weight: Any, bias: Any) -> Any:
     return out + bias.double().view(1, -1, 1, 1) if bias is not None else out
 
 
-class Case(base.Case):
-    def __init__(self, ctx: Context, op: dict[str, Any], shape: dict[str, Any]) -> None:
+class Bench(base.Bench):
+    def __init__(self, ctx: Context, op: OpSpec, shape: dict[str, Any]) -> None:
         torch = context.torch
         generator = torch.Generator(device=ctx.device)
         # Fresh inputs each run: a kernel must compute the function, not one lucky input.

@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import context
 from ..context import Context
+from ..protocol import OpSpec
 from ..timing import dtype, poison, rel_err
 from . import base
 
@@ -87,8 +88,8 @@ def reference(x: Any, conv: Any, bn: Any, act: str) -> Any:
     return y
 
 
-class Case(base.Case):
-    def __init__(self, ctx: Context, op: dict[str, Any], shape: dict[str, Any]) -> None:
+class Bench(base.Bench):
+    def __init__(self, ctx: Context, op: OpSpec, shape: dict[str, Any]) -> None:
         self.ctx = ctx
         self.shape = shape
         self.x, self.conv, self.bn, self.act = _modules(ctx, shape)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import context
 from ..context import Context
+from ..protocol import OpSpec
 from ..timing import dtype, poison, rel_err
 from . import base
 
@@ -60,17 +61,17 @@ def line_reference(conv: Any, bn: Any) -> Any:
     return y * torch.sigmoid(y)
 
 
-def _precision(ctx: Context, op: dict[str, Any], s: dict[str, Any]) -> str:
+def _precision(ctx: Context, op: OpSpec, s: dict[str, Any]) -> str:
     """The kernel template's own precision class for these inputs on this device."""
     try:
-        tri = ctx.module(op["kernel_template"])
+        tri = ctx.module(op.kernel_template)
         return str(tri.precision_class(dtype(s["dtype"]), tri.device_arch(ctx.device)))
     except Exception:  # noqa: BLE001 - no kernel template: the loosest fp32 class
         return "f16" if s["dtype"] != "float32" else ("tf32" if ctx.gpu else "fp32")
 
 
-class Case(base.Case):
-    def __init__(self, ctx: Context, op: dict[str, Any], shape: dict[str, Any]) -> None:
+class Bench(base.Bench):
+    def __init__(self, ctx: Context, op: OpSpec, shape: dict[str, Any]) -> None:
         self.ctx = ctx
         self.op = op
         self.shape = shape

@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import context
 from ..context import Context
+from ..protocol import OpSpec
 from ..timing import dtype, rel_err
 from . import base
 
@@ -17,8 +18,8 @@ def _tolerance(name: str) -> float:
     return 1e-4 if name == "float32" else 1e-2
 
 
-class Case(base.Case):
-    def __init__(self, ctx: Context, op: dict[str, Any], shape: dict[str, Any]) -> None:
+class Bench(base.Bench):
+    def __init__(self, ctx: Context, op: OpSpec, shape: dict[str, Any]) -> None:
         torch = context.torch
         generator = torch.Generator(device=ctx.device)
         # Fresh inputs each run: a kernel must compute the function, not one lucky input.
