@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import guest, mineru, supervise
+from . import fsops, guest, mineru, supervise
 from .errors import ProbeError, UsageError
 from .guest import probe
 from .mineru import MinerU
@@ -135,6 +135,13 @@ class Environment:
         base = bases.pop() if len(bases) == 1 else None
         base = base if base is not None else self.python.prefix
         return StateDir(base / "share" / "rocmfix", base)
+
+    def keeps_record(self, dist: Distribution) -> bool:
+        """Whether :attr:`state` is the record of ``dist`` as the probe found it. A package
+        tree on PYTHONPATH that shadows the environment's own copy is not what the record
+        names: status, apply and revert read the record only for what sits under its
+        installation (or is an editable install, which is the environment's anywhere)."""
+        return dist.editable or fsops.inside(dist.location / "x", self.state.prefix)
 
 
 def site_base(site: Path) -> Path | None:

@@ -485,6 +485,44 @@ def test_a_package_tree_on_pythonpath_is_refused_with_the_reason(tmp_path: Path)
     assert not Path("/usr/share/rocmfix/manifest.json").exists()
 
 
+def test_a_tree_on_pythonpath_never_reads_the_environments_record(tmp_path: Path) -> None:
+    """Two trees under one interpreter: the venv's own site-packages (A, applied) and a
+    ``pip install --target`` tree on PYTHONPATH (B) that shadows it. B must not read A's
+    record (a false `stale`), and a revert that sees B must not drop A's entry."""
+    python = releases.make_venv(tmp_path / "venv")
+    releases.pip_install(python, releases.wheel("mineru-vl-utils", "0.1.13"))
+    site = releases.site_packages(python)
+    rel = "mineru_vl_utils/vlm_client/vllm_async_engine_client.py"
+    pristine = files_under(site)
+    cli = ("--only", "mineru-tokenizer", "--python", str(python))
+    applied = run_cli("apply", *cli)
+    assert applied.returncode == 0, applied.stderr
+    patched = files_under(site)
+    assert patched[rel] != pristine[rel]
+    manifest = (tmp_path / "venv/share/rocmfix/manifest.json").read_bytes()
+    tree = tmp_path / "tree"
+    _pip_target(tree)
+    tree_before = files_under(tree)
+    shadowed = {"PYTHONPATH": f"{PYTHONPATH}{os.pathsep}{tree}"}
+    status = run_cli("status", "--json", *cli, env=shadowed)
+    assert status.returncode == 0, status.stderr
+    (found,) = [p for p in status.json()["patches"] if p["id"] == "mineru-tokenizer"]
+    assert found["verdict"] == "applicable", found
+    assert str(tree) in found["path"], found
+    reverted = run_cli("revert", *cli, env=shadowed)
+    assert reverted.returncode == 1, reverted.stderr
+    line = _one_error_line(reverted.stderr)
+    assert "nothing was changed" in line and str(tree) in line, line
+    assert files_under(tree) == tree_before
+    assert files_under(site) == patched
+    assert (tmp_path / "venv/share/rocmfix/manifest.json").read_bytes() == manifest
+    # Without the tree, A's record still reverts A byte for byte.
+    reverted = run_cli("revert", *cli)
+    assert reverted.returncode == 0, reverted.stderr
+    assert files_under(site) == pristine
+    assert not (tmp_path / "venv/share").exists()
+
+
 # ---------------------------------------------------------------------------- issue 32 item 10
 
 

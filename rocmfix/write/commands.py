@@ -24,9 +24,11 @@ from rocmfix.state import Manifest, StateDir
 from rocmfix.write.plan import Plan, plan_apply, plan_revert
 from rocmfix.write.transaction import (
     check_pending,
+    check_record,
     check_sites,
     check_writable,
     execute,
+    foreign,
     recover,
 )
 from rocmfix.write.verdicts import check_entry, inspect, pending_patches
@@ -45,6 +47,11 @@ def status(
         # The README's promise: status still shows the environment; --check fails.
         manifest, problem = Manifest(), exc.message
     busy = state.busy()
+    shadowed = foreign(env, manifest, patches)
+    if shadowed:
+        # Another tree's copy: the record's entries describe files this run does not see.
+        entries = {k: v for k, v in manifest.entries.items() if v.distribution not in shadowed}
+        manifest = replace(manifest, entries=entries)
     try:
         check_pending(env, manifest.pending, all_patches())
     except ManifestError as exc:
@@ -60,6 +67,17 @@ def status(
             entries = {k: v for k, v in manifest.entries.items() if k != patch.id}
             manifest = replace(manifest, entries=entries)
     warnings = environment_warnings(env)
+    if shadowed:
+        where = ", ".join(f"{n} in {env.distributions[n].location}" for n in shadowed)
+        warnings = (
+            EnvWarning(
+                "shadowed",
+                f"{where} shadows the copy that rocmfix's record ({state.root}) is about; "
+                "that record is not read for it",
+                f"run rocmfix without that tree on PYTHONPATH to see {state.prefix}",
+            ),
+            *warnings,
+        )
     if busy:
         warnings = (
             EnvWarning(
@@ -114,6 +132,7 @@ def apply(
     check_scheme(patches, scheme)
     state = env.state
     manifest = state.load()
+    check_record(env, manifest, patches, state)
     if state.busy() and not dry_run:
         # Planning now would read another run's half-written files as someone's edits.
         raise state.busy_error()
@@ -136,7 +155,9 @@ def apply(
     # journal yet, which an unlocked tidy would take for leftovers and delete.
     with state.locked():
         try:
-            locked, recovered = recover(env, state, state.load(), all_patches())
+            locked = state.load()
+            check_record(env, locked, patches, state)
+            locked, recovered = recover(env, state, locked, all_patches())
             if plan is None or locked != manifest or not _still_current(plan.changes):
                 plan = plan_apply(env, patches, locked, state, scheme, force, explicit)
             _remove_leftovers(plan)
@@ -152,6 +173,7 @@ def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -
     """Put back the original bytes of every selected patched file and remove dropped files."""
     state = env.state
     manifest = state.load()
+    check_record(env, manifest, patches, state)
     if state.busy():
         # A run holding the lock may have written backups and no journal yet, or be about to
         # save its entries: "nothing to revert" would be false seconds later.
@@ -162,7 +184,9 @@ def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -
     state.check_writable()
     with state.locked():
         try:
-            manifest, recovered = recover(env, state, state.load(), all_patches())
+            manifest = state.load()
+            check_record(env, manifest, patches, state)
+            manifest, recovered = recover(env, state, manifest, all_patches())
             plan = plan_revert(env, patches, manifest, state, force)
             _remove_leftovers(plan)
             if plan.changes_anything(manifest):

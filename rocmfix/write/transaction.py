@@ -50,7 +50,7 @@ def check_sites(env: Environment, changes: Sequence[FileChange], state: StateDir
     checkout is (an egg-link's metadata lives in the checkout too)."""
     for change in changes:
         dist = env.distributions.get(change.distribution)
-        if dist is None or dist.editable or fsops.inside(dist.location / "x", state.prefix):
+        if dist is None or env.keeps_record(dist):
             continue
         raise RefusedError(
             f"nothing was changed: {dist.name} is installed in {dist.location}, outside "
@@ -59,6 +59,35 @@ def check_sites(env: Environment, changes: Sequence[FileChange], state: StateDir
             "share it",
             hint="install the package into the environment (or the user site) itself, "
             "or patch each site folder on its own with --only",
+        )
+
+
+def foreign(env: Environment, manifest: Manifest, patches: Sequence[Patch]) -> list[str]:
+    """The distributions the record names (an entry of a selected patch, or the journal)
+    that the probe found outside the record's installation: another tree shadows the copy
+    the record is about, and its files are not the ones the record describes."""
+    named = {p.distribution for p in patches if p.id in manifest.entries}
+    if manifest.pending is not None:
+        named |= {f.distribution for f in manifest.pending.files}
+    return sorted(
+        name
+        for name in named
+        if (dist := env.distributions.get(name)) is not None and not env.keeps_record(dist)
+    )
+
+
+def check_record(
+    env: Environment, manifest: Manifest, patches: Sequence[Patch], state: StateDir
+) -> None:
+    """Refuse a run that would act on a shadowing tree's files with the record of the copy
+    it shadows (a revert would read them as reinstalled and drop the record's entry)."""
+    for name in foreign(env, manifest, patches):
+        dist = env.distributions[name]
+        raise RefusedError(
+            f"nothing was changed: {name} is found in {dist.location}, outside "
+            f"{state.prefix}, whose record ({state.root}) is about the {name} installed "
+            "there, not this one",
+            hint=f"run the command without that tree on PYTHONPATH to act on {state.prefix}",
         )
 
 
