@@ -10,7 +10,7 @@ transaction.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 from rocmfix import fsops
@@ -31,14 +31,44 @@ from rocmfix.write.transaction import (
     foreign,
     recover,
 )
-from rocmfix.write.verdicts import check_entry, inspect, pending_patches
+from rocmfix.write.verdicts import check_entry, git_budget, inspect, pending_patches
+
+# What the three commands tell their caller while they wait on something slow (one line).
+Waiting = Callable[[str], None]
+
+
+def _asking_git(
+    env: Environment, patches: Sequence[Patch], waiting: Waiting | None
+) -> contextlib.AbstractContextManager[None]:
+    """One git budget for the run; ``waiting`` hears once what it waits on, if it is long."""
+    names = sorted(
+        {
+            p.distribution
+            for p in patches
+            if (dist := env.distributions.get(p.distribution)) is not None and dist.editable
+        }
+    )
+    if waiting is None or not names:
+        return git_budget()
+    count = f"{len(names)} editable install{'s' if len(names) != 1 else ''}"
+    line = f"asking git about {count} ({', '.join(names)}) ..."
+    return git_budget(lambda: waiting(line))
 
 
 def status(
-    env: Environment, patches: Sequence[Patch], *, explicit: Collection[str] = ()
+    env: Environment,
+    patches: Sequence[Patch],
+    *,
+    explicit: Collection[str] = (),
+    waiting: Waiting | None = None,
 ) -> StatusReport:
     """What is installed, patched and needed, and why. Reads only; creates nothing.
     ``explicit``: the patch ids the user named (``--only``)."""
+    with _asking_git(env, patches, waiting):
+        return _status(env, patches, explicit)
+
+
+def _status(env: Environment, patches: Sequence[Patch], explicit: Collection[str]) -> StatusReport:
     state = env.state
     problem = None
     try:
@@ -127,8 +157,21 @@ def apply(
     force: bool = False,
     dry_run: bool = False,
     explicit: Collection[str] = (),
+    waiting: Waiting | None = None,
 ) -> RunResult:
     """Rewrite every selected target that needs it, all or nothing."""
+    with _asking_git(env, patches, waiting):
+        return _apply(env, patches, scheme, force, dry_run, explicit)
+
+
+def _apply(
+    env: Environment,
+    patches: Sequence[Patch],
+    scheme: str | None,
+    force: bool,
+    dry_run: bool,
+    explicit: Collection[str],
+) -> RunResult:
     check_scheme(patches, scheme)
     state = env.state
     manifest = state.load()
@@ -169,8 +212,19 @@ def apply(
     return _result(env, "apply", plan, False, recovered)
 
 
-def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -> RunResult:
+def revert(
+    env: Environment,
+    patches: Sequence[Patch],
+    *,
+    force: bool = False,
+    waiting: Waiting | None = None,
+) -> RunResult:
     """Put back the original bytes of every selected patched file and remove dropped files."""
+    with _asking_git(env, patches, waiting):
+        return _revert(env, patches, force)
+
+
+def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResult:
     state = env.state
     manifest = state.load()
     check_record(env, manifest, patches, state)

@@ -9,9 +9,11 @@ as its package shipped it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,25 +45,64 @@ class Inspection:
 # a hook) held status 20 s per file, minutes in all. One budget for the whole run instead:
 # once it is spent, the files left are "unknown", as without git.
 GIT_BUDGET_S = 10.0
-_git_deadline: list[float] = []
+# Once the git calls have taken this long in all, the run says what it is waiting on.
+GIT_NOTICE_S = 1.0
+
+
+class GitBudget:
+    """The time every git call of one run shares, and the one notice its user gets once
+    they take long (``notice`` runs on a timer thread, only while a git call runs)."""
+
+    def __init__(self, notice: Callable[[], None] | None = None) -> None:
+        self._deadline: float | None = None
+        self._spent = 0.0
+        self._notice = notice
+
+    def run(self, argv: Sequence[str]) -> supervise.Finished | None:
+        started = time.monotonic()
+        if self._deadline is None:
+            self._deadline = started + GIT_BUDGET_S
+        left = self._deadline - started
+        if left <= 0:
+            return None
+        timer = None
+        if self._notice is not None:
+            timer = threading.Timer(max(GIT_NOTICE_S - self._spent, 0.0), self._announce)
+            timer.daemon = True
+            timer.start()
+        try:
+            # From / like every child rocmfix starts; the checkout's fsmonitor hook never runs.
+            done = supervise.capped(list(argv), timeout=left, limit=1 << 20)
+        except OSError:
+            return None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._spent += time.monotonic() - started
+        return None if done.returncode is None else done
+
+    def _announce(self) -> None:
+        notice, self._notice = self._notice, None
+        if notice is not None:
+            notice()
+
+
+# The run's budget: commands.py opens one per command (:func:`git_budget`); a caller that
+# opens none shares this one for the life of the process.
+_budgets: list[GitBudget] = [GitBudget()]
+
+
+@contextlib.contextmanager
+def git_budget(notice: Callable[[], None] | None = None) -> Iterator[None]:
+    _budgets.append(GitBudget(notice))
+    try:
+        yield
+    finally:
+        _budgets.pop()
 
 
 def _git(path: Path, *args: str) -> supervise.Finished | None:
-    if not _git_deadline:
-        _git_deadline.append(time.monotonic() + GIT_BUDGET_S)
-    left = _git_deadline[0] - time.monotonic()
-    if left <= 0:
-        return None
-    try:
-        # From / like every child rocmfix starts; the checkout's fsmonitor hook never runs.
-        done = supervise.capped(
-            ["git", "-C", str(path.parent), "-c", "core.fsmonitor=false", *args],
-            timeout=left,
-            limit=1 << 20,
-        )
-    except OSError:
-        return None
-    return None if done.returncode is None else done
+    return _budgets[-1].run(["git", "-C", str(path.parent), "-c", "core.fsmonitor=false", *args])
 
 
 def _git_pristine(path: Path) -> bool | None:
