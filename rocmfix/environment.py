@@ -136,6 +136,20 @@ class Environment:
         base = base if base is not None else self.python.prefix
         return StateDir(base / "share" / "rocmfix", base)
 
+    @property
+    def legacy_state(self) -> StateDir | None:
+        """Where rocmfix kept the record before it was keyed by the targets' site folder:
+        ``<sys.prefix>/share/rocmfix`` (``/usr/share/rocmfix`` for ``/usr/local``'s
+        targets). None where that is where :attr:`state` is. Read as untrusted as the
+        current record; what it holds for :meth:`recorded_here` moves on the next write."""
+        prefix = self.python.prefix
+        legacy = StateDir(prefix / "share" / "rocmfix", prefix)
+        return None if legacy.root == self.state.root else legacy
+
+    def recorded_here(self) -> frozenset[str]:
+        """The distributions :attr:`state` is the record of."""
+        return frozenset(n for n, d in self.distributions.items() if self.keeps_record(d))
+
     def keeps_record(self, dist: Distribution) -> bool:
         """Whether :attr:`state` is the record of ``dist`` as the probe found it. A package
         tree on PYTHONPATH that shadows the environment's own copy is not what the record

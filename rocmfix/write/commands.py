@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
-from rocmfix import fsops
+from rocmfix import __version__, fsops
 from rocmfix.checks import EnvWarning, environment_warnings
 from rocmfix.environment import Environment, default_python_hint
 from rocmfix.errors import LockBusyError, ManifestError, RefusedError
@@ -72,7 +72,7 @@ def _status(env: Environment, patches: Sequence[Patch], explicit: Collection[str
     state = env.state
     problem = None
     try:
-        manifest = state.load()
+        manifest = state.load_with(env.legacy_state, env.recorded_here())
     except ManifestError as exc:
         # The README's promise: status still shows the environment; --check fails.
         manifest, problem = Manifest(), exc.message
@@ -174,7 +174,7 @@ def _apply(
 ) -> RunResult:
     check_scheme(patches, scheme)
     state = env.state
-    manifest = state.load()
+    manifest = state.load_with(env.legacy_state, env.recorded_here())
     check_record(env, manifest, patches, state)
     if state.busy() and not dry_run:
         # Planning now would read another run's half-written files as someone's edits.
@@ -198,7 +198,7 @@ def _apply(
     # journal yet, which an unlocked tidy would take for leftovers and delete.
     with state.locked():
         try:
-            locked = state.load()
+            locked = state.adopt(env.legacy_state, env.recorded_here(), __version__)
             check_record(env, locked, patches, state)
             locked, recovered = recover(env, state, locked, all_patches())
             if plan is None or locked != manifest or not _still_current(plan.changes):
@@ -226,7 +226,7 @@ def revert(
 
 def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResult:
     state = env.state
-    manifest = state.load()
+    manifest = state.load_with(env.legacy_state, env.recorded_here())
     check_record(env, manifest, patches, state)
     if state.busy():
         # A run holding the lock may have written backups and no journal yet, or be about to
@@ -238,7 +238,7 @@ def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResul
     state.check_writable()
     with state.locked():
         try:
-            manifest = state.load()
+            manifest = state.adopt(env.legacy_state, env.recorded_here(), __version__)
             check_record(env, manifest, patches, state)
             manifest, recovered = recover(env, state, manifest, all_patches())
             plan = plan_revert(env, patches, manifest, state, force)
