@@ -22,39 +22,7 @@ from pathlib import Path
 
 from . import fsops
 from .errors import LockBusyError, ManifestError, RefusedError, WriteError
-
-# The model lives in rocmfix.manifest; these names stay importable from here.
-from .manifest import (
-    MANIFEST_SCHEMA,
-    PYC_NAME,
-    Drop,
-    Entry,
-    Manifest,
-    Pending,
-    PendingFile,
-    RecordState,
-    dump_manifest,
-    now,
-    parse_manifest,
-    safe_relative,
-    sha_digest,
-)
-
-__all__ = [
-    "MANIFEST_SCHEMA",
-    "PYC_NAME",
-    "Drop",
-    "Entry",
-    "Manifest",
-    "Pending",
-    "PendingFile",
-    "RecordState",
-    "StateDir",
-    "dump_manifest",
-    "now",
-    "parse_manifest",
-    "safe_relative",
-]
+from .manifest import Manifest, dump_manifest, parse_manifest, sha_digest
 
 _HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
 # A manifest names a few dozen files; anything far larger is not one rocmfix wrote.

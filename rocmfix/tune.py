@@ -19,8 +19,8 @@ from typing import Any
 from . import __version__, supervise, tuned, worker
 from .environment import Environment
 from .errors import RefusedError, UsageError
+from .manifest import now
 from .ops import OPS, Op
-from .state import now
 
 SCHEMA = "rocmfix-tune/1"
 MIN_GAIN = 0.03
@@ -229,7 +229,9 @@ def run(
         )
     results = [_result(e, min_gain) for e in outcome.events if e.get("event") in ("tuned", "item")]
     entries = [
-        tuned.Entry(r.kernel, r.arch, r.key, dict(r.best.config) if r.tuned and r.best else None)
+        tuned.TunedEntry(
+            r.kernel, r.arch, r.key, dict(r.best.config) if r.tuned and r.best else None
+        )
         for r in results
         if r.status == "ok"
     ]

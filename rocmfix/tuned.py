@@ -188,7 +188,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 @dataclass(frozen=True)
-class Entry:
+class TunedEntry:
     """One tuned result to store (``config``) or to drop (``None``: the shipped one won)."""
 
     kernel: str
@@ -205,7 +205,9 @@ class StoreResult:
     replaced_corrupt: str | None
 
 
-def store(path: Path, entries: list[Entry], meta: Mapping[str, Mapping[str, Any]]) -> StoreResult:
+def store(
+    path: Path, entries: list[TunedEntry], meta: Mapping[str, Mapping[str, Any]]
+) -> StoreResult:
     """Merge ``entries`` into the file, keeping every other arch's and kernel's entries."""
     check_ours(path)
     path.parent.mkdir(parents=True, exist_ok=True)

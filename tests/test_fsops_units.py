@@ -20,9 +20,10 @@ import pytest
 from rocmfix import fsops
 from rocmfix.environment import Distribution, Environment, PythonInfo, TargetFile
 from rocmfix.errors import ManifestError, RefusedError, WriteError
+from rocmfix.manifest import DroppedFile, Manifest, ManifestEntry, Pending, PendingFile
 from rocmfix.registry import all_patches
 from rocmfix.results import FileChange
-from rocmfix.state import Drop, Entry, Manifest, Pending, PendingFile, StateDir
+from rocmfix.state import StateDir
 from rocmfix.write import transaction
 from rocmfix.write.plan import Plan
 
@@ -244,8 +245,8 @@ def _change(root: Path, rel: str, before: bytes | None, after: bytes | None,
     return FileChange(kind, "pkg", rel, root / rel, rel, before, after)
 
 
-def _entry() -> Entry:
-    return Entry(
+def _entry() -> ManifestEntry:
+    return ManifestEntry(
         patch="p",
         distribution="pkg",
         version="1",
@@ -513,9 +514,11 @@ def test_revert_writes_in_revert_order(
 
 
 def test_kept_backups_holds_a_digest_both_kinds_need() -> None:
-    entry = replace(_entry(), drops=(Drop("pkg/d.py", "d", replaced=_entry().original_sha256),))
+    entry = replace(
+        _entry(), drops=(DroppedFile("pkg/d.py", "d", replaced=_entry().original_sha256),)
+    )
     assert transaction.kept_backups([entry]) == {entry.original_sha256}
-    other = replace(_entry(), drops=(Drop("pkg/d.py", "d", replaced="r"),))
+    other = replace(_entry(), drops=(DroppedFile("pkg/d.py", "d", replaced="r"),))
     assert transaction.kept_backups([other]) == {other.original_sha256, "r"}
 
 

@@ -199,7 +199,7 @@ def test_tune_store_refuses_a_file_that_is_not_rocmfixs(tmp_path: Path) -> None:
 
     foreign = tmp_path / "settings.json"
     foreign.write_text('{"theme": "dark"}\n')
-    entry = tuned.Entry("patch_embed_gemm", "gfx1100", "f16", {"BLOCK_M": 32})
+    entry = tuned.TunedEntry("patch_embed_gemm", "gfx1100", "f16", {"BLOCK_M": 32})
     with pytest.raises(RefusedError, match="not a rocmfix tuned file"):
         tuned.store(foreign, [entry], {})
     assert foreign.read_text() == '{"theme": "dark"}\n'

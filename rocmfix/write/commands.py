@@ -17,10 +17,11 @@ from rocmfix import __version__, fsops
 from rocmfix.checks import EnvWarning, environment_warnings
 from rocmfix.environment import Environment, default_python_hint
 from rocmfix.errors import LockBusyError, ManifestError, RefusedError
+from rocmfix.manifest import Manifest
 from rocmfix.patch import Patch
 from rocmfix.registry import all_patches, check_scheme
 from rocmfix.results import FileChange, Outcome, RunResult, StatusReport, Verdict
-from rocmfix.state import Manifest, StateDir
+from rocmfix.state import StateDir
 from rocmfix.write.plan import Plan, plan_apply, plan_revert
 from rocmfix.write.transaction import (
     check_pending,

@@ -22,19 +22,19 @@ from pathlib import Path, PurePosixPath
 from rocmfix import __version__, fsops
 from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError, RefusedError, WriteError
-from rocmfix.patch import Patch
-from rocmfix.results import FileChange
-from rocmfix.state import (
+from rocmfix.manifest import (
     PYC_NAME,
-    Drop,
-    Entry,
+    DroppedFile,
     Manifest,
+    ManifestEntry,
     Pending,
     PendingFile,
     RecordState,
-    StateDir,
     now,
 )
+from rocmfix.patch import Patch
+from rocmfix.results import FileChange
+from rocmfix.state import StateDir
 from rocmfix.write.plan import Plan, record_rel
 
 
@@ -234,14 +234,14 @@ def _keep_bytecode(state: StateDir, plan: Plan, changes: Sequence[FileChange]) -
             continue
         kept = []
         for pyc, data in _bytecode(change.path):
-            kept.append(Drop(pyc, state.backup(data)))
+            kept.append(DroppedFile(pyc, state.backup(data)))
         if kept:
             mtime = change.path.stat(follow_symlinks=False).st_mtime_ns
             entries[name] = replace(entry, pycache=tuple(kept), mtime_ns=mtime)
     return replace(plan, entries=entries)
 
 
-def _restore_bytecode(state: StateDir, reverted: Iterable[Entry], plan: Plan) -> None:
+def _restore_bytecode(state: StateDir, reverted: Iterable[ManifestEntry], plan: Plan) -> None:
     """Put back the bytecode pip wrote and the mtime it was compiled against, for each file
     revert restored to its original. Best effort: it is a cache, which Python rebuilds."""
     written = {(c.distribution, c.rel): c for c in plan.changes if c.kind == "target"}
@@ -312,7 +312,7 @@ def execute(state: StateDir, manifest: Manifest, plan: Plan, op: str) -> None:
     state.prune_backups(kept_backups(plan.entries.values(), records.values()))
 
 
-def kept_backups(entries: Iterable[Entry], records: Iterable[RecordState] = ()) -> set[str]:
+def kept_backups(entries: Iterable[ManifestEntry], records: Iterable[RecordState] = ()) -> set[str]:
     """The backups the manifest still needs: originals, files a forced drop replaced, and
     each RECORD as rocmfix first found it."""
     return (

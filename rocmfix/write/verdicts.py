@@ -23,11 +23,11 @@ from rocmfix import fsops, measured, supervise
 from rocmfix.checks import is_rocm, torch_build
 from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError
+from rocmfix.manifest import Manifest, ManifestEntry, Pending
 from rocmfix.mineru import onnx_note, runs_onnx
 from rocmfix.patch import Patch, Shape, TargetContext
 from rocmfix.results import PatchStatus, Pristine, Verdict
 from rocmfix.rewrite import TooDeepError
-from rocmfix.state import Entry, Manifest, Pending
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Inspection:
     dist: Distribution | None = None
     root: Path | None = None
     data: bytes | None = None
-    entry: Entry | None = None
+    entry: ManifestEntry | None = None
     # Not needed only because torch is not a ROCm build: --force may still apply it.
     forceable: bool = False
 
@@ -127,7 +127,7 @@ def pristine(data: bytes, record_hash: str | None, path: Path, dist: Distributio
     return Pristine.UNKNOWN
 
 
-def check_entry(patch: Patch, entry: Entry) -> None:
+def check_entry(patch: Patch, entry: ManifestEntry) -> None:
     """Refuse a manifest entry that names files the patch does not own."""
     hint = "the manifest was edited by hand; restore it or reinstall the package"
     if entry.file != patch.path or entry.distribution != patch.distribution:
@@ -160,7 +160,7 @@ def pending_patches(patches: Sequence[Patch], pending: Pending | None) -> set[st
     }
 
 
-def _drops_intact(root: Path, entry: Entry) -> str | None:
+def _drops_intact(root: Path, entry: ManifestEntry) -> str | None:
     for drop in entry.drops:
         path = root / drop.path
         try:
