@@ -253,59 +253,33 @@ class StateDir:
     @contextlib.contextmanager
     def locked(self, wait_s: float = 0.0) -> Iterator[None]:
         """Hold the environment's lock; a second run fails (after ``wait_s``) instead of
-        interleaving."""
+        interleaving. The folder is made first (and again, if a finishing run removed it
+        while this one waited: see :func:`rocmfix.fsops.held_lock`)."""
+        held = contextlib.ExitStack()
         try:
-            fd = self._lock(wait_s)
+            fd = held.enter_context(fsops.held_lock(self.lock_path, wait_s, self._make_lock_folder))
+        except BlockingIOError:
+            raise self.busy_error() from None
+        except fsops.NotRegularError as exc:
+            raise ManifestError(f"{exc}; rocmfix will not lock through it", hint=_HINT) from None
         except OSError as exc:
             raise WriteError(
                 f"nothing was changed: rocmfix could not take its lock in {self.root} "
                 f"({exc.strerror or exc})"
             ) from None
-        try:
+        with held:
+            fsops.give_to_folder_owner(self.lock_path)
+            # A lock file an older rocmfix left readable by anyone is closed now
+            # (by its owner: another member of a shared group may not chmod it).
+            with contextlib.suppress(PermissionError):
+                os.fchmod(fd, fsops.lock_mode(self.root))
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
             yield
-        finally:
-            os.close(fd)
 
-    def _open_lock(self) -> int:
-        try:
-            return fsops.open_lock(self.lock_path)
-        except fsops.NotRegularError as exc:
-            raise ManifestError(f"{exc}; rocmfix will not lock through it", hint=_HINT) from None
-
-    def _lock(self, wait_s: float) -> int:
-        # A run that finishes with nothing left removes the lock file and the folder while it
-        # holds the lock; a run that opened the file just before holds a lock on a file that
-        # is gone and guards nothing. So make the folder and the file again if they vanish,
-        # and keep a lock only on the file that is at the lock's path.
-        for _ in range(100):
-            self.check_layout()
-            self._make_root()
-            try:
-                fd = self._open_lock()
-            except FileNotFoundError:
-                continue
-            try:
-                try:
-                    taken = fsops.take_lock(fd, self.lock_path, wait_s)
-                except BlockingIOError:
-                    raise self.busy_error() from None
-                if taken:
-                    fsops.give_to_folder_owner(self.lock_path)
-                    # A lock file an older rocmfix left readable by anyone is closed now
-                    # (by its owner: another member of a shared group may not chmod it).
-                    with contextlib.suppress(PermissionError):
-                        os.fchmod(fd, fsops.lock_mode(self.root))
-                    return fd
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
-        raise LockBusyError(
-            f"could not take the lock {self.lock_path}: other rocmfix runs keep replacing it",
-            hint="wait for them to finish, then run the command again",
-        )
+    def _make_lock_folder(self) -> None:
+        self.check_layout()
+        self._make_root()
 
     def _read_lock(self) -> int | None:
         """The lock file opened without creating it (for writing where this user may, else

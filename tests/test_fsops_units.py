@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -846,3 +849,53 @@ def test_a_journal_that_cannot_be_cleared_after_a_rollback_says_so(
         transaction.execute(state, Manifest(), Plan((), tuple(changes), {}), "apply")
     assert "failed (Input/output error)" in caught.value.message
     assert _files(root)["a.py"] == b"a0"
+
+
+# ---------------------------------------------------------------------------- the lock helper
+
+
+def test_held_lock_follows_a_lock_file_its_holder_removed(tmp_path: Path) -> None:
+    """A run that opened the lock file just before its holder removed it (the state's tidy)
+    ends up holding the file that is at the path, not the removed one."""
+    lock = tmp_path / "lock"
+    holder = fsops.open_lock(lock)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    seen: dict[str, int] = {}
+
+    def second() -> None:
+        with fsops.held_lock(lock, wait_s=10.0) as fd:
+            # A removed file has no link left (its inode number may be reused at once).
+            seen["links"] = os.fstat(fd).st_nlink
+            seen["held"] = os.fstat(fd).st_ino
+            seen["at_path"] = lock.stat().st_ino
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    time.sleep(0.5)
+    lock.unlink()
+    os.close(holder)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert seen["links"] == 1
+    assert seen["held"] == seen["at_path"]
+
+
+def test_held_lock_is_busy_while_another_holds_it(tmp_path: Path) -> None:
+    lock = tmp_path / "lock"
+    with fsops.held_lock(lock):
+        other = os.open(lock, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+        with pytest.raises(BlockingIOError), fsops.held_lock(lock):
+            pass
+    assert lock.is_file(), "the helper never removes the lock file itself"
+
+
+def test_held_lock_refuses_a_link(tmp_path: Path) -> None:
+    (tmp_path / "lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(fsops.NotRegularError), fsops.held_lock(tmp_path / "lock"):
+        pass
+    assert not (tmp_path / "elsewhere").exists()
