@@ -561,7 +561,8 @@ def journal_env(tmp_path: Path) -> tuple[Environment, StateDir, Path]:
         torch=None,
         in_process=False,
     )
-    state = StateDir(tmp_path / "share" / "rocmfix", prefix=tmp_path)
+    state = env.state
+    assert state.root == tmp_path / "share" / "rocmfix"
     state.backup(b"original")
     state.backup(b"r0")
     return env, state, root
@@ -592,14 +593,14 @@ def test_recover_puts_every_file_back_and_clears_the_journal(
         "test",
     )
     manifest = state.load()
-    recovered, notes = transaction.recover(env, state, manifest, PATCHES)
+    recovered, notes = transaction.recover(env, manifest, PATCHES)
     assert (root / TARGET).read_bytes() == b"original"
     assert not (root / DROP).exists()
     assert (root / "doclayout_yolo-0.0.4.dist-info" / "RECORD").read_bytes() == b"r0"
     assert recovered.pending is None and state.load().pending is None
     assert notes[0].startswith("rolled back an interrupted apply")
     assert sum(n.startswith("restored ") for n in notes) == 3
-    assert transaction.recover(env, state, recovered, PATCHES) == (recovered, ())
+    assert transaction.recover(env, recovered, PATCHES) == (recovered, ())
 
 
 def _edit(reference: bytes, below: bool) -> bytes:
@@ -615,7 +616,7 @@ def _edit(reference: bytes, below: bool) -> bytes:
 def test_recover_leaves_what_someone_else_changed_and_skips_what_is_back(
     journal_env: tuple[Environment, StateDir, Path], below: bool
 ) -> None:
-    env, state, root = journal_env
+    env, _state, root = journal_env
     edited = _edit(b"patched", below)
     (root / TARGET).write_bytes(edited)
     record = root / "doclayout_yolo-0.0.4.dist-info" / "RECORD"
@@ -624,7 +625,7 @@ def test_recover_leaves_what_someone_else_changed_and_skips_what_is_back(
         _file(DROP, b"kernel", b"other"),  # already back: nothing to do
         _file(TARGET, b"original", b"patched"),  # changed since: left alone
     )
-    _recovered, notes = transaction.recover(env, state, manifest, PATCHES)
+    _recovered, notes = transaction.recover(env, manifest, PATCHES)
     assert (root / TARGET).read_bytes() == edited
     assert (root / DROP).read_bytes() == b"kernel"
     changed = [n for n in notes if "changed since the interrupted run" in n]
@@ -637,10 +638,10 @@ def test_recover_leaves_what_someone_else_changed_and_skips_what_is_back(
 def test_recover_notes_a_distribution_that_is_gone(
     journal_env: tuple[Environment, StateDir, Path],
 ) -> None:
-    env, state, root = journal_env
+    env, _state, root = journal_env
     elsewhere = PendingFile("file", "vllm", "vllm/model_executor/models/qwen2_vl.py", "a", "b")
     manifest = _pending(_file(TARGET, b"original", b"patched"), elsewhere)
-    _recovered, notes = transaction.recover(env, state, manifest, PATCHES)
+    _recovered, notes = transaction.recover(env, manifest, PATCHES)
     assert any("vllm is gone" in n for n in notes)
     assert (root / TARGET).read_bytes() == b"original"  # and the rest is still rolled back
 
@@ -657,7 +658,7 @@ def test_a_failed_recovery_keeps_the_journal(
 
     monkeypatch.setattr(fsops, "atomic_write", dying)
     with pytest.raises(WriteError, match="journal and backups stay"):
-        transaction.recover(env, state, manifest, PATCHES)
+        transaction.recover(env, manifest, PATCHES)
     assert state.load().pending is not None
 
 
@@ -675,12 +676,12 @@ def test_a_failed_recovery_keeps_the_journal(
 def test_a_tampered_journal_is_refused(
     journal_env: tuple[Environment, StateDir, Path], item: PendingFile, message: str
 ) -> None:
-    env, state, root = journal_env
+    env, _state, root = journal_env
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     with pytest.raises(ManifestError, match=message):
         transaction.check_pending(env, _pending(item).pending, PATCHES)
     with pytest.raises(ManifestError, match=message):
-        transaction.recover(env, state, _pending(item), PATCHES)
+        transaction.recover(env, _pending(item), PATCHES)
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
     other = replace(env, distributions={})
     transaction.check_pending(other, _pending(item).pending, PATCHES)  # nothing of it here
@@ -722,11 +723,11 @@ def test_a_journal_naming_another_packages_file_or_record_is_refused(
 def test_recovery_refuses_a_path_that_is_no_longer_a_file(
     journal_env: tuple[Environment, StateDir, Path],
 ) -> None:
-    env, state, root = journal_env
+    env, _state, root = journal_env
     (root / DROP).unlink()
     (root / DROP).mkdir()
     with pytest.raises(ManifestError, match=r"cannot roll back: .*not a regular file"):
-        transaction.recover(env, state, _pending(_file(DROP, None, b"kernel")), PATCHES)
+        transaction.recover(env, _pending(_file(DROP, None, b"kernel")), PATCHES)
 
 
 def test_inside_takes_folders_not_made_yet_and_refuses_link_loops(tmp_path: Path) -> None:

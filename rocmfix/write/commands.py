@@ -176,14 +176,14 @@ def _apply(
     check_scheme(patches, scheme)
     state = env.state
     manifest = state.load_with(env.legacy_state, env.recorded_here())
-    check_record(env, manifest, patches, state)
+    check_record(env, manifest, patches)
     if state.busy() and not dry_run:
         # Planning now would read another run's half-written files as someone's edits.
         raise state.busy_error()
     plan: Plan | None = None
     if manifest.pending is None:
         # Plan without the lock first: a run with nothing to do must not need write access.
-        plan = plan_apply(env, patches, manifest, state, scheme, force, explicit)
+        plan = plan_apply(env, patches, manifest, scheme, force, explicit)
         if dry_run or not plan.changes_anything(manifest):
             return _result(env, "apply", plan, dry_run)
     elif dry_run:
@@ -192,7 +192,7 @@ def _apply(
             hint="run `rocmfix apply` or `rocmfix revert` to finish it first",
         )
     if plan is not None:
-        check_sites(env, plan.changes, state)
+        check_sites(env, plan.changes)
         check_writable(plan.changes, state)
     state.check_writable()
     # Tidying happens under the lock: another run holding it may have backups and no
@@ -200,13 +200,13 @@ def _apply(
     with state.locked():
         try:
             locked = state.adopt(env.legacy_state, env.recorded_here(), __version__)
-            check_record(env, locked, patches, state)
-            locked, recovered = recover(env, state, locked, all_patches())
+            check_record(env, locked, patches)
+            locked, recovered = recover(env, locked, all_patches())
             if plan is None or locked != manifest or not _still_current(plan.changes):
-                plan = plan_apply(env, patches, locked, state, scheme, force, explicit)
+                plan = plan_apply(env, patches, locked, scheme, force, explicit)
             _remove_leftovers(plan)
             if plan.changes_anything(locked):
-                check_sites(env, plan.changes, state)
+                check_sites(env, plan.changes)
                 execute(state, locked, plan, "apply")
         finally:
             state.tidy()
@@ -228,7 +228,7 @@ def revert(
 def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResult:
     state = env.state
     manifest = state.load_with(env.legacy_state, env.recorded_here())
-    check_record(env, manifest, patches, state)
+    check_record(env, manifest, patches)
     if state.busy():
         # A run holding the lock may have written backups and no journal yet, or be about to
         # save its entries: "nothing to revert" would be false seconds later.
@@ -240,9 +240,9 @@ def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResul
     with state.locked():
         try:
             manifest = state.adopt(env.legacy_state, env.recorded_here(), __version__)
-            check_record(env, manifest, patches, state)
-            manifest, recovered = recover(env, state, manifest, all_patches())
-            plan = plan_revert(env, patches, manifest, state, force)
+            check_record(env, manifest, patches)
+            manifest, recovered = recover(env, manifest, all_patches())
+            plan = plan_revert(env, patches, manifest, force)
             _remove_leftovers(plan)
             if plan.changes_anything(manifest):
                 execute(state, manifest, plan, "revert")

@@ -172,11 +172,11 @@ def plan_apply(
     env: Environment,
     patches: Sequence[Patch],
     manifest: Manifest,
-    state: StateDir,
     scheme: str | None,
     force: bool,
     explicit: Collection[str] = (),
 ) -> Plan:
+    state = env.state
     plan = _Builder(manifest)
     planned: dict[tuple[str, str], tuple[str, bytes, str | None]] = {}
     selected = {p.id for p in patches}
@@ -350,9 +350,9 @@ def plan_revert(
     env: Environment,
     patches: Sequence[Patch],
     manifest: Manifest,
-    state: StateDir,
     force: bool,
 ) -> Plan:
+    state = env.state
     plan = _Builder(manifest)
     reverting = {p.id for p in patches if p.id in manifest.entries}
     removed: set[tuple[str, str]] = set()

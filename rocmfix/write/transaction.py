@@ -43,11 +43,12 @@ def _root(change: FileChange) -> Path:
     return change.path.parents[len(PurePosixPath(change.rel).parts) - 1]
 
 
-def check_sites(env: Environment, changes: Sequence[FileChange], state: StateDir) -> None:
+def check_sites(env: Environment, changes: Sequence[FileChange]) -> None:
     """Refuse, before anything is written, a distribution installed outside the installation
-    whose record ``state`` is: its record would be shared with every other package tree
+    whose record ``env.state`` is: its record would be shared with every other package tree
     used with this interpreter. An editable install is the environment's wherever its
     checkout is (an egg-link's metadata lives in the checkout too)."""
+    state = env.state
     for change in changes:
         dist = env.distributions.get(change.distribution)
         if dist is None or env.keeps_record(dist):
@@ -76,11 +77,10 @@ def foreign(env: Environment, manifest: Manifest, patches: Sequence[Patch]) -> l
     )
 
 
-def check_record(
-    env: Environment, manifest: Manifest, patches: Sequence[Patch], state: StateDir
-) -> None:
+def check_record(env: Environment, manifest: Manifest, patches: Sequence[Patch]) -> None:
     """Refuse a run that would act on a shadowing tree's files with the record of the copy
     it shadows (a revert would read them as reinstalled and drop the record's entry)."""
+    state = env.state
     for name in foreign(env, manifest, patches):
         dist = env.distributions[name]
         raise RefusedError(
@@ -388,7 +388,7 @@ def check_pending(env: Environment, pending: Pending | None, patches: Sequence[P
 
 
 def recover(
-    env: Environment, state: StateDir, manifest: Manifest, patches: Sequence[Patch]
+    env: Environment, manifest: Manifest, patches: Sequence[Patch]
 ) -> tuple[Manifest, tuple[str, ...]]:
     """Roll back a run that was killed (or failed) before it finished; every file it touched
     returns to the bytes it had before that run, from the backups written before any change.
@@ -396,6 +396,7 @@ def recover(
     pending = manifest.pending
     if pending is None:
         return manifest, ()
+    state = env.state
     check_pending(env, pending, patches)
     notes = [f"rolled back an interrupted {pending.op} (pid {pending.pid}, {pending.started_at})"]
     for item in reversed(pending.files):
