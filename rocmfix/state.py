@@ -149,7 +149,7 @@ class StateDir:
         current = self.load()
         if legacy is None or not _exists(legacy.manifest_path):
             return current
-        return _merged(current, _split(legacy.load(), names)[0])
+        return _merged(current, _split(legacy.load(), names, current)[0])
 
     def adopt(self, legacy: StateDir | None, names: Collection[str], version: str) -> Manifest:
         """Under this record's lock: move what ``legacy`` holds for ``names`` here (entries,
@@ -160,12 +160,7 @@ class StateDir:
         if legacy is None or not _exists(legacy.manifest_path):
             return current
         with legacy.locked():
-            moving, staying = _split(legacy.load(), names)
-            if current.pending is not None and moving.pending is not None:
-                moving, staying = (
-                    replace(moving, pending=None),
-                    replace(staying, pending=moving.pending),
-                )
+            moving, staying = _split(legacy.load(), names, current)
             if not moving.entries and moving.pending is None and not moving.records:
                 return current
             merged = _merged(current, moving)
@@ -353,22 +348,38 @@ def _exists(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
-def _split(manifest: Manifest, names: Collection[str]) -> tuple[Manifest, Manifest]:
-    """(what ``manifest`` holds about ``names``, the rest). A journal moves whole or not at
-    all: it is about ``names`` alone, or it stays."""
+def _split(
+    manifest: Manifest, names: Collection[str], current: Manifest
+) -> tuple[Manifest, Manifest]:
+    """(what the old place's ``manifest`` holds about ``names`` that may move to where
+    ``current`` was read, the rest). An entry ``current`` holds already moves (to leave
+    the old place) only when it is the same: one that differs (written between two rocmfix
+    versions) wins, and the old one stays rather than being lost, with its RECORD original.
+    A journal moves whole, where it is about ``names`` alone and ``current`` has none."""
+    clash = {
+        k
+        for k, e in manifest.entries.items()
+        if e.distribution in names and current.entries.get(k, e) != e
+    }
+    held = {manifest.entries[k].distribution for k in clash}
     pending = manifest.pending
-    ours = pending is not None and all(f.distribution in names for f in pending.files)
+    ours = (
+        pending is not None
+        and current.pending is None
+        and all(f.distribution in names for f in pending.files)
+    )
+
     moving = Manifest(
         manifest.rocmfix_version,
-        {k: e for k, e in manifest.entries.items() if e.distribution in names},
+        {k: e for k, e in manifest.entries.items() if e.distribution in names and k not in clash},
         pending if ours else None,
-        {d: r for d, r in manifest.records.items() if d in names},
+        {d: r for d, r in manifest.records.items() if d in names and d not in held},
     )
     staying = Manifest(
         manifest.rocmfix_version,
-        {k: e for k, e in manifest.entries.items() if e.distribution not in names},
+        {k: e for k, e in manifest.entries.items() if e.distribution not in names or k in clash},
         None if ours else pending,
-        {d: r for d, r in manifest.records.items() if d not in names},
+        {d: r for d, r in manifest.records.items() if d not in names or d in held},
     )
     return moving, staying
 
