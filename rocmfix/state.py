@@ -3,10 +3,12 @@
 The state lives in the installation that holds the targets (``<base>/share/rocmfix``: the
 prefix of a venv or conda env, the user base for the user site; see
 ``Environment.state``), so it goes where the environment goes and every user of the
-environment sees the same truth. This module alone
-knows its layout. Nothing read from it is trusted: its folders and files must be what they
-claim (no links, no FIFOs, no devices, no files larger than a manifest can be), paths are
-checked against what the patches declare, digests against the bytes they name.
+environment sees the same truth. What an older rocmfix kept under the interpreter's prefix
+instead (``Environment.legacy_state``) is read beside it and moves here on the next write.
+This module alone knows the layout; the model is :mod:`rocmfix.manifest`. Nothing read from
+it is trusted: its folders and files must be what they claim (no links, no FIFOs, no
+devices, no files larger than a manifest can be), paths are checked against what the
+patches declare, digests against the bytes they name.
 """
 
 from __future__ import annotations
