@@ -583,6 +583,36 @@ def test_state_an_older_rocmfix_kept_moves_on_the_next_write(tmp_path: Path) -> 
     assert not (local / "share").exists()
 
 
+def test_the_prefixs_own_record_is_no_old_place_for_another_site_folder(
+    tmp_path: Path,
+) -> None:
+    """The venv's copy applied (its record under the prefix, current for it), and another
+    site folder on PYTHONPATH holding the same release: that folder gets a record of its
+    own, and the venv's record is neither read for it nor moved there."""
+    python, local, tree = _local_tree(tmp_path)
+    releases.pip_install(python, releases.wheel("mineru-vl-utils", "0.1.13"))
+    site = releases.site_packages(python)
+    pristine, tree_pristine = files_under(site), files_under(tree)
+    cli = ("--only", "mineru-tokenizer", "--python", str(python))
+    applied = run_cli("apply", *cli)
+    assert applied.returncode == 0, applied.stderr
+    record = tmp_path / "venv/share/rocmfix/manifest.json"
+    manifest = record.read_bytes()
+    env = {"PYTHONPATH": f"{PYTHONPATH}{os.pathsep}{tree}"}
+    status = run_cli("status", "--json", *cli, env=env)
+    assert status.returncode == 0, status.stderr
+    (found,) = [p for p in status.json()["patches"] if p["id"] == "mineru-tokenizer"]
+    assert found["verdict"] == "applicable", found
+    assert run_cli("apply", *cli, env=env).returncode == 0
+    assert record.read_bytes() == manifest
+    assert (local / "share/rocmfix/manifest.json").is_file()
+    assert run_cli("revert", *cli, env=env).returncode == 0
+    assert files_under(tree) == tree_pristine and not (local / "share").exists()
+    assert record.read_bytes() == manifest
+    assert run_cli("revert", *cli).returncode == 0
+    assert files_under(site) == pristine
+
+
 def test_a_linked_old_state_folder_is_refused(tmp_path: Path) -> None:
     """The old location is read as untrusted as the new one: a link out is refused."""
     python, local, tree = _local_tree(tmp_path)
