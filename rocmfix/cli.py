@@ -157,7 +157,9 @@ def status(
 
     def body() -> int:
         env, patches = _setup(python, only)
-        report = write.status(env, patches, explicit=named(patches, only or ()))
+        report = write.status(
+            env, patches, explicit=named(patches, only or ()), waiting=render.waiting
+        )
         if as_json:
             render.status_json(report)
         else:
@@ -213,6 +215,7 @@ def apply(
             force=force,
             dry_run=dry_run or check,
             explicit=named(patches, only or ()),
+            waiting=render.waiting,
         )
         if result.dry_run:
             render.diff(result)
@@ -235,7 +238,7 @@ def revert(
 
     def body() -> int:
         env, patches = _setup(python, only)
-        render.run_summary(write.revert(env, patches, force=force))
+        render.run_summary(write.revert(env, patches, force=force, waiting=render.waiting))
         return EXIT_OK
 
     _run(body)

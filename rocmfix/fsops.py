@@ -22,6 +22,7 @@ import signal
 import stat
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -418,6 +419,45 @@ def take_lock(fd: int, path: Path, wait_s: float = 0.0) -> bool:
         return False
     held = os.fstat(fd)
     return (current.st_ino, current.st_dev) == (held.st_ino, held.st_dev)
+
+
+@contextlib.contextmanager
+def held_lock(
+    path: Path, wait_s: float = 0.0, prepare: Callable[[], None] | None = None
+) -> Iterator[int]:
+    """The one lock helper (rocmfix's state, the tuned file): an exclusive lock on the file
+    at ``path``, through a descriptor open for writing (:func:`open_lock`), waited for up to
+    ``wait_s``; yields the descriptor. Raises BlockingIOError while another process holds
+    it, NotRegularError for a link, FIFO or folder there.
+
+    Nobody unlinks a lock someone else holds: only its holder removes a lock file (the
+    state's tidy, once nothing is left). A run that opened the file just before finds at
+    ``path`` another file or none once it has the lock, so it locks what is there now
+    (``prepare`` makes its folder again) for as long as ``wait_s``, and at least a second,
+    allows: each turn means another run finished meanwhile."""
+    deadline = time.monotonic() + max(wait_s, 1.0)
+    while True:
+        if prepare is not None:
+            prepare()
+        try:
+            fd = open_lock(path)
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise
+            continue
+        try:
+            if take_lock(fd, path, max(deadline - time.monotonic(), 0.0) if wait_s else 0.0):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        if time.monotonic() >= deadline:
+            raise BlockingIOError(errno.EAGAIN, f"{path} keeps being replaced")
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def pid_running(pid: int) -> bool:

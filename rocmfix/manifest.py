@@ -23,7 +23,7 @@ _HINT = "rocmfix's state was edited by hand or by another program; move it aside
 
 
 @dataclass(frozen=True)
-class Drop:
+class DroppedFile:
     """A dropped file: its path and digest, and the digest of the file it replaced under
     ``--force`` (kept as a backup and restored by revert), if there was one."""
 
@@ -33,7 +33,7 @@ class Drop:
 
 
 @dataclass(frozen=True)
-class Entry:
+class ManifestEntry:
     """One applied patch."""
 
     patch: str
@@ -43,12 +43,12 @@ class Entry:
     scheme: str | None
     original_sha256: str
     patched_sha256: str
-    drops: tuple[Drop, ...]
+    drops: tuple[DroppedFile, ...]
     record_updated: bool
     applied_at: str
     # The bytecode pip wrote for ``file`` (names in its __pycache__, digests of the backups)
     # and the file's mtime then: revert puts both back, and the bytecode is valid again.
-    pycache: tuple[Drop, ...] = ()
+    pycache: tuple[DroppedFile, ...] = ()
     mtime_ns: int | None = None
 
 
@@ -85,7 +85,7 @@ class RecordState:
 @dataclass(frozen=True)
 class Manifest:
     rocmfix_version: str = ""
-    entries: Mapping[str, Entry] = field(default_factory=dict)
+    entries: Mapping[str, ManifestEntry] = field(default_factory=dict)
     pending: Pending | None = None
     records: Mapping[str, RecordState] = field(default_factory=dict)
 
@@ -124,7 +124,7 @@ def _str_or_none(value: Any, what: str) -> str | None:
     return None if value is None else _str(value, what)
 
 
-def _entry(patch: str, raw: Any) -> Entry:
+def _entry(patch: str, raw: Any) -> ManifestEntry:
     if not isinstance(raw, dict):
         raise ManifestError(f"manifest: entry {patch!r} is not an object")
     drops_raw = raw.get("drops", [])
@@ -135,13 +135,13 @@ def _entry(patch: str, raw: Any) -> Entry:
         if not isinstance(drop, dict):
             raise ManifestError(f"manifest: entry {patch!r} has malformed drops")
         drops.append(
-            Drop(
+            DroppedFile(
                 path=safe_relative(drop.get("path"), f"{patch} drop"),
                 sha256=sha_digest(drop.get("sha256"), f"{patch} drop digest"),
                 replaced=_sha_or_none(drop.get("replaced"), f"{patch} replaced digest"),
             )
         )
-    return Entry(
+    return ManifestEntry(
         patch=patch,
         distribution=_str(raw.get("distribution"), f"{patch} distribution"),
         version=_str(raw.get("version"), f"{patch} version"),
@@ -157,7 +157,7 @@ def _entry(patch: str, raw: Any) -> Entry:
     )
 
 
-def _pycache(patch: str, raw: Any) -> tuple[Drop, ...]:
+def _pycache(patch: str, raw: Any) -> tuple[DroppedFile, ...]:
     """Bytecode names: a plain ``<module>.<tag>.pyc`` each, nothing with a folder in it."""
     if not isinstance(raw, list):
         raise ManifestError(f"manifest: entry {patch!r} has malformed pycache")
@@ -166,7 +166,9 @@ def _pycache(patch: str, raw: Any) -> tuple[Drop, ...]:
         name = item.get("name") if isinstance(item, dict) else None
         if not isinstance(name, str) or not PYC_NAME.fullmatch(name):
             raise ManifestError(f"manifest: entry {patch!r} names bytecode {name!r}")
-        out.append(Drop(path=name, sha256=sha_digest(item.get("sha256"), f"{patch} bytecode")))
+        out.append(
+            DroppedFile(path=name, sha256=sha_digest(item.get("sha256"), f"{patch} bytecode"))
+        )
     return tuple(out)
 
 
@@ -244,7 +246,7 @@ def parse_manifest(text: str, where: Path) -> Manifest:
 
 
 def dump_manifest(manifest: Manifest, rocmfix_version: str) -> bytes:
-    def entry(e: Entry) -> dict[str, Any]:
+    def entry(e: ManifestEntry) -> dict[str, Any]:
         return {
             "distribution": e.distribution,
             "version": e.version,

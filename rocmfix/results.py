@@ -9,8 +9,8 @@ from pathlib import Path
 
 from .checks import EnvWarning
 from .environment import Environment
+from .manifest import Pending
 from .patch import Patch
-from .state import Pending
 
 
 class Verdict(enum.Enum):

@@ -3,10 +3,12 @@
 The state lives in the installation that holds the targets (``<base>/share/rocmfix``: the
 prefix of a venv or conda env, the user base for the user site; see
 ``Environment.state``), so it goes where the environment goes and every user of the
-environment sees the same truth. This module alone
-knows its layout. Nothing read from it is trusted: its folders and files must be what they
-claim (no links, no FIFOs, no devices, no files larger than a manifest can be), paths are
-checked against what the patches declare, digests against the bytes they name.
+environment sees the same truth. What an older rocmfix kept under the interpreter's prefix
+instead (``Environment.legacy_state``) is read beside it and moves here on the next write.
+This module alone knows the layout; the model is :mod:`rocmfix.manifest`. Nothing read from
+it is trusted: its folders and files must be what they claim (no links, no FIFOs, no
+devices, no files larger than a manifest can be), paths are checked against what the
+patches declare, digests against the bytes they name.
 """
 
 from __future__ import annotations
@@ -16,44 +18,13 @@ import fcntl
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from . import fsops
 from .errors import LockBusyError, ManifestError, RefusedError, WriteError
-
-# The model lives in rocmfix.manifest; these names stay importable from here.
-from .manifest import (
-    MANIFEST_SCHEMA,
-    PYC_NAME,
-    Drop,
-    Entry,
-    Manifest,
-    Pending,
-    PendingFile,
-    RecordState,
-    dump_manifest,
-    now,
-    parse_manifest,
-    safe_relative,
-    sha_digest,
-)
-
-__all__ = [
-    "MANIFEST_SCHEMA",
-    "PYC_NAME",
-    "Drop",
-    "Entry",
-    "Manifest",
-    "Pending",
-    "PendingFile",
-    "RecordState",
-    "StateDir",
-    "dump_manifest",
-    "now",
-    "parse_manifest",
-    "safe_relative",
-]
+from .manifest import Manifest, dump_manifest, parse_manifest, sha_digest
 
 _HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
 # A manifest names a few dozen files; anything far larger is not one rocmfix wrote.
@@ -172,6 +143,37 @@ class StateDir:
             return
         self._write(self.manifest_path, dump_manifest(manifest, rocmfix_version))
 
+    # ------------------------------------------------------------------------ the old place
+
+    def load_with(self, legacy: StateDir | None, names: Collection[str]) -> Manifest:
+        """The record, with what an older rocmfix kept for ``names`` at ``legacy`` (its
+        old place, see ``Environment.legacy_state``) read in: writes nothing."""
+        current = self.load()
+        if legacy is None or not _exists(legacy.manifest_path):
+            return current
+        return _merged(current, _split(legacy.load(), names, current)[0])
+
+    def adopt(self, legacy: StateDir | None, names: Collection[str], version: str) -> Manifest:
+        """Under this record's lock: move what ``legacy`` holds for ``names`` here (entries,
+        their RECORD originals and backups, a journal about them alone), then take it out
+        of ``legacy``. A run killed in between leaves it in both; the next one finds the
+        entries here and only takes them out there."""
+        current = self.load()
+        if legacy is None or not _exists(legacy.manifest_path):
+            return current
+        with legacy.locked():
+            moving, staying = _split(legacy.load(), names, current)
+            if not moving.entries and moving.pending is None and not moving.records:
+                return current
+            merged = _merged(current, moving)
+            for digest in sorted(_needed(moving)):
+                self.backup(legacy.read_backup(digest))
+            self.save(merged, version)
+            legacy.save(staying, version)
+            legacy.prune_backups(_needed(staying))
+            legacy.tidy()
+        return merged
+
     # ------------------------------------------------------------------------ backups
 
     def backup(self, data: bytes) -> str:
@@ -248,59 +250,33 @@ class StateDir:
     @contextlib.contextmanager
     def locked(self, wait_s: float = 0.0) -> Iterator[None]:
         """Hold the environment's lock; a second run fails (after ``wait_s``) instead of
-        interleaving."""
+        interleaving. The folder is made first (and again, if a finishing run removed it
+        while this one waited: see :func:`rocmfix.fsops.held_lock`)."""
+        held = contextlib.ExitStack()
         try:
-            fd = self._lock(wait_s)
+            fd = held.enter_context(fsops.held_lock(self.lock_path, wait_s, self._make_lock_folder))
+        except BlockingIOError:
+            raise self.busy_error() from None
+        except fsops.NotRegularError as exc:
+            raise ManifestError(f"{exc}; rocmfix will not lock through it", hint=_HINT) from None
         except OSError as exc:
             raise WriteError(
                 f"nothing was changed: rocmfix could not take its lock in {self.root} "
                 f"({exc.strerror or exc})"
             ) from None
-        try:
+        with held:
+            fsops.give_to_folder_owner(self.lock_path)
+            # A lock file an older rocmfix left readable by anyone is closed now
+            # (by its owner: another member of a shared group may not chmod it).
+            with contextlib.suppress(PermissionError):
+                os.fchmod(fd, fsops.lock_mode(self.root))
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
             yield
-        finally:
-            os.close(fd)
 
-    def _open_lock(self) -> int:
-        try:
-            return fsops.open_lock(self.lock_path)
-        except fsops.NotRegularError as exc:
-            raise ManifestError(f"{exc}; rocmfix will not lock through it", hint=_HINT) from None
-
-    def _lock(self, wait_s: float) -> int:
-        # A run that finishes with nothing left removes the lock file and the folder while it
-        # holds the lock; a run that opened the file just before holds a lock on a file that
-        # is gone and guards nothing. So make the folder and the file again if they vanish,
-        # and keep a lock only on the file that is at the lock's path.
-        for _ in range(100):
-            self.check_layout()
-            self._make_root()
-            try:
-                fd = self._open_lock()
-            except FileNotFoundError:
-                continue
-            try:
-                try:
-                    taken = fsops.take_lock(fd, self.lock_path, wait_s)
-                except BlockingIOError:
-                    raise self.busy_error() from None
-                if taken:
-                    fsops.give_to_folder_owner(self.lock_path)
-                    # A lock file an older rocmfix left readable by anyone is closed now
-                    # (by its owner: another member of a shared group may not chmod it).
-                    with contextlib.suppress(PermissionError):
-                        os.fchmod(fd, fsops.lock_mode(self.root))
-                    return fd
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
-        raise LockBusyError(
-            f"could not take the lock {self.lock_path}: other rocmfix runs keep replacing it",
-            hint="wait for them to finish, then run the command again",
-        )
+    def _make_lock_folder(self) -> None:
+        self.check_layout()
+        self._make_root()
 
     def _read_lock(self) -> int | None:
         """The lock file opened without creating it (for writing where this user may, else
@@ -368,3 +344,67 @@ class StateDir:
                 hint=f"run rocmfix as {fsops.owner_name(probe_dir)}, who owns it, or make "
                 "the folder writable by the group that shares the environment",
             )
+
+
+def _exists(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _split(
+    manifest: Manifest, names: Collection[str], current: Manifest
+) -> tuple[Manifest, Manifest]:
+    """(what the old place's ``manifest`` holds about ``names`` that may move to where
+    ``current`` was read, the rest). An entry ``current`` holds already moves (to leave
+    the old place) only when it is the same: one that differs (written between two rocmfix
+    versions) wins, and the old one stays rather than being lost, with its RECORD original.
+    A journal moves whole, where it is about ``names`` alone and ``current`` has none."""
+    clash = {
+        k
+        for k, e in manifest.entries.items()
+        if e.distribution in names and current.entries.get(k, e) != e
+    }
+    held = {manifest.entries[k].distribution for k in clash}
+    pending = manifest.pending
+    ours = (
+        pending is not None
+        and current.pending is None
+        and all(f.distribution in names for f in pending.files)
+    )
+
+    moving = Manifest(
+        manifest.rocmfix_version,
+        {k: e for k, e in manifest.entries.items() if e.distribution in names and k not in clash},
+        pending if ours else None,
+        {d: r for d, r in manifest.records.items() if d in names and d not in held},
+    )
+    staying = Manifest(
+        manifest.rocmfix_version,
+        {k: e for k, e in manifest.entries.items() if e.distribution not in names or k in clash},
+        None if ours else pending,
+        {d: r for d, r in manifest.records.items() if d not in names or d in held},
+    )
+    return moving, staying
+
+
+def _merged(current: Manifest, moving: Manifest) -> Manifest:
+    """``current`` with ``moving`` read in; what ``current`` has already wins."""
+    return replace(
+        current,
+        entries={**moving.entries, **current.entries},
+        pending=current.pending if current.pending is not None else moving.pending,
+        records={**moving.records, **current.records},
+    )
+
+
+def _needed(manifest: Manifest) -> set[str]:
+    """The backups ``manifest`` needs: originals, replaced files, bytecode, RECORDs, and
+    what its journal would roll back to."""
+    entries = manifest.entries.values()
+    pending = manifest.pending.files if manifest.pending is not None else ()
+    return (
+        {e.original_sha256 for e in entries}
+        | {d.replaced for e in entries for d in e.drops if d.replaced}
+        | {p.sha256 for e in entries for p in e.pycache}
+        | {r.original for r in manifest.records.values()}
+        | {f.before for f in pending if f.before is not None}
+    )

@@ -20,9 +20,9 @@ from . import __version__, tuned, worker
 from .environment import Environment
 from .errors import RefusedError, UsageError
 from .guest import protocol
+from .manifest import now
 from .ops import OPS, Op
 from .results import WorkerReport
-from .state import now
 
 SCHEMA = "rocmfix-tune/1"
 MIN_GAIN = 0.03
@@ -222,7 +222,9 @@ def run(
     searched = (protocol.Tuned, protocol.Measured)
     results = [_result(e, min_gain) for e in answer.events if isinstance(e, searched)]
     entries = [
-        tuned.Entry(r.kernel, r.arch, r.key, dict(r.best.config) if r.tuned and r.best else None)
+        tuned.TunedEntry(
+            r.kernel, r.arch, r.key, dict(r.best.config) if r.tuned and r.best else None
+        )
         for r in results
         if r.status == "ok"
     ]

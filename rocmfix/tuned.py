@@ -163,32 +163,24 @@ def check_ours(path: Path) -> None:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """The tuned file's lock: a file beside it that only its owner opens, locked through a
-    descriptor open for writing, waited for (tune runs are short to store), never unlinked."""
+    descriptor open for writing, waited for (tune runs are short to store), never unlinked
+    (:func:`rocmfix.fsops.held_lock`, the state's helper too)."""
     lock = path.with_name(f".{path.name}.lock")
-    for _ in range(100):
-        try:
-            fd = fsops.open_lock(lock)
-        except fsops.NotRegularError as exc:
-            raise RefusedError(f"cannot lock the tuned file: {exc}") from None
-        try:
-            if fsops.take_lock(fd, lock, wait_s=60.0):
-                break
-        except BlockingIOError:
-            os.close(fd)
-            raise RefusedError(
-                f"another rocmfix tune holds {lock}", hint="wait for it, then run again"
-            ) from None
-        os.close(fd)
-    else:
-        raise RefusedError(f"cannot lock the tuned file: {lock} keeps being replaced")
+    held = contextlib.ExitStack()
     try:
+        held.enter_context(fsops.held_lock(lock, wait_s=60.0))
+    except fsops.NotRegularError as exc:
+        raise RefusedError(f"cannot lock the tuned file: {exc}") from None
+    except BlockingIOError:
+        raise RefusedError(
+            f"another rocmfix tune holds {lock}", hint="wait for it, then run again"
+        ) from None
+    with held:
         yield
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
-class Entry:
+class TunedEntry:
     """One tuned result to store (``config``) or to drop (``None``: the shipped one won)."""
 
     kernel: str
@@ -205,7 +197,9 @@ class StoreResult:
     replaced_corrupt: str | None
 
 
-def store(path: Path, entries: list[Entry], meta: Mapping[str, Mapping[str, Any]]) -> StoreResult:
+def store(
+    path: Path, entries: list[TunedEntry], meta: Mapping[str, Mapping[str, Any]]
+) -> StoreResult:
     """Merge ``entries`` into the file, keeping every other arch's and kernel's entries."""
     check_ours(path)
     path.parent.mkdir(parents=True, exist_ok=True)

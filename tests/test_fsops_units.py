@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,9 +23,10 @@ import pytest
 from rocmfix import fsops
 from rocmfix.environment import Distribution, Environment, PythonInfo, TargetFile
 from rocmfix.errors import ManifestError, RefusedError, WriteError
+from rocmfix.manifest import DroppedFile, Manifest, ManifestEntry, Pending, PendingFile
 from rocmfix.registry import all_patches
 from rocmfix.results import FileChange
-from rocmfix.state import Drop, Entry, Manifest, Pending, PendingFile, StateDir
+from rocmfix.state import StateDir
 from rocmfix.write import transaction
 from rocmfix.write.plan import Plan
 
@@ -244,8 +248,8 @@ def _change(root: Path, rel: str, before: bytes | None, after: bytes | None,
     return FileChange(kind, "pkg", rel, root / rel, rel, before, after)
 
 
-def _entry() -> Entry:
-    return Entry(
+def _entry() -> ManifestEntry:
+    return ManifestEntry(
         patch="p",
         distribution="pkg",
         version="1",
@@ -513,9 +517,11 @@ def test_revert_writes_in_revert_order(
 
 
 def test_kept_backups_holds_a_digest_both_kinds_need() -> None:
-    entry = replace(_entry(), drops=(Drop("pkg/d.py", "d", replaced=_entry().original_sha256),))
+    entry = replace(
+        _entry(), drops=(DroppedFile("pkg/d.py", "d", replaced=_entry().original_sha256),)
+    )
     assert transaction.kept_backups([entry]) == {entry.original_sha256}
-    other = replace(_entry(), drops=(Drop("pkg/d.py", "d", replaced="r"),))
+    other = replace(_entry(), drops=(DroppedFile("pkg/d.py", "d", replaced="r"),))
     assert transaction.kept_backups([other]) == {other.original_sha256, "r"}
 
 
@@ -555,7 +561,8 @@ def journal_env(tmp_path: Path) -> tuple[Environment, StateDir, Path]:
         torch=None,
         in_process=False,
     )
-    state = StateDir(tmp_path / "share" / "rocmfix", prefix=tmp_path)
+    state = env.state
+    assert state.root == tmp_path / "share" / "rocmfix"
     state.backup(b"original")
     state.backup(b"r0")
     return env, state, root
@@ -586,14 +593,14 @@ def test_recover_puts_every_file_back_and_clears_the_journal(
         "test",
     )
     manifest = state.load()
-    recovered, notes = transaction.recover(env, state, manifest, PATCHES)
+    recovered, notes = transaction.recover(env, manifest, PATCHES)
     assert (root / TARGET).read_bytes() == b"original"
     assert not (root / DROP).exists()
     assert (root / "doclayout_yolo-0.0.4.dist-info" / "RECORD").read_bytes() == b"r0"
     assert recovered.pending is None and state.load().pending is None
     assert notes[0].startswith("rolled back an interrupted apply")
     assert sum(n.startswith("restored ") for n in notes) == 3
-    assert transaction.recover(env, state, recovered, PATCHES) == (recovered, ())
+    assert transaction.recover(env, recovered, PATCHES) == (recovered, ())
 
 
 def _edit(reference: bytes, below: bool) -> bytes:
@@ -609,7 +616,7 @@ def _edit(reference: bytes, below: bool) -> bytes:
 def test_recover_leaves_what_someone_else_changed_and_skips_what_is_back(
     journal_env: tuple[Environment, StateDir, Path], below: bool
 ) -> None:
-    env, state, root = journal_env
+    env, _state, root = journal_env
     edited = _edit(b"patched", below)
     (root / TARGET).write_bytes(edited)
     record = root / "doclayout_yolo-0.0.4.dist-info" / "RECORD"
@@ -618,7 +625,7 @@ def test_recover_leaves_what_someone_else_changed_and_skips_what_is_back(
         _file(DROP, b"kernel", b"other"),  # already back: nothing to do
         _file(TARGET, b"original", b"patched"),  # changed since: left alone
     )
-    _recovered, notes = transaction.recover(env, state, manifest, PATCHES)
+    _recovered, notes = transaction.recover(env, manifest, PATCHES)
     assert (root / TARGET).read_bytes() == edited
     assert (root / DROP).read_bytes() == b"kernel"
     changed = [n for n in notes if "changed since the interrupted run" in n]
@@ -631,10 +638,10 @@ def test_recover_leaves_what_someone_else_changed_and_skips_what_is_back(
 def test_recover_notes_a_distribution_that_is_gone(
     journal_env: tuple[Environment, StateDir, Path],
 ) -> None:
-    env, state, root = journal_env
+    env, _state, root = journal_env
     elsewhere = PendingFile("file", "vllm", "vllm/model_executor/models/qwen2_vl.py", "a", "b")
     manifest = _pending(_file(TARGET, b"original", b"patched"), elsewhere)
-    _recovered, notes = transaction.recover(env, state, manifest, PATCHES)
+    _recovered, notes = transaction.recover(env, manifest, PATCHES)
     assert any("vllm is gone" in n for n in notes)
     assert (root / TARGET).read_bytes() == b"original"  # and the rest is still rolled back
 
@@ -651,7 +658,7 @@ def test_a_failed_recovery_keeps_the_journal(
 
     monkeypatch.setattr(fsops, "atomic_write", dying)
     with pytest.raises(WriteError, match="journal and backups stay"):
-        transaction.recover(env, state, manifest, PATCHES)
+        transaction.recover(env, manifest, PATCHES)
     assert state.load().pending is not None
 
 
@@ -669,12 +676,12 @@ def test_a_failed_recovery_keeps_the_journal(
 def test_a_tampered_journal_is_refused(
     journal_env: tuple[Environment, StateDir, Path], item: PendingFile, message: str
 ) -> None:
-    env, state, root = journal_env
+    env, _state, root = journal_env
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     with pytest.raises(ManifestError, match=message):
         transaction.check_pending(env, _pending(item).pending, PATCHES)
     with pytest.raises(ManifestError, match=message):
-        transaction.recover(env, state, _pending(item), PATCHES)
+        transaction.recover(env, _pending(item), PATCHES)
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
     other = replace(env, distributions={})
     transaction.check_pending(other, _pending(item).pending, PATCHES)  # nothing of it here
@@ -716,11 +723,11 @@ def test_a_journal_naming_another_packages_file_or_record_is_refused(
 def test_recovery_refuses_a_path_that_is_no_longer_a_file(
     journal_env: tuple[Environment, StateDir, Path],
 ) -> None:
-    env, state, root = journal_env
+    env, _state, root = journal_env
     (root / DROP).unlink()
     (root / DROP).mkdir()
     with pytest.raises(ManifestError, match=r"cannot roll back: .*not a regular file"):
-        transaction.recover(env, state, _pending(_file(DROP, None, b"kernel")), PATCHES)
+        transaction.recover(env, _pending(_file(DROP, None, b"kernel")), PATCHES)
 
 
 def test_inside_takes_folders_not_made_yet_and_refuses_link_loops(tmp_path: Path) -> None:
@@ -843,3 +850,101 @@ def test_a_journal_that_cannot_be_cleared_after_a_rollback_says_so(
         transaction.execute(state, Manifest(), Plan((), tuple(changes), {}), "apply")
     assert "failed (Input/output error)" in caught.value.message
     assert _files(root)["a.py"] == b"a0"
+
+
+# ---------------------------------------------------------------------------- the lock helper
+
+
+def test_held_lock_follows_a_lock_file_its_holder_removed(tmp_path: Path) -> None:
+    """A run that opened the lock file just before its holder removed it (the state's tidy)
+    ends up holding the file that is at the path, not the removed one."""
+    lock = tmp_path / "lock"
+    holder = fsops.open_lock(lock)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    seen: dict[str, int] = {}
+
+    def second() -> None:
+        with fsops.held_lock(lock, wait_s=10.0) as fd:
+            # A removed file has no link left (its inode number may be reused at once).
+            seen["links"] = os.fstat(fd).st_nlink
+            seen["held"] = os.fstat(fd).st_ino
+            seen["at_path"] = lock.stat().st_ino
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    time.sleep(0.5)
+    lock.unlink()
+    os.close(holder)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert seen["links"] == 1
+    assert seen["held"] == seen["at_path"]
+
+
+def test_held_lock_is_busy_while_another_holds_it(tmp_path: Path) -> None:
+    lock = tmp_path / "lock"
+    with fsops.held_lock(lock):
+        other = os.open(lock, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+        with pytest.raises(BlockingIOError), fsops.held_lock(lock):
+            pass
+    assert lock.is_file(), "the helper never removes the lock file itself"
+
+
+def test_held_lock_refuses_a_link(tmp_path: Path) -> None:
+    (tmp_path / "lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(fsops.NotRegularError), fsops.held_lock(tmp_path / "lock"):
+        pass
+    assert not (tmp_path / "elsewhere").exists()
+
+
+# ---------------------------------------------------------------------------- the old place
+
+
+def test_adopt_moves_only_what_is_about_the_targets(tmp_path: Path) -> None:
+    """What an older rocmfix kept under the prefix for these targets moves here with its
+    backups; another tree's entry, and one that differs from what is here, stay there."""
+    legacy = StateDir(tmp_path / "usr" / "share" / "rocmfix", tmp_path / "usr")
+    here = StateDir(tmp_path / "local" / "share" / "rocmfix", tmp_path / "local")
+    (tmp_path / "usr").mkdir()
+    (tmp_path / "local").mkdir()
+    mine = replace(_entry(), patch="mine", original_sha256=legacy.backup(b"a0"))
+    other = replace(
+        _entry(), patch="other", distribution="elsewhere", original_sha256=legacy.backup(b"o0")
+    )
+    clash = replace(_entry(), patch="clash", original_sha256=legacy.backup(b"c0"))
+    legacy.save(Manifest(entries={"mine": mine, "other": other, "clash": clash}), "old")
+    newer = replace(clash, applied_at="later")
+    here.save(Manifest(entries={"clash": newer}), "new")
+    view = here.load_with(legacy, {"pkg"})
+    assert set(view.entries) == {"mine", "clash"} and view.entries["clash"] == newer
+    assert not (here.backups / mine.original_sha256).exists(), "a view writes nothing"
+    moved = here.adopt(legacy, {"pkg"}, "new")
+    assert moved == view
+    assert here.load() == replace(moved, rocmfix_version="new")
+    assert here.read_backup(mine.original_sha256) == b"a0"
+    left = legacy.load()
+    assert set(left.entries) == {"other", "clash"} and left.entries["clash"] == clash
+    assert legacy.read_backup(clash.original_sha256) == b"c0"
+    assert not (legacy.backups / mine.original_sha256).exists()
+    # Nothing left to move: a second run changes nothing.
+    assert here.adopt(legacy, {"pkg"}, "new") == here.load()
+    assert legacy.load() == left
+
+
+def test_adopt_empties_and_removes_the_old_place(tmp_path: Path) -> None:
+    legacy = StateDir(tmp_path / "usr" / "share" / "rocmfix", tmp_path / "usr")
+    here = StateDir(tmp_path / "local" / "share" / "rocmfix", tmp_path / "local")
+    (tmp_path / "usr").mkdir()
+    (tmp_path / "local").mkdir()
+    legacy._make_root()
+    entry = replace(_entry(), original_sha256=legacy.backup(b"a0"))
+    legacy.save(Manifest(entries={"p": entry}), "old")
+    moved = here.adopt(legacy, {"pkg"}, "new")
+    assert set(moved.entries) == {"p"}
+    assert not (tmp_path / "usr" / "share").exists()
+    assert here.read_backup(entry.original_sha256) == b"a0"

@@ -199,7 +199,7 @@ def test_tune_store_refuses_a_file_that_is_not_rocmfixs(tmp_path: Path) -> None:
 
     foreign = tmp_path / "settings.json"
     foreign.write_text('{"theme": "dark"}\n')
-    entry = tuned.Entry("patch_embed_gemm", "gfx1100", "f16", {"BLOCK_M": 32})
+    entry = tuned.TunedEntry("patch_embed_gemm", "gfx1100", "f16", {"BLOCK_M": 32})
     with pytest.raises(RefusedError, match="not a rocmfix tuned file"):
         tuned.store(foreign, [entry], {})
     assert foreign.read_text() == '{"theme": "dark"}\n'
@@ -483,6 +483,151 @@ def test_a_package_tree_on_pythonpath_is_refused_with_the_reason(tmp_path: Path)
     assert "nothing was changed" in line and "PYTHONPATH" in line, line
     assert files_under(tree) == before
     assert not Path("/usr/share/rocmfix/manifest.json").exists()
+
+
+def test_a_tree_on_pythonpath_never_reads_the_environments_record(tmp_path: Path) -> None:
+    """Two trees under one interpreter: the venv's own site-packages (A, applied) and a
+    ``pip install --target`` tree on PYTHONPATH (B) that shadows it. B must not read A's
+    record (a false `stale`), and a revert that sees B must not drop A's entry."""
+    python = releases.make_venv(tmp_path / "venv")
+    releases.pip_install(python, releases.wheel("mineru-vl-utils", "0.1.13"))
+    site = releases.site_packages(python)
+    rel = "mineru_vl_utils/vlm_client/vllm_async_engine_client.py"
+    pristine = files_under(site)
+    cli = ("--only", "mineru-tokenizer", "--python", str(python))
+    applied = run_cli("apply", *cli)
+    assert applied.returncode == 0, applied.stderr
+    patched = files_under(site)
+    assert patched[rel] != pristine[rel]
+    manifest = (tmp_path / "venv/share/rocmfix/manifest.json").read_bytes()
+    tree = tmp_path / "tree"
+    _pip_target(tree)
+    tree_before = files_under(tree)
+    shadowed = {"PYTHONPATH": f"{PYTHONPATH}{os.pathsep}{tree}"}
+    status = run_cli("status", "--json", *cli, env=shadowed)
+    assert status.returncode == 0, status.stderr
+    (found,) = [p for p in status.json()["patches"] if p["id"] == "mineru-tokenizer"]
+    assert found["verdict"] == "applicable", found
+    assert str(tree) in found["path"], found
+    reverted = run_cli("revert", *cli, env=shadowed)
+    assert reverted.returncode == 1, reverted.stderr
+    line = _one_error_line(reverted.stderr)
+    assert "nothing was changed" in line and str(tree) in line, line
+    assert files_under(tree) == tree_before
+    assert files_under(site) == patched
+    assert (tmp_path / "venv/share/rocmfix/manifest.json").read_bytes() == manifest
+    # Without the tree, A's record still reverts A byte for byte.
+    reverted = run_cli("revert", *cli)
+    assert reverted.returncode == 0, reverted.stderr
+    assert files_under(site) == pristine
+    assert not (tmp_path / "venv/share").exists()
+
+
+def _local_tree(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A venv and a site folder of its own base outside it (Debian's /usr/local beside
+    /usr): rocmfix before issue 28 kept this tree's record under the venv's prefix."""
+    python = releases.make_venv(tmp_path / "venv")
+    site = releases.site_packages(python)
+    local = tmp_path / "local"
+    tree = local / site.relative_to(tmp_path / "venv")
+    _pip_target(tree)
+    return python, local, tree
+
+
+def test_state_an_older_rocmfix_kept_under_the_prefix_is_read_and_reverted(
+    tmp_path: Path,
+) -> None:
+    python, local, tree = _local_tree(tmp_path)
+    pristine = files_under(tree)
+    env = {"PYTHONPATH": f"{PYTHONPATH}{os.pathsep}{tree}"}
+    cli = ("--only", "mineru-tokenizer", "--python", str(python))
+    applied = run_cli("apply", *cli, env=env)
+    assert applied.returncode == 0, applied.stderr
+    patched = files_under(tree)
+    # The old layout: the same record, where the old key put it.
+    legacy = tmp_path / "venv" / "share"
+    (local / "share").rename(legacy)
+    status = run_cli("status", "--json", *cli, env=env)
+    assert status.returncode == 0, status.stderr
+    (found,) = [p for p in status.json()["patches"] if p["id"] == "mineru-tokenizer"]
+    assert found["verdict"] == "applied", found
+    assert not (local / "share").exists(), "status writes nothing"
+    reverted = run_cli("revert", *cli, env=env)
+    assert reverted.returncode == 0, reverted.stderr
+    assert files_under(tree) == pristine
+    assert files_under(tree) != patched
+    assert not legacy.exists() and not (local / "share").exists()
+
+
+def test_state_an_older_rocmfix_kept_moves_on_the_next_write(tmp_path: Path) -> None:
+    """The target reinstalled, then applied again: the old record's entry moves to the new
+    place with its backup, and the old place is gone."""
+    python, local, tree = _local_tree(tmp_path)
+    pristine = files_under(tree)
+    env = {"PYTHONPATH": f"{PYTHONPATH}{os.pathsep}{tree}"}
+    cli = ("--python", str(python))
+    applied = run_cli("apply", "--only", "mineru-tokenizer", *cli, env=env)
+    assert applied.returncode == 0, applied.stderr
+    legacy = tmp_path / "venv" / "share"
+    (local / "share").rename(legacy)
+    rel = "mineru_vl_utils/vlm_client/vllm_async_engine_client.py"
+    (tree / rel).write_bytes(pristine[rel])
+    applied = run_cli("apply", *cli, env=env)
+    assert applied.returncode == 0, applied.stderr
+    assert not legacy.exists()
+    record = json.loads((local / "share/rocmfix/manifest.json").read_text())
+    assert "mineru-tokenizer" in record["entries"], record
+    reverted = run_cli("revert", *cli, env=env)
+    assert reverted.returncode == 0, reverted.stderr
+    assert files_under(tree) == pristine
+    assert not (local / "share").exists()
+
+
+def test_the_prefixs_own_record_is_no_old_place_for_another_site_folder(
+    tmp_path: Path,
+) -> None:
+    """The venv's copy applied (its record under the prefix, current for it), and another
+    site folder on PYTHONPATH holding the same release: that folder gets a record of its
+    own, and the venv's record is neither read for it nor moved there."""
+    python, local, tree = _local_tree(tmp_path)
+    releases.pip_install(python, releases.wheel("mineru-vl-utils", "0.1.13"))
+    site = releases.site_packages(python)
+    pristine, tree_pristine = files_under(site), files_under(tree)
+    cli = ("--only", "mineru-tokenizer", "--python", str(python))
+    applied = run_cli("apply", *cli)
+    assert applied.returncode == 0, applied.stderr
+    record = tmp_path / "venv/share/rocmfix/manifest.json"
+    manifest = record.read_bytes()
+    env = {"PYTHONPATH": f"{PYTHONPATH}{os.pathsep}{tree}"}
+    status = run_cli("status", "--json", *cli, env=env)
+    assert status.returncode == 0, status.stderr
+    (found,) = [p for p in status.json()["patches"] if p["id"] == "mineru-tokenizer"]
+    assert found["verdict"] == "applicable", found
+    assert run_cli("apply", *cli, env=env).returncode == 0
+    assert record.read_bytes() == manifest
+    assert (local / "share/rocmfix/manifest.json").is_file()
+    assert run_cli("revert", *cli, env=env).returncode == 0
+    assert files_under(tree) == tree_pristine and not (local / "share").exists()
+    assert record.read_bytes() == manifest
+    assert run_cli("revert", *cli).returncode == 0
+    assert files_under(site) == pristine
+
+
+def test_a_linked_old_state_folder_is_refused(tmp_path: Path) -> None:
+    """The old location is read as untrusted as the new one: a link out is refused."""
+    python, local, tree = _local_tree(tmp_path)
+    env = {"PYTHONPATH": f"{PYTHONPATH}{os.pathsep}{tree}"}
+    cli = ("--only", "mineru-tokenizer", "--python", str(python))
+    applied = run_cli("apply", *cli, env=env)
+    assert applied.returncode == 0, applied.stderr
+    outside = tmp_path / "outside"
+    (local / "share").rename(outside)
+    (tmp_path / "venv" / "share").symlink_to(outside)
+    before = files_under(outside)
+    reverted = run_cli("revert", *cli, env=env)
+    assert reverted.returncode == 1, reverted.stderr
+    assert "symbolic link" in _one_error_line(reverted.stderr)
+    assert files_under(outside) == before
 
 
 # ---------------------------------------------------------------------------- issue 32 item 10

@@ -486,7 +486,8 @@ def test_code_nested_too_deep_reads_as_unsupported(env: InstalledEnv, terms: int
 def test_a_hanging_git_holds_status_for_one_time_limit_only(
     transformers_env: Callable[..., InstalledEnv], tmp_path: Path
 ) -> None:
-    """status was silent for 322 s: 16 targets of an editable install, 20 s of git each."""
+    """status was silent for 322 s: 16 targets of an editable install, 20 s of git each.
+    Now one time limit holds every git call of the run, and stderr says what it waits on."""
     env = transformers_env("5.24.0")
     info = next(env.site.glob("transformers-*.dist-info"))
     # An editable install has no RECORD to check against: git is asked instead.
@@ -512,6 +513,11 @@ def test_a_hanging_git_holds_status_for_one_time_limit_only(
         took = time.monotonic() - started
         assert result.returncode == 0, result.stderr
         assert took < 40, took
+        # One line says what the wait is, once it is long enough to wonder about.
+        said = [line for line in result.stderr.splitlines() if "asking git" in line]
+        assert said == ["rocmfix: asking git about 1 editable install (transformers) ..."], (
+            result.stderr
+        )
         pristine = {p["id"]: p.get("pristine") for p in result.json()["patches"]}
         assert "transformers-qwen2-vl" in pristine
         time.sleep(0.5)

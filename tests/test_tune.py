@@ -194,27 +194,27 @@ def test_store_merges_replaces_corrupt_files_and_drops_lost_entries(tmp_path: Pa
     first = tuned.store(
         path,
         [
-            tuned.Entry("patch_embed_gemm", "sm_90", "f16", a),
-            tuned.Entry("dilated_conv", "sm_90", "c96_k5_tf32", a),
+            tuned.TunedEntry("patch_embed_gemm", "sm_90", "f16", a),
+            tuned.TunedEntry("dilated_conv", "sm_90", "c96_k5_tf32", a),
         ],
         {"sm_90": {"triton": "3.6.0"}},
     )
     assert first.written and first.replaced_corrupt is None
-    tuned.store(path, [tuned.Entry("dilated_conv", "gfx942", "c96_k5_tf32", a)], {})
+    tuned.store(path, [tuned.TunedEntry("dilated_conv", "gfx942", "c96_k5_tf32", a)], {})
     data = json.loads(path.read_text())
     assert set(data["kernels"]["dilated_conv"]) == {"sm_90", "gfx942"}
     assert data["meta"] == {"sm_90": {"triton": "3.6.0"}}
-    tuned.store(path, [tuned.Entry("dilated_conv", "sm_90", "c96_k5_tf32", None)], {})
+    tuned.store(path, [tuned.TunedEntry("dilated_conv", "sm_90", "c96_k5_tf32", None)], {})
     data = json.loads(path.read_text())
     assert data["kernels"]["dilated_conv"] == {"gfx942": {"c96_k5_tf32": a}}
     assert data["kernels"]["patch_embed_gemm"] == {"sm_90": {"f16": a}}
     # rocmfix's file with damaged entries is replaced; a file that is not rocmfix's is not
     # touched (tests/test_hostile_files.py).
     path.write_text('{"schema": 1, "kernels": {"patch_embed_gemm": 7}}')
-    replaced = tuned.store(path, [tuned.Entry("patch_embed_gemm", "sm_90", "f16", a)], {})
+    replaced = tuned.store(path, [tuned.TunedEntry("patch_embed_gemm", "sm_90", "f16", a)], {})
     assert replaced.written and replaced.replaced_corrupt is not None
     assert json.loads(path.read_text())["kernels"] == {"patch_embed_gemm": {"sm_90": {"f16": a}}}
-    gone = tuned.store(path, [tuned.Entry("patch_embed_gemm", "sm_90", "f16", None)], {})
+    gone = tuned.store(path, [tuned.TunedEntry("patch_embed_gemm", "sm_90", "f16", None)], {})
     assert gone.removed and not path.exists()
     # Only the lock stays: whoever unlinks a lock file may unlink one another run holds.
     assert sorted(p.name for p in path.parent.iterdir()) == [".tuned.json.lock"]

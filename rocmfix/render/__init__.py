@@ -1,6 +1,6 @@
 """Everything rocmfix shows, one module per command family; nothing else prints."""
 
-from rocmfix.render.console import error, internal_error, progress, text, warning
+from rocmfix.render.console import error, internal_error, progress, text, waiting, warning
 from rocmfix.render.doctor import doctor_json, doctor_table
 from rocmfix.render.kernels import kernels_json, kernels_table
 from rocmfix.render.run import diff, run_summary
@@ -32,5 +32,6 @@ __all__ = [
     "tune_json",
     "tune_reset",
     "tune_table",
+    "waiting",
     "warning",
 ]

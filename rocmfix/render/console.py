@@ -120,6 +120,11 @@ def text(value: str) -> None:
     sys.stdout.write(value)
 
 
+def waiting(message: str) -> None:
+    """One line while a command waits on something slow (git, say): it is not stuck."""
+    err().print(f"rocmfix: {escape(message)}", highlight=False)
+
+
 def warning(message: str) -> None:
     err().print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
 

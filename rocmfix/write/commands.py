@@ -10,41 +10,79 @@ transaction.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
-from rocmfix import fsops
+from rocmfix import __version__, fsops
 from rocmfix.checks import EnvWarning, environment_warnings
 from rocmfix.environment import Environment, default_python_hint
 from rocmfix.errors import LockBusyError, ManifestError, RefusedError
+from rocmfix.manifest import Manifest
 from rocmfix.patch import Patch
 from rocmfix.registry import all_patches, check_scheme
 from rocmfix.results import FileChange, Outcome, RunResult, StatusReport, Verdict
-from rocmfix.state import Manifest, StateDir
+from rocmfix.state import StateDir
 from rocmfix.write.plan import Plan, plan_apply, plan_revert
 from rocmfix.write.transaction import (
     check_pending,
+    check_record,
     check_sites,
     check_writable,
     execute,
+    foreign,
     recover,
 )
-from rocmfix.write.verdicts import check_entry, inspect, pending_patches
+from rocmfix.write.verdicts import check_entry, git_budget, inspect, pending_patches
+
+# What the three commands tell their caller while they wait on something slow (one line).
+Waiting = Callable[[str], None]
+
+
+def _asking_git(
+    env: Environment, patches: Sequence[Patch], waiting: Waiting | None
+) -> contextlib.AbstractContextManager[None]:
+    """One git budget for the run; ``waiting`` hears once what it waits on, if it is long."""
+    names = sorted(
+        {
+            p.distribution
+            for p in patches
+            if (dist := env.distributions.get(p.distribution)) is not None and dist.editable
+        }
+    )
+    if waiting is None or not names:
+        return git_budget()
+    count = f"{len(names)} editable install{'s' if len(names) != 1 else ''}"
+    line = f"asking git about {count} ({', '.join(names)}) ..."
+    return git_budget(lambda: waiting(line))
 
 
 def status(
-    env: Environment, patches: Sequence[Patch], *, explicit: Collection[str] = ()
+    env: Environment,
+    patches: Sequence[Patch],
+    *,
+    explicit: Collection[str] = (),
+    waiting: Waiting | None = None,
 ) -> StatusReport:
     """What is installed, patched and needed, and why. Reads only; creates nothing.
     ``explicit``: the patch ids the user named (``--only``)."""
+    with _asking_git(env, patches, waiting):
+        return _status(env, patches, explicit)
+
+
+def _status(env: Environment, patches: Sequence[Patch], explicit: Collection[str]) -> StatusReport:
     state = env.state
     problem = None
     try:
-        manifest = state.load()
+        manifest = state.load_with(env.legacy_state, env.recorded_here())
     except ManifestError as exc:
         # The README's promise: status still shows the environment; --check fails.
         manifest, problem = Manifest(), exc.message
     busy = state.busy()
+    shadowed = foreign(env, manifest, patches)
+    if shadowed:
+        # Another tree's copy: the record's entries describe files this run does not see.
+        entries = {k: v for k, v in manifest.entries.items() if v.distribution not in shadowed}
+        manifest = replace(manifest, entries=entries)
     try:
         check_pending(env, manifest.pending, all_patches())
     except ManifestError as exc:
@@ -60,6 +98,17 @@ def status(
             entries = {k: v for k, v in manifest.entries.items() if k != patch.id}
             manifest = replace(manifest, entries=entries)
     warnings = environment_warnings(env)
+    if shadowed:
+        where = ", ".join(f"{n} in {env.distributions[n].location}" for n in shadowed)
+        warnings = (
+            EnvWarning(
+                "shadowed",
+                f"{where} shadows the copy that rocmfix's record ({state.root}) is about; "
+                "that record is not read for it",
+                f"run rocmfix without that tree on PYTHONPATH to see {state.prefix}",
+            ),
+            *warnings,
+        )
     if busy:
         warnings = (
             EnvWarning(
@@ -109,18 +158,32 @@ def apply(
     force: bool = False,
     dry_run: bool = False,
     explicit: Collection[str] = (),
+    waiting: Waiting | None = None,
 ) -> RunResult:
     """Rewrite every selected target that needs it, all or nothing."""
+    with _asking_git(env, patches, waiting):
+        return _apply(env, patches, scheme, force, dry_run, explicit)
+
+
+def _apply(
+    env: Environment,
+    patches: Sequence[Patch],
+    scheme: str | None,
+    force: bool,
+    dry_run: bool,
+    explicit: Collection[str],
+) -> RunResult:
     check_scheme(patches, scheme)
     state = env.state
-    manifest = state.load()
+    manifest = state.load_with(env.legacy_state, env.recorded_here())
+    check_record(env, manifest, patches)
     if state.busy() and not dry_run:
         # Planning now would read another run's half-written files as someone's edits.
         raise state.busy_error()
     plan: Plan | None = None
     if manifest.pending is None:
         # Plan without the lock first: a run with nothing to do must not need write access.
-        plan = plan_apply(env, patches, manifest, state, scheme, force, explicit)
+        plan = plan_apply(env, patches, manifest, scheme, force, explicit)
         if dry_run or not plan.changes_anything(manifest):
             return _result(env, "apply", plan, dry_run)
     elif dry_run:
@@ -129,29 +192,43 @@ def apply(
             hint="run `rocmfix apply` or `rocmfix revert` to finish it first",
         )
     if plan is not None:
-        check_sites(env, plan.changes, state)
+        check_sites(env, plan.changes)
         check_writable(plan.changes, state)
     state.check_writable()
     # Tidying happens under the lock: another run holding it may have backups and no
     # journal yet, which an unlocked tidy would take for leftovers and delete.
     with state.locked():
         try:
-            locked, recovered = recover(env, state, state.load(), all_patches())
+            locked = state.adopt(env.legacy_state, env.recorded_here(), __version__)
+            check_record(env, locked, patches)
+            locked, recovered = recover(env, locked, all_patches())
             if plan is None or locked != manifest or not _still_current(plan.changes):
-                plan = plan_apply(env, patches, locked, state, scheme, force, explicit)
+                plan = plan_apply(env, patches, locked, scheme, force, explicit)
             _remove_leftovers(plan)
             if plan.changes_anything(locked):
-                check_sites(env, plan.changes, state)
+                check_sites(env, plan.changes)
                 execute(state, locked, plan, "apply")
         finally:
             state.tidy()
     return _result(env, "apply", plan, False, recovered)
 
 
-def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -> RunResult:
+def revert(
+    env: Environment,
+    patches: Sequence[Patch],
+    *,
+    force: bool = False,
+    waiting: Waiting | None = None,
+) -> RunResult:
     """Put back the original bytes of every selected patched file and remove dropped files."""
+    with _asking_git(env, patches, waiting):
+        return _revert(env, patches, force)
+
+
+def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResult:
     state = env.state
-    manifest = state.load()
+    manifest = state.load_with(env.legacy_state, env.recorded_here())
+    check_record(env, manifest, patches)
     if state.busy():
         # A run holding the lock may have written backups and no journal yet, or be about to
         # save its entries: "nothing to revert" would be false seconds later.
@@ -162,8 +239,10 @@ def revert(env: Environment, patches: Sequence[Patch], *, force: bool = False) -
     state.check_writable()
     with state.locked():
         try:
-            manifest, recovered = recover(env, state, state.load(), all_patches())
-            plan = plan_revert(env, patches, manifest, state, force)
+            manifest = state.adopt(env.legacy_state, env.recorded_here(), __version__)
+            check_record(env, manifest, patches)
+            manifest, recovered = recover(env, manifest, all_patches())
+            plan = plan_revert(env, patches, manifest, force)
             _remove_leftovers(plan)
             if plan.changes_anything(manifest):
                 execute(state, manifest, plan, "revert")

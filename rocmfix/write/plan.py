@@ -20,9 +20,10 @@ from rocmfix._resources import template_bytes
 from rocmfix.checks import has_triton
 from rocmfix.environment import Distribution, Environment, compile_errors
 from rocmfix.errors import AnchorNotFoundError, RefusedError
+from rocmfix.manifest import DroppedFile, Manifest, ManifestEntry, now
 from rocmfix.patch import Patch, Shape
 from rocmfix.results import Action, FileChange, Outcome, PatchStatus, Pristine, Verdict
-from rocmfix.state import Drop, Entry, Manifest, StateDir, now
+from rocmfix.state import StateDir
 from rocmfix.write.verdicts import context, inspect
 
 
@@ -30,7 +31,7 @@ from rocmfix.write.verdicts import context, inspect
 class Plan:
     outcomes: tuple[Outcome, ...]
     changes: tuple[FileChange, ...]
-    entries: Mapping[str, Entry]
+    entries: Mapping[str, ManifestEntry]
 
     def changes_anything(self, manifest: Manifest) -> bool:
         return bool(self.changes) or dict(self.entries) != dict(manifest.entries)
@@ -171,16 +172,16 @@ def plan_apply(
     env: Environment,
     patches: Sequence[Patch],
     manifest: Manifest,
-    state: StateDir,
     scheme: str | None,
     force: bool,
     explicit: Collection[str] = (),
 ) -> Plan:
+    state = env.state
     plan = _Builder(manifest)
     planned: dict[tuple[str, str], tuple[str, bytes, str | None]] = {}
     selected = {p.id for p in patches}
     # Files an earlier scheme dropped; removed unless some patch still drops them afterwards.
-    superseded: dict[tuple[str, str], tuple[Patch, Distribution, Path, Drop]] = {}
+    superseded: dict[tuple[str, str], tuple[Patch, Distribution, Path, DroppedFile]] = {}
 
     for patch in patches:
         seen = inspect(env, patch, manifest, explicit=explicit)
@@ -247,7 +248,7 @@ def plan_apply(
             forced += ("a file rocmfix did not drop was where a kernel goes (kept as a backup)",)
         for old in entry.drops if entry is not None else ():
             superseded[(patch.distribution, old.path)] = (patch, dist, root, old)
-        plan.entries[patch.id] = Entry(
+        plan.entries[patch.id] = ManifestEntry(
             patch=patch.id,
             distribution=patch.distribution,
             version=dist.version,
@@ -280,16 +281,16 @@ def _plan_drops(
     planned: dict[tuple[str, str], tuple[str, bytes, str | None]],
     selected: set[str],
     force: bool,
-) -> list[Drop]:
+) -> list[DroppedFile]:
     """The templates ``chosen`` drops for ``patch``; files shared with other patches once."""
-    drops: list[Drop] = []
+    drops: list[DroppedFile] = []
     for template in patch.drops(chosen):
         data = template_bytes(template.source)
         replaced = _replaced(manifest, patch.distribution, template.dest)
         earlier = planned.get((patch.distribution, template.dest))
         if earlier is not None:
             # Shared with a patch planned before: dropped once, recorded by both.
-            drops.append(Drop(template.dest, fsops.sha256(data), earlier[2]))
+            drops.append(DroppedFile(template.dest, fsops.sha256(data), earlier[2]))
             if earlier[1] != data:
                 plan.refusals.append(
                     f"{patch.id} and {earlier[0]} would drop different {template.dest}"
@@ -311,7 +312,7 @@ def _plan_drops(
             # Someone else's file: refused, or under --force kept as a backup that revert
             # puts back.
             replaced = fsops.sha256(existing)
-        drops.append(Drop(template.dest, fsops.sha256(data), replaced))
+        drops.append(DroppedFile(template.dest, fsops.sha256(data), replaced))
         planned[(patch.distribution, template.dest)] = (patch.id, data, replaced)
         if existing == data:
             continue
@@ -339,7 +340,7 @@ def _replaced(manifest: Manifest, dist: str, rel: str) -> str | None:
     return None
 
 
-def _undropped(state: StateDir, drop: Drop) -> bytes | None:
+def _undropped(state: StateDir, drop: DroppedFile) -> bytes | None:
     """What a dropped file's path holds once the drop is undone: the user's file it replaced
     under --force, else nothing."""
     return state.read_backup(drop.replaced) if drop.replaced else None
@@ -349,9 +350,9 @@ def plan_revert(
     env: Environment,
     patches: Sequence[Patch],
     manifest: Manifest,
-    state: StateDir,
     force: bool,
 ) -> Plan:
+    state = env.state
     plan = _Builder(manifest)
     reverting = {p.id for p in patches if p.id in manifest.entries}
     removed: set[tuple[str, str]] = set()

@@ -22,19 +22,19 @@ from pathlib import Path, PurePosixPath
 from rocmfix import __version__, fsops
 from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError, RefusedError, WriteError
-from rocmfix.patch import Patch
-from rocmfix.results import FileChange
-from rocmfix.state import (
+from rocmfix.manifest import (
     PYC_NAME,
-    Drop,
-    Entry,
+    DroppedFile,
     Manifest,
+    ManifestEntry,
     Pending,
     PendingFile,
     RecordState,
-    StateDir,
     now,
 )
+from rocmfix.patch import Patch
+from rocmfix.results import FileChange
+from rocmfix.state import StateDir
 from rocmfix.write.plan import Plan, record_rel
 
 
@@ -43,14 +43,15 @@ def _root(change: FileChange) -> Path:
     return change.path.parents[len(PurePosixPath(change.rel).parts) - 1]
 
 
-def check_sites(env: Environment, changes: Sequence[FileChange], state: StateDir) -> None:
+def check_sites(env: Environment, changes: Sequence[FileChange]) -> None:
     """Refuse, before anything is written, a distribution installed outside the installation
-    whose record ``state`` is: its record would be shared with every other package tree
+    whose record ``env.state`` is: its record would be shared with every other package tree
     used with this interpreter. An editable install is the environment's wherever its
     checkout is (an egg-link's metadata lives in the checkout too)."""
+    state = env.state
     for change in changes:
         dist = env.distributions.get(change.distribution)
-        if dist is None or dist.editable or fsops.inside(dist.location / "x", state.prefix):
+        if dist is None or env.keeps_record(dist):
             continue
         raise RefusedError(
             f"nothing was changed: {dist.name} is installed in {dist.location}, outside "
@@ -59,6 +60,34 @@ def check_sites(env: Environment, changes: Sequence[FileChange], state: StateDir
             "share it",
             hint="install the package into the environment (or the user site) itself, "
             "or patch each site folder on its own with --only",
+        )
+
+
+def foreign(env: Environment, manifest: Manifest, patches: Sequence[Patch]) -> list[str]:
+    """The distributions the record names (an entry of a selected patch, or the journal)
+    that the probe found outside the record's installation: another tree shadows the copy
+    the record is about, and its files are not the ones the record describes."""
+    named = {p.distribution for p in patches if p.id in manifest.entries}
+    if manifest.pending is not None:
+        named |= {f.distribution for f in manifest.pending.files}
+    return sorted(
+        name
+        for name in named
+        if (dist := env.distributions.get(name)) is not None and not env.keeps_record(dist)
+    )
+
+
+def check_record(env: Environment, manifest: Manifest, patches: Sequence[Patch]) -> None:
+    """Refuse a run that would act on a shadowing tree's files with the record of the copy
+    it shadows (a revert would read them as reinstalled and drop the record's entry)."""
+    state = env.state
+    for name in foreign(env, manifest, patches):
+        dist = env.distributions[name]
+        raise RefusedError(
+            f"nothing was changed: {name} is found in {dist.location}, outside "
+            f"{state.prefix}, whose record ({state.root}) is about the {name} installed "
+            "there, not this one",
+            hint=f"run the command without that tree on PYTHONPATH to act on {state.prefix}",
         )
 
 
@@ -205,14 +234,14 @@ def _keep_bytecode(state: StateDir, plan: Plan, changes: Sequence[FileChange]) -
             continue
         kept = []
         for pyc, data in _bytecode(change.path):
-            kept.append(Drop(pyc, state.backup(data)))
+            kept.append(DroppedFile(pyc, state.backup(data)))
         if kept:
             mtime = change.path.stat(follow_symlinks=False).st_mtime_ns
             entries[name] = replace(entry, pycache=tuple(kept), mtime_ns=mtime)
     return replace(plan, entries=entries)
 
 
-def _restore_bytecode(state: StateDir, reverted: Iterable[Entry], plan: Plan) -> None:
+def _restore_bytecode(state: StateDir, reverted: Iterable[ManifestEntry], plan: Plan) -> None:
     """Put back the bytecode pip wrote and the mtime it was compiled against, for each file
     revert restored to its original. Best effort: it is a cache, which Python rebuilds."""
     written = {(c.distribution, c.rel): c for c in plan.changes if c.kind == "target"}
@@ -283,7 +312,7 @@ def execute(state: StateDir, manifest: Manifest, plan: Plan, op: str) -> None:
     state.prune_backups(kept_backups(plan.entries.values(), records.values()))
 
 
-def kept_backups(entries: Iterable[Entry], records: Iterable[RecordState] = ()) -> set[str]:
+def kept_backups(entries: Iterable[ManifestEntry], records: Iterable[RecordState] = ()) -> set[str]:
     """The backups the manifest still needs: originals, files a forced drop replaced, and
     each RECORD as rocmfix first found it."""
     return (
@@ -359,7 +388,7 @@ def check_pending(env: Environment, pending: Pending | None, patches: Sequence[P
 
 
 def recover(
-    env: Environment, state: StateDir, manifest: Manifest, patches: Sequence[Patch]
+    env: Environment, manifest: Manifest, patches: Sequence[Patch]
 ) -> tuple[Manifest, tuple[str, ...]]:
     """Roll back a run that was killed (or failed) before it finished; every file it touched
     returns to the bytes it had before that run, from the backups written before any change.
@@ -367,6 +396,7 @@ def recover(
     pending = manifest.pending
     if pending is None:
         return manifest, ()
+    state = env.state
     check_pending(env, pending, patches)
     notes = [f"rolled back an interrupted {pending.op} (pid {pending.pid}, {pending.started_at})"]
     for item in reversed(pending.files):

@@ -9,9 +9,11 @@ as its package shipped it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,11 +23,11 @@ from rocmfix import fsops, measured, supervise
 from rocmfix.checks import is_rocm, torch_build
 from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError
+from rocmfix.manifest import Manifest, ManifestEntry, Pending
 from rocmfix.mineru import onnx_note, runs_onnx
 from rocmfix.patch import Patch, Shape, TargetContext
 from rocmfix.results import PatchStatus, Pristine, Verdict
 from rocmfix.rewrite import TooDeepError
-from rocmfix.state import Entry, Manifest, Pending
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Inspection:
     dist: Distribution | None = None
     root: Path | None = None
     data: bytes | None = None
-    entry: Entry | None = None
+    entry: ManifestEntry | None = None
     # Not needed only because torch is not a ROCm build: --force may still apply it.
     forceable: bool = False
 
@@ -43,25 +45,64 @@ class Inspection:
 # a hook) held status 20 s per file, minutes in all. One budget for the whole run instead:
 # once it is spent, the files left are "unknown", as without git.
 GIT_BUDGET_S = 10.0
-_git_deadline: list[float] = []
+# Once the git calls have taken this long in all, the run says what it is waiting on.
+GIT_NOTICE_S = 1.0
+
+
+class GitBudget:
+    """The time every git call of one run shares, and the one notice its user gets once
+    they take long (``notice`` runs on a timer thread, only while a git call runs)."""
+
+    def __init__(self, notice: Callable[[], None] | None = None) -> None:
+        self._deadline: float | None = None
+        self._spent = 0.0
+        self._notice = notice
+
+    def run(self, argv: Sequence[str]) -> supervise.Finished | None:
+        started = time.monotonic()
+        if self._deadline is None:
+            self._deadline = started + GIT_BUDGET_S
+        left = self._deadline - started
+        if left <= 0:
+            return None
+        timer = None
+        if self._notice is not None:
+            timer = threading.Timer(max(GIT_NOTICE_S - self._spent, 0.0), self._announce)
+            timer.daemon = True
+            timer.start()
+        try:
+            # From / like every child rocmfix starts; the checkout's fsmonitor hook never runs.
+            done = supervise.capped(list(argv), timeout=left, limit=1 << 20)
+        except OSError:
+            return None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._spent += time.monotonic() - started
+        return None if done.returncode is None else done
+
+    def _announce(self) -> None:
+        notice, self._notice = self._notice, None
+        if notice is not None:
+            notice()
+
+
+# The run's budget: commands.py opens one per command (:func:`git_budget`); a caller that
+# opens none shares this one for the life of the process.
+_budgets: list[GitBudget] = [GitBudget()]
+
+
+@contextlib.contextmanager
+def git_budget(notice: Callable[[], None] | None = None) -> Iterator[None]:
+    _budgets.append(GitBudget(notice))
+    try:
+        yield
+    finally:
+        _budgets.pop()
 
 
 def _git(path: Path, *args: str) -> supervise.Finished | None:
-    if not _git_deadline:
-        _git_deadline.append(time.monotonic() + GIT_BUDGET_S)
-    left = _git_deadline[0] - time.monotonic()
-    if left <= 0:
-        return None
-    try:
-        # From / like every child rocmfix starts; the checkout's fsmonitor hook never runs.
-        done = supervise.capped(
-            ["git", "-C", str(path.parent), "-c", "core.fsmonitor=false", *args],
-            timeout=left,
-            limit=1 << 20,
-        )
-    except OSError:
-        return None
-    return None if done.returncode is None else done
+    return _budgets[-1].run(["git", "-C", str(path.parent), "-c", "core.fsmonitor=false", *args])
 
 
 def _git_pristine(path: Path) -> bool | None:
@@ -86,7 +127,7 @@ def pristine(data: bytes, record_hash: str | None, path: Path, dist: Distributio
     return Pristine.UNKNOWN
 
 
-def check_entry(patch: Patch, entry: Entry) -> None:
+def check_entry(patch: Patch, entry: ManifestEntry) -> None:
     """Refuse a manifest entry that names files the patch does not own."""
     hint = "the manifest was edited by hand; restore it or reinstall the package"
     if entry.file != patch.path or entry.distribution != patch.distribution:
@@ -119,7 +160,7 @@ def pending_patches(patches: Sequence[Patch], pending: Pending | None) -> set[st
     }
 
 
-def _drops_intact(root: Path, entry: Entry) -> str | None:
+def _drops_intact(root: Path, entry: ManifestEntry) -> str | None:
     for drop in entry.drops:
         path = root / drop.path
         try:
