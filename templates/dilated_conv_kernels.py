@@ -7,7 +7,8 @@ C*KH*KW reduction in an fp32 accumulator) and one store (the block's eval BatchN
 per-channel scale and shift, then SiLU, applied as the tile is written): the ``dot`` kernel
 (implicit GEMM through ``tl.dot``), the ``fma`` kernel (rank-1 FMA updates) and the ``tma``
 kernel (the dot kernel fed by tensor descriptors). Their prologue and store are the
-``@triton.jit`` helpers below, inlined by Triton into each kernel.
+``@triton.jit`` helpers below, inlined by Triton into each kernel. :func:`prepare_launch`
+turns one call and its config (``dilated_conv_config``) into a launch.
 
 Everything that changes with the page size (batch, H, W and the strides built from them) and
 the per-call dilation/padding stay out of Triton's specialisation: one compile per (C, C_out,
@@ -19,195 +20,23 @@ interpreter if triton was imported before TRITON_INTERPRET=1 was set.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import rocmfix_kernel_config as kc
-from .rocmfix_triton import tl, triton
+from . import rocmfix_kernel_support as ks
+from . import rocmfix_triton as rt
 
-CONFIG_ENV = "ROCMFIX_DILATED_CONV_CONFIG"
-KERNEL = "dilated_conv"
+if rt.HAS_TRITON:
+    # The modules rocmfix_triton imported, bound here for the kernels' annotations: that
+    # module alone decides whether Triton is usable.
+    import triton
+    import triton.language as tl
 
-# Launch configurations per GPU arch.  Inside an arch, keys go from least to most specific:
-# "any", then the precision class ("tf32": fp32 through a reduced-precision dot, "fp32": strict
-# IEEE fp32, "f16": fp16/bf16), then the shape class "c<C>_k<K>" (C in = C out) or
-# "c<Cin>x<Cout>_k<K>", then "<shape class>_<precision class>".  More specific keys override
-# fields of less specific ones; "default" is the base for every arch.
-SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
-    "default": {
-        "any": {
-            "BLOCK_M": 64,
-            "BLOCK_N": 64,
-            "BLOCK_K": 32,
-            "num_warps": 4,
-            "num_stages": 2,
-            "taps_inner": True,
-            "nhwc": True,
-            "tma": False,
-            "w_kmajor": True,
-        },
-        # Strict fp32 runs on FMA units everywhere: short K steps keep register use down, and
-        # the FMA dot reads an N-contiguous weight tile best.
-        "fp32": {"BLOCK_K": 16, "w_kmajor": False},
-    },
-    # NVIDIA Hopper: bench/dilated_conv.py's sweep on an H200 (torch 2.11, Triton 3.6,
-    # 2026-11-22), ranked by CUDA-graph GPU time at batch 1 + batch 4; tables in
-    # docs/performance-dilated-conv.md.  Every fast fp32/bf16 config reads a channels-last copy
-    # of x (16-byte cp.async); strict fp32 (an FMA dot) is fastest on the strided loads.
-    "sm_90": {
-        "any": {
-            "BLOCK_M": 128,
-            "BLOCK_N": 64,
-            "BLOCK_K": 32,
-            "num_warps": 4,
-            "num_stages": 3,
-            "taps_inner": True,
-            "nhwc": True,
-            "tma": False,
-        },
-        "f16": {"BLOCK_K": 64},
-        "fp32": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_stages": 2, "nhwc": False},
-        # P3 of yolov10m-doclayout: 96 -> 96, 5x5, d = 1, 2, 3. Chosen for the worst ratio to
-        # cuDNN over batch 1 and 4 (bench/dilated_batches.py): 0.82x, where the earlier
-        # 64x128x32 tile, picked on the batch sum, fell to 0.70x at batch 4. On 8 warps since
-        # 2026-11-23: on 4 it spills 38 registers under Triton 3.6/3.7 (docs/amd-kernels.md),
-        # and 8 measured 0.84x worst case against 4's 0.82x (H200, torch 2.11, Triton 3.6).
-        "c96_k5_tf32": {
-            "BLOCK_M": 128,
-            "BLOCK_N": 128,
-            "BLOCK_K": 32,
-            "num_warps": 8,
-            "tma": True,
-        },
-        "c96_k5_f16": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_stages": 4, "tma": True},
-        "c96_k5_fp32": {"BLOCK_N": 32, "BLOCK_K": 16},
-        # P4: 192 -> 192, 3x3, d = 1, 3, 5 (the "any"/"f16"/"fp32" entries are its winners).
-    },
-    # CDNA3 (MI300): tf32 exists only here among AMD archs.  Unmeasured: AITER's general-conv
-    # tile (64x64, 4 warps), with BLOCK_K 32 because it divides both model widths (96, 192).
-    "gfx942": {
-        "any": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
-    },
-    # RDNA3 (7900 XTX).  Unmeasured: no async copy, so deeper pipelines only cost LDS
-    # (AITER DESIGN section 5.0); BLOCK_K a multiple of 16 keeps WMMA for fp16/bf16.  fp32 has
-    # no WMMA on RDNA3: the dot runs on FMA.
-    "gfx1100": {
-        "any": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
-        "fp32": {"BLOCK_K": 16},
-        "tf32": {"BLOCK_K": 16},
-    },
-}
-
-# Archs whose Triton backend accepts input_precision="tf32".  On AMD only CDNA3 has xf32; every
-# NVIDIA arch from Ampere (sm_80) on has tf32 (checked in _arch_has_tf32).
-TF32_HIP_ARCHS = frozenset({"gfx942"})
-CONFIG = kc.KernelConfig(
-    KERNEL,
-    CONFIG_ENV,
-    SHIPPED_CONFIGS,
-    {
-        "taps_inner": kc.flag,
-        "nhwc": kc.flag,
-        "tma": kc.flag,
-        "w_kmajor": kc.flag,
-        "kernel": kc.one_of("dot", "fma"),
-        "input_precision": kc.one_of("tf32", "tf32x3", "bf16x3", "bf16x6", "ieee"),
-    },
-)
-
-
-def _arch_has_tf32(arch: str) -> bool:
-    if arch in TF32_HIP_ARCHS:
-        return True
-    if arch.startswith("sm_"):
-        try:
-            return int(arch[3:]) >= 80
-        except ValueError:
-            return False
-    return False
-
-
-def _conv_precision_reader() -> Any:
-    """torch >= 2.9's getter behind ``torch.backends.cudnn.conv.fp32_precision``, bound to its
-    scope: the attribute goes through a failed lookup and ``__getattr__`` first, ~1 us of
-    host time on every call that asks (every fp32 call, as cuDNN asks too). None elsewhere."""
-    try:
-        getter = torch._C._get_fp32_precision_getter  # type: ignore[attr-defined]
-        scope = torch.backends.cudnn.conv  # type: ignore[attr-defined]
-        backend, op = scope.backend, scope.op
-        if getter(backend, op) != scope.fp32_precision:
-            return None
-    except Exception:  # noqa: BLE001  # torch < 2.9, or laid out otherwise
-        return None
-    return lambda: getter(backend, op)
-
-
-_read_conv_precision = _conv_precision_reader()
-
-
-def torch_allows_tf32() -> bool:
-    """Whether torch lets cuDNN/MIOpen convolutions use TF32 for fp32 (torch's default: yes)."""
-    try:
-        if _read_conv_precision is not None:
-            prec = _read_conv_precision()
-        else:
-            prec = torch.backends.cudnn.conv.fp32_precision  # type: ignore[attr-defined]  # torch >= 2.9
-        if prec == "none":  # inherit from the parent scopes
-            prec = getattr(torch.backends.cudnn, "fp32_precision", "none")
-            if prec == "none":
-                prec = getattr(torch.backends, "fp32_precision", "none")
-        if prec in ("tf32", "ieee"):
-            return bool(prec == "tf32")
-    except Exception:  # noqa: BLE001  # torch < 2.9 has no fp32_precision: legacy flag
-        pass
-    try:
-        return bool(torch.backends.cudnn.allow_tf32)
-    except Exception:  # noqa: BLE001  # mixed legacy/new flags raise on read: be strict
-        return False
-
-
-def precision_class(dtype: torch.dtype, arch: str) -> str:
-    """``f16`` for fp16/bf16; for fp32 ``tf32`` if torch allows it and the arch has it, else
-    ``fp32`` (strict IEEE)."""
-    if dtype in (torch.float16, torch.bfloat16):
-        return "f16"
-    if dtype == torch.float32 and _arch_has_tf32(arch) and torch_allows_tf32():
-        return "tf32"
-    return "fp32"
-
-
-def shape_class(c_in: int, c_out: int, k: int) -> str:
-    chans = f"c{c_in}" if c_in == c_out else f"c{c_in}x{c_out}"
-    return f"{chans}_k{k}"
-
-
-def resolve_config(
-    device: torch.device | str | int | None = None,
-    c_in: int = 0,
-    c_out: int = 0,
-    k: int = 3,
-    dtype: torch.dtype = torch.float32,
-    *,
-    arch: str | None = None,
-) -> dict[str, Any]:
-    """Launch config for one conv shape on ``device``.
-
-    Layers, least specific first: "any", the precision class, the shape class, then
-    "<shape>_<precision>" (see rocmfix_kernel_config for the sources). The result always holds
-    BLOCK_M/N/K, num_warps, num_stages and input_precision.
-    """
-    arch = arch or kc.device_arch(device)
-    prec = precision_class(dtype, arch)
-    shape = shape_class(c_in, c_out, k)
-    cfg = CONFIG.resolve(arch, ("any", prec, shape, f"{shape}_{prec}"))
-    if prec == "tf32":
-        cfg.setdefault("input_precision", "tf32")
-    else:
-        # Strict fp32 must stay IEEE whatever a config says; 16-bit dots ignore the field.
-        cfg["input_precision"] = "ieee"
-    return cfg
-
+if TYPE_CHECKING:
+    # (scale, shift, code): code 1 applies y * scale + shift per output channel, 2 then SiLU.
+    Epilogue = tuple[torch.Tensor, torch.Tensor, int]
 
 _DNS = ["N", "H", "W", "OH", "OW", "M", "sxn", "sxc", "sxh", "sxw", "pad_h", "pad_w", "dil"]
 
@@ -217,7 +46,7 @@ EPILOGUE_NONE, EPILOGUE_FOLD, EPILOGUE_FOLD_SILU = 0, 1, 2
 KERNELS: dict[str, Any] = {}
 TMA_KERNEL: Any = None
 
-if triton is not None:
+if rt.HAS_TRITON:
 
     @triton.jit
     def _tile(CO: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -432,3 +261,155 @@ if triton is not None:
         "tma": _dconv_gemm_tma_kernel,
     }
     TMA_KERNEL = _dconv_gemm_tma_kernel
+
+
+# --------------------------------------------------------------------------------------------
+# Weight packing
+# --------------------------------------------------------------------------------------------
+
+PACK_CACHE_SIZE = 64
+_PACKS: ks.BoundedCache[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = ks.BoundedCache(
+    PACK_CACHE_SIZE
+)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _packed_weight(
+    weight: torch.Tensor, c_pad: int, co_pad: int, dtype: torch.dtype, kmajor: bool
+) -> torch.Tensor:
+    """Weight as a zero-padded ``[KH*KW, CO_PAD, C_PAD]`` (``kmajor``: C_in contiguous) or
+    ``[KH*KW, C_PAD, CO_PAD]`` tensor.
+
+    DocLayout-YOLO shares one weight between three dilations, so packs are cached.  The key
+    holds the tensor version, so an in-place update (``load_state_dict``) repacks, and the entry
+    holds the source tensor so its address cannot be reused while cached.
+    """
+    co, c, kh, kw = weight.shape
+    # Inference tensors have no version counter (asking raises, slowly): no cache.
+    version = None if weight.is_inference() else weight._version
+    key = (
+        weight.data_ptr(),
+        tuple(weight.shape),
+        tuple(weight.stride()),
+        weight.dtype,
+        weight.device,
+        version,
+        c_pad,
+        co_pad,
+        dtype,
+        kmajor,
+    )
+    if version is not None:
+        hit = _PACKS.get(key)
+        if hit is not None:
+            return hit[1]
+    if kmajor:
+        packed = torch.zeros((kh * kw, co_pad, c_pad), dtype=dtype, device=weight.device)
+        packed[:, :co, :c] = weight.detach().permute(2, 3, 0, 1).reshape(kh * kw, co, c)
+    else:
+        packed = torch.zeros((kh * kw, c_pad, co_pad), dtype=dtype, device=weight.device)
+        packed[:, :c, :co] = weight.detach().permute(2, 3, 1, 0).reshape(kh * kw, c, co)
+    if version is not None:
+        _PACKS.put(key, (weight, packed))
+    return packed
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------------------------
+
+
+def _pair(v: Any, name: str) -> tuple[int, int]:
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"{name} must be an int or a pair, got {v!r}")
+        return int(v[0]), int(v[1])
+    return int(v), int(v)
+
+
+def prepare_launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: int,
+    padding: int | tuple[int, int],
+    config: dict[str, Any],
+    out: torch.Tensor | None = None,
+    epilogue: Epilogue | None = None,
+) -> tuple[Any, tuple[int], tuple[Any, ...], dict[str, Any], torch.Tensor]:
+    """Kernel, grid, positional args, launch kwargs and output for one call (no launch).
+
+    Exposed so tests and ``rocmfix tune`` can inspect Triton's specialisation key.
+    """
+    n, c, h, w = x.shape
+    co, _, kh, kw = weight.shape
+    pad_h, pad_w = _pair(padding, "padding")
+    oh = h + 2 * pad_h - dilation * (kh - 1)
+    ow = w + 2 * pad_w - dilation * (kw - 1)
+    fma = config.get("kernel") == "fma"
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    if fma:
+        bk = 1  # no dot: no channel padding needed
+    c_pad, co_pad = _cdiv(c, bk) * bk, _cdiv(co, bn) * bn
+    interp_low = rt.INTERPRETING and x.dtype != torch.float32
+    nhwc = not fma and bool(config.get("nhwc", True))
+    if nhwc and not x.is_contiguous(memory_format=torch.channels_last):
+        # One copy to channels-last buys vector loads of whole channel runs (see kernel).
+        x = x.contiguous(memory_format=torch.channels_last)
+    tma = nhwc and bool(config.get("tma", False))
+    kmajor = tma or bool(config.get("w_kmajor", True))  # the descriptor route reads K-major
+    packed = _packed_weight(weight, c_pad, co_pad, x.dtype, kmajor)
+    if out is None:
+        out = torch.empty((n, co, oh, ow), dtype=x.dtype, device=x.device)
+    m = n * oh * ow
+    sxn, sxc, sxh, sxw = x.stride()
+    # Without an epilogue the scale and shift pointers are never read: the packed weight
+    # stands in, so that every launch passes tensors of one layout there.
+    scale, shift, code = epilogue if epilogue is not None else (packed, packed, 0)
+    args = (x, packed, out, scale, shift,
+            n, h, w, oh, ow, m, sxn, sxc, sxh, sxw, pad_h, pad_w, dilation)  # fmt: skip
+    kwargs: dict[str, Any] = dict(
+        C=c, CO=co, C_PAD=c_pad, CO_PAD=co_pad, KH=kh, KW=kw,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=max(bk, 16),
+        X_W_UNIT=sxw == 1, X_C_UNIT=sxc == 1,
+        DOT_PRECISION=config["input_precision"], UPCAST=interp_low,
+        TAPS_INNER=bool(config.get("taps_inner", False)), NHWC=nhwc, W_KMAJOR=kmajor,
+        EPILOGUE=code, **kc.launch_options(config),
+    )  # fmt: skip
+    if tma and _tma_ok(x, packed, c):
+        _ensure_allocator()
+        grid = (n * oh * _cdiv(ow, bm) * _cdiv(co, bn),)
+        return KERNELS["tma"], grid, args, kwargs, out
+    grid = (_cdiv(m, bm) * _cdiv(co, bn),)
+    return KERNELS["fma" if fma else "dot"], grid, args, kwargs, out
+
+
+def _tma_ok(x: torch.Tensor, packed: torch.Tensor, c: int) -> bool:
+    # Descriptor rules: 16-byte aligned bases and 16-byte multiples for all but the last stride.
+    return (
+        x.data_ptr() % 16 == 0
+        and packed.data_ptr() % 16 == 0
+        and (c * x.element_size()) % 16 == 0
+        and (packed.shape[-1] * packed.element_size()) % 16 == 0
+    )
+
+
+def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """In-kernel tensor descriptors need Triton's scratch allocator; install a torch-backed one
+    unless the application set its own (the setting is per thread/context)."""
+    if rt.INTERPRETING:
+        return
+    try:
+        from triton.runtime import _allocation
+
+        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):
+        pass
+    triton.set_allocator(_torch_scratch)

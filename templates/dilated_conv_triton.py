@@ -18,12 +18,12 @@ module computes the same thing as ``F.conv2d(x, w, None, stride=1, padding=p, di
 * the ``fma`` kernel (config ``"kernel": "fma"``): the same tiling with an outer-product FMA
   loop instead of ``tl.dot``, for GPUs or compilers where ``tl.dot`` misbehaves.
 
-The kernels and their launch configurations (data keyed by GPU arch) live in
-``dilated_conv_kernels``, dropped beside this module with the shared support modules
-(``rocmfix_kernel_config`` merges the configs with the tuned file and
-``$ROCMFIX_DILATED_CONV_CONFIG``).  Batch, height and width are
-kept out of Triton's specialisation, so a new page size does not compile a new kernel.  There is no
-backward pass: run inference under ``torch.no_grad()`` or ``torch.inference_mode()``.
+The kernels and how a launch is prepared live in ``dilated_conv_kernels``, the launch
+configurations (data keyed by GPU arch) in ``dilated_conv_config``, both dropped beside this
+module with the shared ``rocmfix_*`` support modules (``rocmfix_kernel_config`` merges the
+configs with the tuned file and ``$ROCMFIX_DILATED_CONV_CONFIG``).  Batch, height and width
+are kept out of Triton's specialisation, so a new page size does not compile a new kernel.
+There is no backward pass: run inference under ``torch.no_grad()`` or ``torch.inference_mode()``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from . import dilated_conv_config as dc
 from . import dilated_conv_kernels as dk
 from . import rocmfix_custom_op as rop
 from . import rocmfix_kernel_config as kc
@@ -42,18 +43,18 @@ from . import rocmfix_launcher as rl
 from . import rocmfix_triton as rt
 
 if TYPE_CHECKING:
-    # (scale, shift, code): code 1 applies y * scale + shift per output channel, 2 then SiLU.
-    Epilogue = tuple[torch.Tensor, torch.Tensor, int]
+    Epilogue = dk.Epilogue
 
 SCHEME = "gemm"
 # The kernel's identity, configs and their resolution, where rocmfix's tools look for them.
-CONFIG_ENV, KERNEL, CONFIG = dk.CONFIG_ENV, dk.KERNEL, dk.CONFIG
-SHIPPED_CONFIGS, TF32_HIP_ARCHS = dk.SHIPPED_CONFIGS, dk.TF32_HIP_ARCHS
-resolve_config, precision_class, shape_class = dk.resolve_config, dk.precision_class, dk.shape_class
-torch_allows_tf32, _read_conv_precision = dk.torch_allows_tf32, dk._read_conv_precision
+CONFIG_ENV, KERNEL, CONFIG = dc.CONFIG_ENV, dc.KERNEL, dc.CONFIG
+SHIPPED_CONFIGS, TF32_HIP_ARCHS = dc.SHIPPED_CONFIGS, dc.TF32_HIP_ARCHS
+resolve_config, precision_class, shape_class = dc.resolve_config, dc.precision_class, dc.shape_class
+torch_allows_tf32, _read_conv_precision = dc.torch_allows_tf32, dc._read_conv_precision
 triton = rt.triton
 INTERPRETING = rt.INTERPRETING
 _KERNELS = dk.KERNELS
+prepare_launch = dk.prepare_launch
 _TMA_KERNEL = dk.TMA_KERNEL
 device_arch = kc.device_arch
 
@@ -75,73 +76,6 @@ def clear_config_cache() -> None:
     ks.clear_folds()
 
 
-# --------------------------------------------------------------------------------------------
-# Weight packing
-# --------------------------------------------------------------------------------------------
-
-PACK_CACHE_SIZE = 64
-_PACKS: ks.BoundedCache[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = ks.BoundedCache(
-    PACK_CACHE_SIZE
-)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _packed_weight(
-    weight: torch.Tensor, c_pad: int, co_pad: int, dtype: torch.dtype, kmajor: bool
-) -> torch.Tensor:
-    """Weight as a zero-padded ``[KH*KW, CO_PAD, C_PAD]`` (``kmajor``: C_in contiguous) or
-    ``[KH*KW, C_PAD, CO_PAD]`` tensor.
-
-    DocLayout-YOLO shares one weight between three dilations, so packs are cached.  The key
-    holds the tensor version, so an in-place update (``load_state_dict``) repacks, and the entry
-    holds the source tensor so its address cannot be reused while cached.
-    """
-    co, c, kh, kw = weight.shape
-    # Inference tensors have no version counter (asking raises, slowly): no cache.
-    version = None if weight.is_inference() else weight._version
-    key = (
-        weight.data_ptr(),
-        tuple(weight.shape),
-        tuple(weight.stride()),
-        weight.dtype,
-        weight.device,
-        version,
-        c_pad,
-        co_pad,
-        dtype,
-        kmajor,
-    )
-    if version is not None:
-        hit = _PACKS.get(key)
-        if hit is not None:
-            return hit[1]
-    if kmajor:
-        packed = torch.zeros((kh * kw, co_pad, c_pad), dtype=dtype, device=weight.device)
-        packed[:, :co, :c] = weight.detach().permute(2, 3, 0, 1).reshape(kh * kw, co, c)
-    else:
-        packed = torch.zeros((kh * kw, c_pad, co_pad), dtype=dtype, device=weight.device)
-        packed[:, :c, :co] = weight.detach().permute(2, 3, 1, 0).reshape(kh * kw, c, co)
-    if version is not None:
-        _PACKS.put(key, (weight, packed))
-    return packed
-
-
-# --------------------------------------------------------------------------------------------
-# Public entry point
-# --------------------------------------------------------------------------------------------
-
-
-def _pair(v: Any, name: str) -> tuple[int, int]:
-    if isinstance(v, (tuple, list)):
-        if len(v) != 2:
-            raise ValueError(f"{name} must be an int or a pair, got {v!r}")
-        return int(v[0]), int(v[1])
-    return int(v), int(v)
-
-
 def _triton_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if not rt.HAS_TRITON:
         kc.warn_once(
@@ -153,62 +87,6 @@ def _triton_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if x.device.type == "cuda":
         return not INTERPRETING
     return x.device.type == "cpu" and INTERPRETING
-
-
-def prepare_launch(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    dilation: int,
-    padding: int | tuple[int, int],
-    config: dict[str, Any],
-    out: torch.Tensor | None = None,
-    epilogue: Epilogue | None = None,
-) -> tuple[Any, tuple[int], tuple[Any, ...], dict[str, Any], torch.Tensor]:
-    """Kernel, grid, positional args, launch kwargs and output for one call (no launch).
-
-    Exposed so tests and ``rocmfix tune`` can inspect Triton's specialisation key.
-    """
-    n, c, h, w = x.shape
-    co, _, kh, kw = weight.shape
-    pad_h, pad_w = _pair(padding, "padding")
-    oh = h + 2 * pad_h - dilation * (kh - 1)
-    ow = w + 2 * pad_w - dilation * (kw - 1)
-    fma = config.get("kernel") == "fma"
-    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    if fma:
-        bk = 1  # no dot: no channel padding needed
-    c_pad, co_pad = _cdiv(c, bk) * bk, _cdiv(co, bn) * bn
-    interp_low = INTERPRETING and x.dtype != torch.float32
-    nhwc = not fma and bool(config.get("nhwc", True))
-    if nhwc and not x.is_contiguous(memory_format=torch.channels_last):
-        # One copy to channels-last buys vector loads of whole channel runs (see kernel).
-        x = x.contiguous(memory_format=torch.channels_last)
-    tma = nhwc and bool(config.get("tma", False))
-    kmajor = tma or bool(config.get("w_kmajor", True))  # the descriptor route reads K-major
-    packed = _packed_weight(weight, c_pad, co_pad, x.dtype, kmajor)
-    if out is None:
-        out = torch.empty((n, co, oh, ow), dtype=x.dtype, device=x.device)
-    m = n * oh * ow
-    sxn, sxc, sxh, sxw = x.stride()
-    # Without an epilogue the scale and shift pointers are never read: the packed weight
-    # stands in, so that every launch passes tensors of one layout there.
-    scale, shift, code = epilogue if epilogue is not None else (packed, packed, 0)
-    args = (x, packed, out, scale, shift,
-            n, h, w, oh, ow, m, sxn, sxc, sxh, sxw, pad_h, pad_w, dilation)  # fmt: skip
-    kwargs: dict[str, Any] = dict(
-        C=c, CO=co, C_PAD=c_pad, CO_PAD=co_pad, KH=kh, KW=kw,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=max(bk, 16),
-        X_W_UNIT=sxw == 1, X_C_UNIT=sxc == 1,
-        DOT_PRECISION=config["input_precision"], UPCAST=interp_low,
-        TAPS_INNER=bool(config.get("taps_inner", False)), NHWC=nhwc, W_KMAJOR=kmajor,
-        EPILOGUE=code, **kc.launch_options(config),
-    )  # fmt: skip
-    if tma and _tma_ok(x, packed, c):
-        _ensure_allocator()
-        grid = (n * oh * _cdiv(ow, bm) * _cdiv(co, bn),)
-        return _KERNELS["tma"], grid, args, kwargs, out
-    grid = (_cdiv(m, bm) * _cdiv(co, bn),)
-    return _KERNELS["fma" if fma else "dot"], grid, args, kwargs, out
 
 
 def prepare(
@@ -233,7 +111,9 @@ def prepare(
     if epilogue:
         zeros = torch.zeros(c_out, dtype=torch.float32, device=x.device)
         fold = (zeros, zeros, epilogue)
-    kernel, grid, args, kwargs, _ = prepare_launch(x, weight, dilation, padding, cfg, epilogue=fold)
+    kernel, grid, args, kwargs, _ = dk.prepare_launch(
+        x, weight, dilation, padding, cfg, epilogue=fold
+    )
     return kernel, grid, args, kwargs
 
 
@@ -245,35 +125,6 @@ def _explicit(x: torch.Tensor, c: int, co: int, k: int, config: dict[str, Any]) 
     if precision_class(x.dtype, device_arch(x.device)) != "tf32":
         cfg["input_precision"] = "ieee"
     return cfg
-
-
-def _tma_ok(x: torch.Tensor, packed: torch.Tensor, c: int) -> bool:
-    # Descriptor rules: 16-byte aligned bases and 16-byte multiples for all but the last stride.
-    return (
-        x.data_ptr() % 16 == 0
-        and packed.data_ptr() % 16 == 0
-        and (c * x.element_size()) % 16 == 0
-        and (packed.shape[-1] * packed.element_size()) % 16 == 0
-    )
-
-
-def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_allocator() -> None:
-    """In-kernel tensor descriptors need Triton's scratch allocator; install a torch-backed one
-    unless the application set its own (the setting is per thread/context)."""
-    if INTERPRETING:
-        return
-    try:
-        from triton.runtime import _allocation
-
-        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-            return
-    except (ImportError, AttributeError):
-        pass
-    triton.set_allocator(_torch_scratch)
 
 
 def dilated_conv2d(
@@ -355,7 +206,7 @@ def _conv(
         or (epilogue is not None and not _epilogue_fits(epilogue, x, weight))
     ):
         return F.conv2d(x, weight, None, 1, padding, dilation), False
-    pad_h, pad_w = _pair(padding, "padding")
+    pad_h, pad_w = dk._pair(padding, "padding")
     n, c, h, w = x.shape
     co, _, kh, kw = weight.shape
     oh = h + 2 * pad_h - dilation * (kh - 1)
@@ -379,7 +230,7 @@ def _conv(
     device = rl.device_index(x)
     if config:  # explicit configs (tests, `rocmfix tune`) skip the plan cache
         cfg = _explicit(x, c, co, max(kh, kw), config)
-        kernel, grid, args, kwargs, out = prepare_launch(
+        kernel, grid, args, kwargs, out = dk.prepare_launch(
             x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
         )
         rl.Launcher(kernel, grid, kwargs, device).launch_once(*args)
@@ -387,7 +238,7 @@ def _conv(
     # The tuned file and the environment are read here, when a key is first seen (and again
     # after clear_config_cache()), not per call: each lookup is host time.
     cfg = resolve_config(x.device, c, co, max(kh, kw), x.dtype)
-    kernel, grid, args, kwargs, out = prepare_launch(
+    kernel, grid, args, kwargs, out = dk.prepare_launch(
         x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
     )
     # Every tensor's alignment is fixed by the key (the input is keyed; its channels-last copy,
@@ -435,7 +286,7 @@ def _plan_key(
 def _replay(x: torch.Tensor, plan: tuple[Any, ...], epilogue: Epilogue | None) -> torch.Tensor:
     launcher, to_cl, packed, tail, _weight, out_shape = plan
     if launcher.kernel is _TMA_KERNEL:
-        _ensure_allocator()  # per thread: a plan made in one thread may run in another
+        dk._ensure_allocator()  # per thread: a plan made in one thread may run in another
     xin = x.contiguous(memory_format=torch.channels_last) if to_cl else x
     out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
     if epilogue is None:

@@ -41,14 +41,14 @@ from typing import Any
 
 import torch
 
+from . import rocmfix_custom_op as _rop
+from . import rocmfix_launcher as _rl
 from . import rocmfix_triton as rt
-from .rocmfix_custom_op import OP_NAMESPACE as OP_NAMESPACE
-from .rocmfix_custom_op import is_compiling as is_compiling
-from .rocmfix_custom_op import register_op as register_op
-from .rocmfix_launcher import Launcher as Launcher
-from .rocmfix_launcher import _launch_path as _launch_path
-from .rocmfix_launcher import device_index as device_index
-from .rocmfix_launcher import layout_key as layout_key
+
+# Moved to their own modules; kernels that import them from here get the same objects.
+OP_NAMESPACE, is_compiling, register_op = _rop.OP_NAMESPACE, _rop.is_compiling, _rop.register_op
+Launcher, layout_key, device_index = _rl.Launcher, _rl.layout_key, _rl.device_index
+_launch_path = _rl._launch_path
 
 TUNED_FILE_ENV = "ROCMFIX_TUNED_FILE"
 TUNED_SCHEMA = 1

@@ -22,6 +22,17 @@ import threading
 import types
 from typing import Any
 
+__all__ = [
+    "HAS_TRITON",
+    "IMPORT_ERROR",
+    "INTERPRETING",
+    "LOCK",
+    "interpreted",
+    "process_holder",
+    "tl",
+    "triton",
+]
+
 try:
     import triton
     import triton.language as tl

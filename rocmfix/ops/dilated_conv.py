@@ -105,7 +105,7 @@ OP = Op(
             "Triton implicit-GEMM dilated conv",
             "Triton",
             "dilated_conv_triton.py",
-            TRITON_SUPPORT,
+            ("dilated_conv_kernels.py", "dilated_conv_config.py", *TRITON_SUPPORT),
             needs_triton=True,
         ),
         Scheme(
