@@ -59,9 +59,8 @@ if rt.HAS_TRITON:
         return pid_m, pid_n
 
     @triton.jit
-    def _pixels(pid_m, M, OH, OW, pad_h, pad_w, BLOCK_M: tl.constexpr):
+    def _pixels(offs_m, M, OH, OW, pad_h, pad_w):
         # The tile's output pixels as (image, flat pixel) and the top-left input tap of each.
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
         ohw = OH * OW
         n_idx = offs_m // ohw
@@ -73,9 +72,9 @@ if rt.HAS_TRITON:
         return m_ok, ohw, n_idx, pix, ih0, iw0
 
     @triton.jit
-    def _step(i, KW: tl.constexpr, CB: tl.constexpr, TAPS: tl.constexpr, TAPS_INNER: tl.constexpr):
+    def _step(i, CB: tl.constexpr, TAPS: tl.constexpr, TAPS_INNER: tl.constexpr):
         # One flat loop over taps x channel blocks: a long loop pipelines better than a short
-        # channel loop nested in an unrolled tap loop.
+        # channel loop nested in an unrolled tap loop. The (channel block, tap) of step i:
         if TAPS_INNER:
             # Consecutive steps read shifted windows of the same channels: L1 hits.
             cb = i // TAPS
@@ -83,13 +82,10 @@ if rt.HAS_TRITON:
         else:
             rs = i // CB
             cb = i - rs * CB
-        r = rs // KW
-        s = rs - r * KW
-        return cb, rs, r, s
+        return cb, rs
 
     @triton.jit
-    def _store(acc, y_ptr, s_ptr, t_ptr, y_row, row_ok, offs_n, ohw, CO: tl.constexpr,
-               EPILOGUE: tl.constexpr):  # fmt: skip
+    def _fold_act(acc, s_ptr, t_ptr, offs_n, CO: tl.constexpr, EPILOGUE: tl.constexpr):
         # Eval-mode BatchNorm as a per-channel scale and shift, then SiLU (EPILOGUE 2): the
         # block's act(bn(conv)) in the store instead of two more passes over the output.
         if EPILOGUE > 0:
@@ -99,6 +95,12 @@ if rt.HAS_TRITON:
             acc = acc * scale[None, :] + shift[None, :]
             if EPILOGUE == 2:
                 acc = acc / (1.0 + tl.exp(-acc))  # builtins only (*): tl.sigmoid is @jit
+        return acc
+
+    @triton.jit
+    def _store(acc, y_ptr, y_row, row_ok, offs_n, ohw, CO: tl.constexpr):
+        # The NCHW output tile: rows are pixels (y_row: their image's and pixel's offset),
+        # columns output channels, ohw apart.
         y_ptrs = y_ptr + y_row[:, None] + offs_n[None, :] * ohw
         y_mask = row_ok[:, None] & (offs_n < CO)[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
@@ -117,16 +119,19 @@ if rt.HAS_TRITON:
         NHWC: tl.constexpr, W_KMAJOR: tl.constexpr, EPILOGUE: tl.constexpr,
     ):  # fmt: skip
         pid_m, pid_n = _tile(CO, BLOCK_N)
-        m_ok, ohw, n_idx, pix, ih0, iw0 = _pixels(pid_m, M, OH, OW, pad_h, pad_w, BLOCK_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
+        m_ok, ohw, n_idx, pix, ih0, iw0 = _pixels(offs_m, M, OH, OW, pad_h, pad_w)
         x_row0 = n_idx * sxn
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # builtin; tl.zeros is @jit (*)
         CB: tl.constexpr = C_PAD // BLOCK_K
         TAPS: tl.constexpr = KH * KW
         for i in range(0, TAPS * CB):
-            cb, rs, r, s = _step(i, KW, CB, TAPS, TAPS_INNER)
+            cb, rs = _step(i, CB, TAPS, TAPS_INNER)
             c0 = cb * BLOCK_K
+            r = rs // KW
+            s = rs - r * KW
             ih = ih0 + r * dil
             iw = iw0 + s * dil
             row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -162,8 +167,8 @@ if rt.HAS_TRITON:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        y_row = n_idx * (CO * ohw) + pix
-        _store(acc, y_ptr, s_ptr, t_ptr, y_row, m_ok, offs_n, ohw, CO, EPILOGUE)
+        acc = _fold_act(acc, s_ptr, t_ptr, offs_n, CO, EPILOGUE)
+        _store(acc, y_ptr, n_idx * (CO * ohw) + pix, m_ok, offs_n, ohw, CO)
 
     @triton.jit(do_not_specialize=_DNS)
     def _dconv_fma_kernel(
@@ -180,8 +185,9 @@ if rt.HAS_TRITON:
     ):  # fmt: skip
         # Same tiling as the GEMM kernel, but rank-1 fp32 FMA updates instead of tl.dot.
         pid_m, pid_n = _tile(CO, BLOCK_N)
-        m_ok, ohw, n_idx, pix, ih0, iw0 = _pixels(pid_m, M, OH, OW, pad_h, pad_w, BLOCK_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok, ohw, n_idx, pix, ih0, iw0 = _pixels(offs_m, M, OH, OW, pad_h, pad_w)
         x_rows = x_ptr + n_idx * sxn
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # builtin; tl.zeros is @jit (*)
         for rs in range(0, KH * KW):
@@ -199,8 +205,8 @@ if rt.HAS_TRITON:
                 a = tl.load(a_ptrs + (c if X_C_UNIT else c * sxc), mask=row_ok, other=0.0)
                 b = tl.load(w_ptrs + (c if W_KMAJOR else c * CO_PAD))
                 acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]
-        y_row = n_idx * (CO * ohw) + pix
-        _store(acc, y_ptr, s_ptr, t_ptr, y_row, m_ok, offs_n, ohw, CO, EPILOGUE)
+        acc = _fold_act(acc, s_ptr, t_ptr, offs_n, CO, EPILOGUE)
+        _store(acc, y_ptr, n_idx * (CO * ohw) + pix, m_ok, offs_n, ohw, CO)
 
     @triton.jit(do_not_specialize=_DNS)
     def _dconv_gemm_tma_kernel(
@@ -241,7 +247,9 @@ if rt.HAS_TRITON:
         CB: tl.constexpr = C_PAD // BLOCK_K
         TAPS: tl.constexpr = KH * KW
         for i in range(0, TAPS * CB):
-            cb, rs, r, s = _step(i, KW, CB, TAPS, TAPS_INNER)
+            cb, rs = _step(i, CB, TAPS, TAPS_INNER)
+            r = rs // KW
+            s = rs - r * KW
             a = x_desc.load([n, oh + r * dil - pad_h, ow0 + s * dil - pad_w, cb * BLOCK_K])
             a = tl.reshape(a, (BLOCK_M, BLOCK_K))
             b = w_desc.load([rs * CO_PAD + pid_n * BLOCK_N, cb * BLOCK_K])
@@ -251,9 +259,9 @@ if rt.HAS_TRITON:
             acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
         offs_m = ow0 + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _fold_act(acc, s_ptr, t_ptr, offs_n, CO, EPILOGUE)
         ohw = OH * OW
-        y_row = n * (CO * ohw) + oh * OW + offs_m
-        _store(acc, y_ptr, s_ptr, t_ptr, y_row, offs_m < OW, offs_n, ohw, CO, EPILOGUE)
+        _store(acc, y_ptr, n * (CO * ohw) + oh * OW + offs_m, offs_m < OW, offs_n, ohw, CO)
 
     KERNELS = {
         "dot": _dconv_gemm_kernel,
