@@ -103,8 +103,7 @@ def compiled_launcher(
     """``kernel[grid](*args, **kwargs)`` as a bare call of the compiled kernel's own launcher:
     the templates' Launcher adopts it, and its per-call checks are left out here (the floor).
     None where this Triton's launch path is not the one the Launcher knows."""
-    kc = _load.template("rocmfix_kernel_config")
-    launcher = kc.Launcher(kernel, grid, kwargs)
+    launcher = _load.template("rocmfix_launcher").Launcher(kernel, grid, kwargs)
     launcher(*args)
     compiled = launcher.compiled
     if compiled is None:

@@ -8,7 +8,8 @@ transposed convs up to 20x slower than cuDNN (MIOpen#3952), and they are exactly
 input pixel's Cin values times the weight viewed as [Cin, Cout*k*k] gives the k x k output block
 it alone writes. So: one batched matmul (rocBLAS/hipBLASLt, cuBLAS) straight from the NCHW or
 channels-last input, then one elementwise pass that adds the bias while it moves each block to
-its place. Standard library and torch only; works under torch.compile and graph capture.
+its place. Standard library and torch only (and ``rocmfix_kernel_support``, dropped beside it);
+works under torch.compile and graph capture.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import warnings
 from typing import Any
 
 import torch
+
+from . import rocmfix_kernel_support as ks
 
 SCHEME = "linear"
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -94,8 +97,7 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
 
 # Calls already checked, by everything handled() reads but the tensors' contents: a model
 # calls each of its layers once a forward with the same input layout.
-_checked: dict[tuple[Any, ...], bool] = {}
-_CHECKED_SIZE = 256
+_checked: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
 
 
 def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
@@ -116,10 +118,8 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
     ok = _checked.get(key)
     if ok is None:
         ok = handled(x, deconv)
-        if len(_checked) >= _CHECKED_SIZE:
-            _checked.clear()
-        _checked[key] = ok
-    if not ok or deconv._forward_hooks or deconv._forward_pre_hooks or _global_hooks():
+        _checked.put(key, ok)
+    if not ok or deconv._forward_hooks or deconv._forward_pre_hooks or ks.global_hooks():
         return deconv(x)  # type: ignore[no-any-return]
     try:
         return gemm(x, weight, bias)
@@ -129,11 +129,3 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
             "running the module",
         )
         return deconv(x)  # type: ignore[no-any-return]
-
-
-def _global_hooks() -> bool:
-    module = torch.nn.modules.module
-    return bool(
-        getattr(module, "_global_forward_hooks", None)
-        or getattr(module, "_global_forward_pre_hooks", None)
-    )

@@ -9,7 +9,8 @@ for Qwen2-VL) in fp32. It uses no matrix cores and re-reads a patch row and a we
 every output, so it is about 100-200x slower than the ``gemm`` scheme (on an H200: 61-250x
 behind it and 110-290x behind cuBLAS, growing with the patch count; see
 docs/performance-patch-embed.md). It is kept as a simple parity oracle, not for production. The
-module needs stdlib, torch, triton and ``rocmfix_kernel_config``, never the package it sits in.
+module needs stdlib, torch, triton and the ``rocmfix_*`` support modules dropped beside it,
+never the package it sits in.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import rocmfix_custom_op as rop
 from . import rocmfix_kernel_config as kc
+from . import rocmfix_triton as rt
+
+if rt.HAS_TRITON:
+    # The modules rocmfix_triton imported, bound here for the kernels' annotations: that
+    # module alone decides whether Triton is usable.
+    import triton
+    import triton.language as tl
 
 SCHEME = "direct"
 OP_NAME = "patch_embed_direct"
@@ -28,17 +37,9 @@ OP_NAME = "patch_embed_direct"
 BLOCK_K = 128
 NUM_WARPS = 4
 
-try:
-    import triton
-    import triton.language as tl
+INTERPRETING = rt.INTERPRETING
 
-    _HAS_TRITON = True
-except Exception:  # noqa: BLE001 - a broken triton install must not break vllm's import
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
-    _HAS_TRITON = False
-
-if _HAS_TRITON:
+if rt.HAS_TRITON:
     # No @triton.jit helpers of triton.language (tl.sum, ...): those are compiled-or-interpreted
     # when triton is first imported, and tests may set TRITON_INTERPRET=1 only after that.
 
@@ -81,10 +82,6 @@ if _HAS_TRITON:
         c = c_ptr + pid_m.to(tl.int64) * stride_cm + pid_n * stride_cn
         tl.store(c, total.to(c_ptr.dtype.element_ty))
 
-    _INTERPRETING = type(_direct_kernel).__name__ == "InterpretedFunction"
-else:
-    _INTERPRETING = False
-
 
 def _check(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
     if a.dim() != 2 or w.dim() != 2 or a.shape[1] != w.shape[1]:
@@ -103,7 +100,7 @@ def patchify_direct(
 
     ``out`` (``[M, N]``, ``a``'s dtype) lets a caller pre-poison the result.
     """
-    if not _HAS_TRITON:
+    if not rt.HAS_TRITON:
         raise RuntimeError("triton is not importable")
     _check(a, w, bias)
     M = a.shape[0]
@@ -153,16 +150,16 @@ def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 
 
 def _impl_cuda(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if not _HAS_TRITON:
+    if not rt.HAS_TRITON:
         kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
         return _linear_fallback(a, w, bias)
     return patchify_direct(a, w, bias)
 
 
 def _impl_cpu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if _INTERPRETING:
+    if INTERPRETING:
         return patchify_direct(a, w, bias)
-    if not _HAS_TRITON:
+    if not rt.HAS_TRITON:
         kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
     return _linear_fallback(a, w, bias)
 
@@ -171,7 +168,7 @@ def _impl_fake(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     return a.new_empty((a.shape[0], w.shape[0]))
 
 
-_OP = kc.register_op(
+_OP = rop.register_op(
     OP_NAME, "(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _impl_cuda, _impl_cpu, _impl_fake
 )
 
@@ -183,7 +180,7 @@ def triton_conv3d_patchify(
 
     Returns ``[L, N]`` in ``x``'s dtype.
     """
-    if not x.is_cuda and not _INTERPRETING:
+    if not x.is_cuda and not INTERPRETING:
         # CPU inputs keep the stock op, bit for bit.
         return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
     # flatten(1), not reshape(L, -1): the latter is ambiguous for an empty batch.

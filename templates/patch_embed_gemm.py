@@ -7,13 +7,13 @@ call on ROCm. ``rocmfix revert`` removes it.
 
 The conv has kernel == stride and no padding, so it is exactly
 ``x.view(L, K) @ W.view(N, K).T (+ bias)`` with K = C*T*P*P (1176 for Qwen2-VL / MinerU2.5).
-The module needs stdlib, torch, triton and the ``rocmfix_kernel_config`` module dropped beside
-it, never the package it sits in (vllm 0.8.x has no ``tl``/``triton`` in
-``vllm.triton_utils``). CPU inputs run the stock ``F.conv3d``.
+The module needs stdlib, torch, triton, its kernels (``patch_embed_kernels``) and the
+``rocmfix_*`` support modules dropped beside it, never the package it sits in (vllm 0.8.x has
+no ``tl``/``triton`` in ``vllm.triton_utils``). CPU inputs run the stock ``F.conv3d``.
 
-Tile configs are data (:data:`PATCH_EMBED_CONFIGS`, keyed by GPU arch, then by precision class:
-``"f16"`` for bf16/fp16 inputs, ``"fp32"`` for fp32). The shared ``rocmfix_kernel_config``
-module, dropped beside this one, merges them with the tuned file and
+Tile configs are data (``patch_embed_kernels.PATCH_EMBED_CONFIGS``, keyed by GPU arch, then by
+precision class: ``"f16"`` for bf16/fp16 inputs, ``"fp32"`` for fp32). The shared
+``rocmfix_kernel_config`` module, dropped beside this one, merges them with the tuned file and
 ``$ROCMFIX_PATCH_EMBED_CONFIG``; :func:`patchify_gemm` takes an explicit config, for
 ``rocmfix tune``/``doctor``. Nothing is tuned at inference time.
 """
@@ -22,30 +22,26 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from . import patch_embed_kernels as pk
+from . import rocmfix_custom_op as rop
 from . import rocmfix_kernel_config as kc
+from . import rocmfix_kernel_support as ks
+from . import rocmfix_launcher as rl
+from . import rocmfix_triton as rt
 
 SCHEME = "gemm"
 OP_NAME = "patch_embed_gemm"
-KERNEL = "patch_embed_gemm"
-CONFIG_ENV = "ROCMFIX_PATCH_EMBED_CONFIG"
-
-try:
-    import triton
-    import triton.language as tl
-
-    _HAS_TRITON = True
-except Exception:  # noqa: BLE001 - a broken triton install must not break vllm's import
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
-    _HAS_TRITON = False
+# The kernel's identity and configs, where rocmfix's tools look for them.
+KERNEL, CONFIG_ENV, CONFIG = pk.KERNEL, pk.CONFIG_ENV, pk.CONFIG
+PATCH_EMBED_CONFIGS = pk.PATCH_EMBED_CONFIGS
+_gemm_ptr_kernel, _gemm_tma_kernel = pk.PTR_KERNEL, pk.TMA_KERNEL
+triton, INTERPRETING = rt.triton, rt.INTERPRETING
 
 try:
     # Host-side descriptors need no device-side scratch allocator (triton >= 3.4).
@@ -56,133 +52,27 @@ except Exception:  # noqa: BLE001
     TensorDescriptor = None  # type: ignore[assignment,misc]
     _HAS_HOST_TMA = False
 
-# RDNA has no fp32 matrix instruction, so a 64x64 fp32 tile on 4 wave32 warps holds 128
-# accumulators per lane and spills (256 VGPRs, ~105 spills, 288 bytes of scratch, compiled for
-# gfx1100/gfx1201 by `rocmfix kernels`); 8 warps halve that: 174 VGPRs, 8 waves, no spills.
-_RDNA_FP32: dict[str, dict[str, Any]] = {"fp32": {"num_warps": 8}}
-
-# Shipped tile configs: arch ("gfx1100", "sm_90", ...) -> precision class -> config; "any"
-# applies to every precision, and every arch starts from "default". The arch entries are sized
-# for 16-bit operands (what vllm and transformers run); fp32 inputs take "default"'s "fp32"
-# tile, since an exact fp32 dot ("ieee", to match F.linear without TF32) runs on FMA units on
-# NVIDIA and RDNA, where small tiles are the fast ones (CDNA has fp32 MFMA).
-# "tma"/"tma_min_m"/"epilogue_subtile"/"flatten" select and shape the sm_90 descriptor kernel
-# (from tma_min_m rows of x on; "flatten": its tile loop fused with the K loop);
-# "persistent"/"occupancy" make either kernel walk the tiles with a grid of occupancy x SM
-# count programs;
-# waves_per_eu/matrix_instr_nonkdim/kpack are passed to the launch on ROCm. Every entry is
-# compiled for every arch by `rocmfix kernels` (docs/amd-kernels.md).
-PATCH_EMBED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
-    "default": {
-        # Portable pointer kernel; 48 KiB of shared memory at 3 stages fits every current GPU.
-        "any": {
-            "BLOCK_M": 128,
-            "BLOCK_N": 128,
-            "BLOCK_K": 32,
-            "GROUP_M": 8,
-            "num_warps": 4,
-            "num_stages": 3,
-            "tma": False,
-            "persistent": False,
-            "occupancy": 1,
-            "tma_min_m": 0,
-            "epilogue_subtile": False,
-            "flatten": False,
-            "pack_weight": True,
-        },
-        "fp32": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
-    },
-    # RX 7900 XTX: the seed author's hand-tuned tile. Unmeasured here; AITER uses num_stages=1 on
-    # RDNA (no async global->LDS copy), so `rocmfix tune` should A/B the stage count.
-    "gfx1100": {
-        "f16": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
-        **_RDNA_FP32,
-    },
-    # RX 9070 XT: the default 16-bit tile compiles to 212 VGPRs and 7 waves with WMMA, no
-    # spills (docs/amd-kernels.md); only fp32 needs RDNA's own tile.
-    "gfx1201": {**_RDNA_FP32},
-    # MI300X: unmeasured; 8 warps / 2 stages / 16x16 MFMA as in AITER's gfx942 GEMM tables. A
-    # 128x128 tile keeps 430 tiles for 304 CUs at M=5476, where 256x256 would leave CUs idle.
-    "gfx942": {
-        "f16": {
-            "BLOCK_M": 128,
-            "BLOCK_N": 128,
-            "BLOCK_K": 64,
-            "GROUP_M": 4,
-            "num_warps": 8,
-            "num_stages": 2,
-            "matrix_instr_nonkdim": 16,
-        }
-    },
-    # H100/H200, measured on an H200 (docs/performance-patch-embed.md): TMA descriptors with
-    # hardware zero-fill of the K tail, persistent grid, flattened tile loop, and the weight's
-    # rows padded to 128 bytes (pack_weight, in "default"), 4 stages with a split epilogue.
-    # 128x256 is the largest tile whose accumulator one m64n256 wgmma per warpgroup fills;
-    # taller tiles built from several accumulators halve the wgmma width and measured slower,
-    # despite fewer L2 bytes. The 4 stages leave 3 KB of shared memory: a Triton that needs
-    # more drops to 3 stages (the previous shipped config) at the first launch.
-    "sm_90": {
-        "f16": {
-            "BLOCK_M": 128,
-            "BLOCK_N": 256,
-            "BLOCK_K": 64,
-            "GROUP_M": 8,
-            "num_warps": 8,
-            "num_stages": 4,
-            "tma": True,
-            "persistent": True,
-            "epilogue_subtile": True,
-            "flatten": True,
-            # Triton encodes the descriptors at every launch: 35 us of host time a call against
-            # the pointer kernel's 22 and F.linear's 21 (H200, 2026-11-24). Below 4096 rows the
-            # GPU finishes first, and the pointer kernel (persistent, the same tile) is 1.6x
-            # faster for the caller; at MinerU's 5476 the descriptor kernel's GPU time wins.
-            "tma_min_m": 4096,
-        }
-    },
-}
-
-CONFIG = kc.KernelConfig(
-    KERNEL,
-    CONFIG_ENV,
-    PATCH_EMBED_CONFIGS,
-    {
-        "GROUP_M": kc.integer(1, 64),
-        "occupancy": kc.integer(1, 64),
-        "tma_min_m": kc.integer(0, 1 << 31),
-        "tma": kc.flag,
-        "persistent": kc.flag,
-        "epilogue_subtile": kc.flag,
-        "flatten": kc.flag,
-        "pack_weight": kc.flag,
-    },
-)
-
-_lock = threading.Lock()
-_plan_cache: dict[tuple[Any, ...], Any] = {}
+# Plans by (device, dtype): a few per process.
+_plan_cache: ks.BoundedCache[tuple[Any, ...], _Plan] = ks.BoundedCache(64)
 # Weight descriptors by (address, shape, strides, dtype, block): the descriptor holds the weight,
 # so its address cannot be reused by another tensor while the entry lives.
-_w_desc_cache: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-_W_DESC_CACHE_SIZE = 8
+_w_desc_cache: ks.BoundedCache[tuple[Any, ...], Any] = ks.BoundedCache(8)
 # Weights copied into rows padded to whole 128-byte lines, by (address, shape, strides, dtype,
 # device, version counter): see _packed_weight. Each entry holds its source tensor too.
-_packed_cache: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
-_PACKED_CACHE_SIZE = 8
+_packed_cache: ks.BoundedCache[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = (
+    ks.BoundedCache(8)
+)
 # Prepared calls, by everything that fixes a call's launch but the addresses of x, bias and the
 # output (see _call_key). Vision towers see a new M per image, so a few entries per model.
-_calls: dict[tuple[Any, ...], _Call] = {}
-_CALL_CACHE_SIZE = 64
+_calls: ks.BoundedCache[tuple[Any, ...], _Call] = ks.BoundedCache(64)
 PACK_ROW_BYTES = 128
 
 
 def clear_config_cache() -> None:
     """Forget the parsed tuned file, env config, arch queries, plans and packed weights."""
     CONFIG.clear()
-    with _lock:
-        _plan_cache.clear()
-        _w_desc_cache.clear()
-        _packed_cache.clear()
-        _calls.clear()
+    for cache in (_plan_cache, _w_desc_cache, _packed_cache, _calls):
+        cache.clear()
 
 
 def precision_class(dtype: torch.dtype) -> str:
@@ -202,201 +92,6 @@ device_arch = kc.device_arch
 # "SMs" of a persistent grid in Triton's CPU interpreter.
 INTERPRETER_SM_COUNT = 4
 
-
-# --------------------------------------------------------------------------------------------
-# Kernels
-# --------------------------------------------------------------------------------------------
-
-if _HAS_TRITON:
-    # The kernels call no @triton.jit helpers of triton.language (tl.cdiv, tl.sum, ...): those
-    # are compiled-or-interpreted when triton is first imported, and tests may set
-    # TRITON_INTERPRET=1 only after that.
-
-    @triton.jit
-    def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-        # Grouped order: consecutive programs share W column tiles and a band of A rows in L2.
-        width = GROUP_M * num_pid_n
-        group = tile // width
-        first_m = group * GROUP_M
-        group_m = min(num_pid_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % width) % group_m
-        pid_n = (tile % width) // group_m
-        return pid_m, pid_n
-
-    @triton.jit
-    def _ptr_tile(
-        a_ptr,
-        w_ptr,
-        bias_ptr,
-        c_ptr,
-        tile,
-        M,
-        N,
-        K,
-        stride_am,
-        stride_ak,
-        stride_wn,
-        stride_wk,
-        stride_cm,
-        stride_cn,
-        num_pid_m,
-        num_pid_n,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        UPCAST: tl.constexpr,
-    ):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        # Wrapped rows/cols keep every main-loop load in bounds with no mask; they are
-        # computed twice and never stored.
-        ram = rm % M
-        rbn = rn % N
-        rk = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + ram[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
-        w_ptrs = w_ptr + rbn[None, :].to(tl.int64) * stride_wn + rk[:, None] * stride_wk
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_full = K // BLOCK_K
-        for _ in range(0, k_full):
-            a = tl.load(a_ptrs)
-            b = tl.load(w_ptrs)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-            a_ptrs += BLOCK_K * stride_ak
-            w_ptrs += BLOCK_K * stride_wk
-        if not EVEN_K:
-            # The K tail (1176 = 18*64 + 24) is peeled so only this one step pays for masks.
-            k_left = K - k_full * BLOCK_K
-            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-            b = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
-            acc = acc + bias.to(tl.float32)[None, :]
-        c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-    # M and NUM_PROGS vary per call; specialising on them would only multiply compilations.
-    @triton.jit(do_not_specialize=["M", "NUM_PROGS"])
-    def _gemm_ptr_kernel(
-        a_ptr,
-        w_ptr,
-        bias_ptr,
-        c_ptr,
-        M,
-        N,
-        K_q,
-        stride_am_q,
-        stride_ak,
-        stride_wn_q,
-        stride_wk,
-        stride_cm,
-        stride_cn,
-        NUM_PROGS,
-        A_ALIGN: tl.constexpr,
-        W_ALIGN: tl.constexpr,
-        K_ALIGN: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        UPCAST: tl.constexpr,
-        PERSISTENT: tl.constexpr,
-    ):
-        # Row strides arrive divided by their alignment: triton only specialises integers
-        # divisible by 16, and 1176 is not, so without this it cannot prove 16-byte rows and
-        # falls back to 2-byte loads. K likewise, so the tail mask comes in runs of K_ALIGN.
-        K = K_q * K_ALIGN
-        stride_am = stride_am_q * A_ALIGN
-        stride_wn = stride_wn_q * W_ALIGN
-        num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
-        num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-        if PERSISTENT:
-            # NUM_PROGS programs walk the tiles. A 128x256 tile fills an SM alone, and with a
-            # program per tile every tile then pays for its program's start and pipeline
-            # fill: 0.76-0.92x of cuBLAS persistent against 0.57-0.71x (H200, M >= 5476).
-            # Not flattened into the K loop: that measured 1.7-3.1x slower for every pointer
-            # tile, where it pays for the descriptor kernel.
-            for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS):
-                _ptr_tile(
-                    a_ptr, w_ptr, bias_ptr, c_ptr, tile, M, N, K, stride_am, stride_ak,
-                    stride_wn, stride_wk, stride_cm, stride_cn, num_pid_m, num_pid_n,
-                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, HAS_BIAS, UPCAST,
-                )  # fmt: skip
-        else:
-            _ptr_tile(
-                a_ptr, w_ptr, bias_ptr, c_ptr, tl.program_id(0), M, N, K, stride_am, stride_ak,
-                stride_wn, stride_wk, stride_cm, stride_cn, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, HAS_BIAS, UPCAST,
-            )  # fmt: skip
-
-    @triton.jit(do_not_specialize=["M", "NUM_PROGS"])
-    def _gemm_tma_kernel(
-        a_desc,
-        w_desc,
-        c_desc,
-        bias_ptr,
-        M,
-        N,
-        K,
-        NUM_PROGS,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        UPCAST: tl.constexpr,
-        EPILOGUE_SUBTILE: tl.constexpr,
-        FLATTEN: tl.constexpr,
-    ):
-        # The TMA unit zero-fills out-of-range rows and the K tail, so no load needs a mask,
-        # and clips the store to M. With NUM_PROGS < tiles this is a persistent kernel, and
-        # FLATTEN lets the pipeliner prefetch the next tile's K steps during this epilogue.
-        pid = tl.program_id(0)
-        num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
-        num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-        num_tiles = num_pid_m * num_pid_n
-        k_tiles = (K + BLOCK_K - 1) // BLOCK_K
-        for tile in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
-            pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-            off_m = pid_m * BLOCK_M
-            off_n = pid_n * BLOCK_N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in range(k_tiles):
-                off_k = ki * BLOCK_K
-                a = a_desc.load([off_m, off_k])
-                b = w_desc.load([off_n, off_k])
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-            if HAS_BIAS:
-                rn = off_n + tl.arange(0, BLOCK_N)
-                bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
-                acc = acc + bias.to(tl.float32)[None, :]
-            if EPILOGUE_SUBTILE:
-                # Two half-width stores halve the registers the bf16 copy of the tile needs.
-                acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-                acc0, acc1 = tl.split(acc3)
-                c_desc.store([off_m, off_n], acc0.to(c_desc.dtype))
-                c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(c_desc.dtype))
-            else:
-                c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
-
-    _INTERPRETING = type(_gemm_ptr_kernel).__name__ == "InterpretedFunction"
-else:
-    _INTERPRETING = False
 
 try:
     from triton.runtime.errors import OutOfResources as _OutOfResources
@@ -449,12 +144,12 @@ class _Plan:
         self.opts = kc.launch_options(cfg)
         on_gpu, cc_major, sm_count = kc.gpu(device)
         # Host descriptors drive Hopper's TMA unit; the interpreter runs them too.
-        where = (not kc.is_hip() and cc_major >= 9) if on_gpu else _INTERPRETING
+        where = (not kc.is_hip() and cc_major >= 9) if on_gpu else INTERPRETING
         self.tma = bool(cfg.get("tma")) and _HAS_HOST_TMA and where
         self.tma_min_m = int(cfg.get("tma_min_m", 0))
         # The interpreter runs persistent grids too (over INTERPRETER_SM_COUNT "SMs"), so the
         # CPU tests cover the persistent loop.
-        self.persistent = bool(cfg.get("persistent")) and (on_gpu or _INTERPRETING)
+        self.persistent = bool(cfg.get("persistent")) and (on_gpu or INTERPRETING)
         self.occupancy = int(cfg.get("occupancy", 1))
         self.programs = self.occupancy * (sm_count if on_gpu else INTERPRETER_SM_COUNT)
         self.half = bool(cfg.get("epilogue_subtile")) and self.bn >= 32
@@ -504,10 +199,7 @@ def _packed_weight(w: torch.Tensor) -> torch.Tensor:
     packed = store[:, :cols]
     with torch.no_grad():
         packed.copy_(w)
-    with _lock:
-        _packed_cache[key] = (w, packed)
-        while len(_packed_cache) > _PACKED_CACHE_SIZE:
-            _packed_cache.popitem(last=False)
+    _packed_cache.put(key, (w, packed))
     return packed
 
 
@@ -516,10 +208,7 @@ def _weight_descriptor(w: torch.Tensor, bn: int, bk: int) -> Any:
     desc = _w_desc_cache.get(key)
     if desc is None:
         desc = TensorDescriptor.from_tensor(w, [bn, bk])
-        with _lock:
-            _w_desc_cache[key] = desc
-            while len(_w_desc_cache) > _W_DESC_CACHE_SIZE:
-                _w_desc_cache.popitem(last=False)
+        _w_desc_cache.put(key, desc)
     return desc
 
 
@@ -533,11 +222,11 @@ def _launch(
     out: torch.Tensor,
     plan: _Plan,
     keep: bool = True,
-) -> tuple[kc.Launcher, tuple[Any, ...]] | None:
+) -> tuple[rl.Launcher, tuple[Any, ...]] | None:
     """Launch one call; with ``keep``, return the Launcher and arguments it used, which a
     later call with the same key (see :func:`_call_key`) repeats with its own tensors."""
     kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
-    launcher = kc.Launcher(kernel, grid, kwargs, device=kc.device_index(a))
+    launcher = rl.Launcher(kernel, grid, kwargs, device=rl.device_index(a))
     if not keep:
         launcher.launch_once(*args)
         return None
@@ -571,7 +260,7 @@ class _Call:
                  "weight")  # fmt: skip
 
     def __init__(
-        self, launcher: kc.Launcher, args: tuple[Any, ...], source: torch.Tensor, out: torch.Tensor
+        self, launcher: rl.Launcher, args: tuple[Any, ...], source: torch.Tensor, out: torch.Tensor
     ) -> None:
         self.launcher = launcher
         tma = launcher.kernel is _gemm_tma_kernel
@@ -600,7 +289,7 @@ def _call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     # An inference tensor has no counter (asking raises, slowly), and it is used unpacked.
     version = None if weight.is_inference() else weight._version
     return (
-        kc.layout_key(x),
+        rl.layout_key(x),
         weight.data_ptr(),
         version,
         weight.shape,
@@ -634,10 +323,7 @@ def _cached_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
     ):
         launcher, args = used
-        with _lock:
-            if len(_calls) >= _CALL_CACHE_SIZE:
-                _calls.pop(next(iter(_calls)))
-            _calls[key] = _Call(launcher, args, weight, out)
+        _calls.put(key, _Call(launcher, args, weight, out))
     return out
 
 
@@ -652,7 +338,7 @@ def prepare_launch(
     M, K = a.shape
     N = w.shape[0]
     bm, bn, bk = plan.bm, plan.bn, plan.bk
-    upcast = _INTERPRETING and a.dtype in (torch.bfloat16, torch.float16)
+    upcast = INTERPRETING and a.dtype in (torch.bfloat16, torch.float16)
     bias_arg = bias if bias is not None else out
     tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
     progs = min(tiles, plan.programs) if plan.persistent else tiles
@@ -719,8 +405,7 @@ def _plan_for(device: torch.device, dtype: torch.dtype) -> _Plan:
     plan = _plan_cache.get(key)
     if plan is None:
         plan = _Plan(resolve_config(device, dtype), device)
-        with _lock:
-            _plan_cache[key] = plan
+        _plan_cache.put(key, plan)
     return plan
 
 
@@ -731,7 +416,7 @@ def _run(
     plan: _Plan,
     out: torch.Tensor | None,
     keep: bool = True,
-) -> tuple[torch.Tensor, tuple[kc.Launcher, tuple[Any, ...]] | None]:
+) -> tuple[torch.Tensor, tuple[rl.Launcher, tuple[Any, ...]] | None]:
     """The output, and with ``keep`` the launch made (None where nothing was launched)."""
     _check(a, w, bias)
     if w.dtype != a.dtype:
@@ -765,10 +450,10 @@ def _run(
                     used = _launch(a, w, bias, out, smaller, keep)
                 except _OUT_OF_RESOURCES:
                     continue
-                with _lock:
+                with rt.LOCK:
                     key = (a.device, a.dtype)
                     if _plan_cache.get(key) is plan:
-                        _plan_cache[key] = smaller
+                        _plan_cache.put(key, smaller)
                 break
             else:
                 raise
@@ -815,7 +500,7 @@ def patchify_gemm(
     lets a caller pre-poison the result. It always runs Triton (the caller picks the device),
     and raises if triton is missing.
     """
-    if not _HAS_TRITON:
+    if not rt.HAS_TRITON:
         raise RuntimeError("triton is not importable")
     if config is None:
         plan = _plan_for(a.device, a.dtype)
@@ -831,16 +516,16 @@ def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 
 
 def _impl_cuda(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if not _HAS_TRITON:
+    if not rt.HAS_TRITON:
         kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
         return _linear_fallback(a, w, bias)
     return _cached_call(a, w, bias)
 
 
 def _impl_cpu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if _INTERPRETING:
+    if INTERPRETING:
         return _run(a, w, bias, _plan_for(a.device, a.dtype), None, keep=False)[0]
-    if not _HAS_TRITON:
+    if not rt.HAS_TRITON:
         kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
     return _linear_fallback(a, w, bias)
 
@@ -849,7 +534,7 @@ def _impl_fake(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     return a.new_empty((a.shape[0], w.shape[0]))
 
 
-_OP = kc.register_op(
+_OP = rop.register_op(
     OP_NAME, "(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _impl_cuda, _impl_cpu, _impl_fake
 )
 
@@ -861,10 +546,10 @@ def triton_conv3d_patchify(
 
     Returns ``[L, N]`` in ``x``'s dtype, computed as one GEMM with fp32 accumulation.
     """
-    if not x.is_cuda and not _INTERPRETING:
+    if not x.is_cuda and not INTERPRETING:
         # CPU inputs keep the stock op, bit for bit.
         return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
-    if _HAS_TRITON and not kc.is_compiling():
+    if rt.HAS_TRITON and not rop.is_compiling():
         # Eager: call the implementation directly; the dispatcher round trip to a Python
         # kernel is several microseconds of host time per call. (The interpreter takes this
         # path too, so the CPU tests cover it.)

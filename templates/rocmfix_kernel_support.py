@@ -63,6 +63,15 @@ class BoundedCache(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._data)
 
+    def values(self) -> list[V]:
+        """A snapshot of the values, least recently used first (for tests and benches)."""
+        with self._lock:
+            return list(self._data.values())
+
+    def items(self) -> list[tuple[K, V]]:
+        with self._lock:
+            return list(self._data.items())
+
 
 # The activations a kernel applies in its store, by code; 0 is none. GELU only in its exact
 # (erf) form: the tanh approximation is called as a module after the kernel.
@@ -135,7 +144,7 @@ def foldable_bn(bn: Any) -> bool:
     )
 
 
-def fold_bn(bn: Any, bias: torch.Tensor | None) -> Fold | None:
+def fold_bn(bn: Any, bias: torch.Tensor | None, *, versioned: bool = False) -> Fold | None:
     """``bn(y + bias)`` as ``y * scale + shift`` per channel (fp32, contiguous), either of
     them None where it is the identity; None where it cannot be folded (see
     :func:`foldable_bn`), or where autograd records through the BatchNorm's parameters.
@@ -143,7 +152,8 @@ def fold_bn(bn: Any, bias: torch.Tensor | None) -> Fold | None:
     Computed once per (BatchNorm, bias) and reused while the statistics, affine parameters,
     bias and eps are the same tensors at the same addresses and versions (an in-place update,
     a ``load_state_dict`` or a ``.to()`` changes one of them). Inference tensors have no
-    version to see an update by: folded anew each call.
+    version to see an update by: folded anew each call, or with ``versioned`` not folded
+    (None), for a caller that keys its own plans by the versions.
     """
     if bn is None:
         if bias is None:
@@ -166,7 +176,7 @@ def fold_bn(bn: Any, bias: torch.Tensor | None) -> Fold | None:
     try:
         state = tuple((t, t.data_ptr(), t._version) if t is not None else None for t in tensors)
     except RuntimeError:  # inference tensors
-        return _fold(tensors, bn.eps)
+        return None if versioned else _fold(tensors, bn.eps)
     key = (id(bn), id(bias))
     seen = _folds.get(key)
     if seen is None or seen[0] != bn.eps or not _same(seen[1], state):
@@ -174,6 +184,11 @@ def fold_bn(bn: Any, bias: torch.Tensor | None) -> Fold | None:
         seen = (bn.eps, state, scale, shift)
         _folds.put(key, seen)
     return seen[2], seen[3]
+
+
+def clear_folds() -> None:
+    """Forget every cached fold (``clear_config_cache`` of a kernel)."""
+    _folds.clear()
 
 
 def _same(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:

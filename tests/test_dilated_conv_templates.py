@@ -28,7 +28,7 @@ TEST_CFG = {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_st
 def tri() -> ModuleType:
     pytest.importorskip("triton")
     mod = load_template("dilated_conv_triton", interpret=True)
-    assert mod.INTERPRETED, "the template did not pick up TRITON_INTERPRET=1"
+    assert mod.INTERPRETING, "the template did not pick up TRITON_INTERPRET=1"
     return mod
 
 
@@ -36,7 +36,7 @@ def tri() -> ModuleType:
 def tri_jit() -> ModuleType:
     pytest.importorskip("triton")
     mod = load_template("dilated_conv_triton", interpret=False)
-    assert not mod.INTERPRETED
+    assert not mod.INTERPRETING
     return mod
 
 
@@ -280,7 +280,7 @@ def test_bn_and_act_run_in_the_store(
             _check(tri.dilated_conv2d(x, w, 2, 2, bn=bn, act=module), want(x), dt)
     (launcher,) = (plan[0] for plan in tri._PLANS.values())
     assert launcher.kwargs["EPILOGUE"] == (2 if act == "silu" else 1)
-    assert len(tri._FOLDED) == 1
+    assert len(tri.ks._folds) == 1
 
 
 def test_other_modules_are_called_as_the_block_calls_them(
@@ -315,7 +315,7 @@ def test_other_modules_are_called_as_the_block_calls_them(
             ref = act(bn(F.conv2d(x, w, None, 1, d, d)))
             _check(tri.dilated_conv2d(x, w, d, d, bn=bn, act=act), ref.double(), torch.float32)
     assert seen == ["bn", "bn"]  # the reference call, then ours
-    assert not tri._FOLDED
+    assert not tri.ks._folds
     assert all(plan[0].kwargs["EPILOGUE"] == 0 for plan in tri._PLANS.values())
 
 
@@ -331,7 +331,7 @@ def test_bn_recording_gradients_is_called_not_folded(
     y = tri.dilated_conv2d(x, w, 2, 2, bn=bn, act=act)
     y.sum().backward()
     assert bn.weight.grad is not None and bn.weight.grad.abs().sum() > 0
-    assert not tri._FOLDED
+    assert not tri.ks._folds
     with torch.no_grad():
         _check(y.detach(), act(bn(F.conv2d(x, w, None, 1, 2, 2))).double(), torch.float32)
 

@@ -1,4 +1,4 @@
-"""The kernels' direct launch path (``Launcher`` in templates/rocmfix_kernel_config.py), on
+"""The kernels' direct launch path (``Launcher`` in templates/rocmfix_launcher.py), on
 the CPU: a stand-in kernel and launcher record what would reach the GPU, so every fallback
 and the order of the launcher's arguments are checked here; tests/test_gpu.py checks the same
 path against Triton's own launches on a real GPU.
@@ -67,7 +67,7 @@ class HookChain:
 
 @pytest.fixture
 def kc() -> Iterator[types.ModuleType]:
-    module = load_template("rocmfix_kernel_config", interpret=True)
+    module = load_template("rocmfix_launcher", interpret=True)
     runtime = types.SimpleNamespace(
         launch_enter_hook=HookChain(), launch_exit_hook=HookChain(), debug=False
     )
@@ -165,7 +165,7 @@ def test_this_tritons_launch_path_is_the_known_one() -> None:
     ``JITFunction.run`` in the call Launcher makes: a Triton that changes it is noticed here,
     not only on a GPU."""
     triton = pytest.importorskip("triton")
-    module = load_template("rocmfix_kernel_config", interpret=False)
+    module = load_template("rocmfix_launcher", interpret=False)
     saved = list(module._launch_path)
     module._launch_path[:] = []
     try:
@@ -210,3 +210,14 @@ def test_a_call_from_another_current_device_launches_on_the_tensors_device(
     assert entered == [1, 1] and len(kernel.runs) == 3 and len(kernel.compiled.calls) == 1
     launcher.launch_once(*_args())
     assert entered == [1, 1, 1] and len(kernel.runs) == 4
+
+
+def test_the_config_module_still_offers_the_launcher_and_the_op_helpers() -> None:
+    """Kernels dropped by an older scheme layout (the depthwise conv) import the launcher and
+    the op registration from rocmfix_kernel_config: they are the support modules' own."""
+    kc = load_template("rocmfix_kernel_config", interpret=True)
+    package = __import__(kc.__package__, fromlist=["rocmfix_launcher", "rocmfix_custom_op"])
+    launcher, custom_op = package.rocmfix_launcher, package.rocmfix_custom_op
+    assert kc.Launcher is launcher.Launcher and kc._launch_path is launcher._launch_path
+    assert kc.layout_key is launcher.layout_key and kc.device_index is launcher.device_index
+    assert kc.register_op is custom_op.register_op and kc.is_compiling is custom_op.is_compiling

@@ -225,7 +225,7 @@ def test_empty_batch_and_bad_shapes(mods: dict[str, ModuleType]) -> None:
 
 def test_kernels_run_in_interpreter(mods: dict[str, ModuleType]) -> None:
     # Otherwise the CPU path would be F.linear and the tests above would prove nothing.
-    assert mods["gemm"]._INTERPRETING and mods["direct"]._INTERPRETING
+    assert mods["gemm"].INTERPRETING and mods["direct"].INTERPRETING
 
 
 # ------------------------------------------------------------------------------ weights
@@ -626,7 +626,7 @@ def test_too_many_stages_step_down_once(gemm: ModuleType, monkeypatch: pytest.Mo
 def test_missing_triton_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     for scheme in ("gemm", "direct"):
         mod = load_template(f"patch_embed_{scheme}", block_triton=True)
-        assert not mod._HAS_TRITON
+        assert not mod.rt.HAS_TRITON
         x, w, b = _inputs(4, 3, 2, 4, 8, torch.float32, True)
         ref = _reference(x, w, b)
         a2, w2 = x.reshape(4, -1), w.reshape(8, -1)

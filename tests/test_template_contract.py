@@ -4,6 +4,7 @@ op (rocmfix.ops.base.Template and KernelTemplate), and the registry's discovery 
 
 from __future__ import annotations
 
+import ast
 import inspect
 import os
 import sys
@@ -45,6 +46,30 @@ def test_every_template_keeps_the_contract(op: Op, scheme: Scheme) -> None:
         assert op.kernel == module.KERNEL and op.config_env == module.CONFIG_ENV
     elif hasattr(module, "CONFIG_ENV"):
         assert op.config_env == module.CONFIG_ENV
+
+
+def _relative_imports(template: str) -> set[str]:
+    """The template files ``template`` imports from its own folder (``from . import x``,
+    ``from .x import y``)."""
+    tree = ast.parse((TEMPLATES / template).read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(f"{node.module}.py")
+            else:
+                found.update(f"{alias.name}.py" for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("op, scheme", PAIRS, ids=[f"{o.name}-{s.name}" for o, s in PAIRS])
+def test_every_template_imports_only_what_its_scheme_drops(op: Op, scheme: Scheme) -> None:
+    """A dropped kernel imports its support modules relatively, from the folder it was dropped
+    into: each one, and each one they import, must be among the files the scheme drops."""
+    dropped = set(scheme.templates)
+    for template in scheme.templates:
+        missing = _relative_imports(template) - dropped
+        assert not missing, f"{op.name} {scheme.name}: {template} imports {sorted(missing)}"
 
 
 def test_every_op_names_a_fallback_and_its_own_config_variable() -> None:

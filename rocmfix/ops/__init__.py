@@ -20,6 +20,7 @@ import pkgutil
 
 from .base import (
     KERNEL_CONFIG_TEMPLATE,
+    TRITON_SUPPORT,
     Case,
     GridGroup,
     KernelTemplate,
@@ -34,6 +35,7 @@ __all__ = [
     "KERNEL_CONFIG_TEMPLATE",
     "OPS",
     "PATCH_EMBED",
+    "TRITON_SUPPORT",
     "Case",
     "GridGroup",
     "KernelTemplate",

@@ -41,6 +41,7 @@ OP = Op(
             "one vendor GEMM (rocBLAS/hipBLASLt) and a pixel shuffle, no Triton",
             "GEMM + shuffle",
             "conv_transpose_linear.py",
+            ("rocmfix_kernel_support.py",),
         ),
     ),
     # PP-OCRv6 det tiny's DBHead on a 960x672 crop: 64 -> 16 at 1/8, then 16 -> 1 at 1/4.

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import DTYPES, KERNEL_CONFIG_TEMPLATE, Case, GridGroup, Op, Scheme, Shape, TuneTarget
-
-SUPPORT_TEMPLATE = "rocmfix_kernel_support.py"
+from .base import DTYPES, TRITON_SUPPORT, Case, GridGroup, Op, Scheme, Shape, TuneTarget
 
 
 def shape(
@@ -133,7 +131,7 @@ OP = Op(
             "Triton direct depthwise conv, BatchNorm and activation in its store",
             "Triton",
             "depthwise_conv_triton.py",
-            (KERNEL_CONFIG_TEMPLATE, SUPPORT_TEMPLATE),
+            TRITON_SUPPORT,
             needs_triton=True,
         ),
         Scheme(

@@ -9,7 +9,7 @@ from typing import Any
 
 from .base import (
     DTYPES,
-    KERNEL_CONFIG_TEMPLATE,
+    TRITON_SUPPORT,
     Case,
     GridGroup,
     Op,
@@ -105,7 +105,7 @@ OP = Op(
             "Triton implicit-GEMM dilated conv",
             "Triton",
             "dilated_conv_triton.py",
-            (KERNEL_CONFIG_TEMPLATE,),
+            ("dilated_conv_kernels.py", "dilated_conv_config.py", *TRITON_SUPPORT),
             needs_triton=True,
         ),
         Scheme(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .base import (
     DTYPES,
-    KERNEL_CONFIG_TEMPLATE,
+    TRITON_SUPPORT,
     Case,
     GridGroup,
     Op,
@@ -118,7 +118,7 @@ OP = Op(
             "Triton GEMM over the flattened patches",
             "Triton",
             "patch_embed_gemm.py",
-            (KERNEL_CONFIG_TEMPLATE,),
+            ("patch_embed_kernels.py", *TRITON_SUPPORT),
             needs_triton=True,
         ),
         Scheme(
@@ -126,7 +126,7 @@ OP = Op(
             "Triton, one program per output element: a slow parity oracle",
             "Triton",
             "patch_embed_direct.py",
-            (KERNEL_CONFIG_TEMPLATE,),
+            TRITON_SUPPORT,
             needs_triton=True,
         ),
         Scheme(

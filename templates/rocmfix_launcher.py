@@ -1,0 +1,169 @@
+"""Launches of a compiled Triton kernel without Triton's per-call binding (rocmfix template).
+
+rocmfix drops this file, under this name, beside every Triton kernel module it drops;
+``rocmfix revert`` removes it with them. Standard library, torch, and Triton where it imports
+(:class:`Launcher` reads Triton's runtime only once a kernel has run through it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from . import rocmfix_triton as rt
+
+# Triton's JITFunction.run (3.5 to 3.8 at least) ends in these calls; Launcher makes the last
+# one itself. The launcher's arguments are no public API, so they are read from the code.
+_RUN_CALLS = (
+    "bound_args, specialization, options = binder(*args, **kwargs)",
+    "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata,",
+    "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound_args.values())",
+)
+# What _direct_launch_path found, once per process: it is a fact of the process's Triton, and
+# every import of a kernel module shares it.
+with rt.LOCK:
+    _launch_path: list[Any] = rt.process_holder().__dict__.setdefault("launch_path", [])
+
+
+def _direct_launch_path() -> Any:
+    """Triton's runtime pieces a direct launch needs, or None where this Triton's launch path
+    is not the one :class:`Launcher` knows (then every call goes through ``kernel[grid]``)."""
+    if not _launch_path:
+        found: Any = None
+        try:
+            import inspect
+
+            from triton import knobs
+            from triton.runtime.driver import driver
+            from triton.runtime.jit import JITFunction
+
+            source = " ".join(inspect.getsource(JITFunction.run).split())
+            if all(" ".join(call.split()) in source for call in _RUN_CALLS):
+                found = (knobs, driver)
+        except Exception:  # noqa: BLE001 - no triton, or one laid out otherwise
+            found = None
+        _launch_path.append(found)
+    return _launch_path[0]
+
+
+def layout_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """What Triton specialises on for a tensor argument, and what a launch prepared for it
+    depends on, but its address: shape, strides, dtype, device and 16-byte alignment."""
+    return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16)
+
+
+def device_index(t: torch.Tensor) -> int | None:
+    """The GPU ``t`` is on, for :class:`Launcher`; None for a CPU tensor (the interpreter)."""
+    index = t.get_device()
+    return index if index >= 0 else None
+
+
+def _no_hooks(chain: Any) -> bool:
+    # Triton >= 3.5 keeps launch hooks in a HookChain, empty unless a profiler added one.
+    return chain is None or (type(chain).__name__ == "HookChain" and not chain.calls)
+
+
+class Launcher:
+    """``kernel[grid](*args, **kwargs)`` for a call that repeats with new tensors.
+
+    Triton's ``kernel[grid](...)`` binds, specialises and hashes every argument on every call:
+    ~18 us of host time on an H200 host, against ~5 us for the compiled kernel's own launcher,
+    which it ends in (bench/eager_host.py). A Launcher makes its first call through
+    ``kernel[grid]`` and keeps the compiled kernel that Triton picked; later calls go straight
+    to that kernel's launcher. The caller keeps one Launcher per key that fixes everything
+    Triton specialises on (the dtypes, shapes, strides and 16-byte alignment of the tensors,
+    the integers, the constexprs: see :func:`layout_key`); only the tensors' addresses change
+    between calls. A launch hook or pre-run hook (profilers), another current device, a
+    changed debug setting or a Triton whose launch path is not the known one take
+    ``kernel[grid]``, as before.
+
+    ``device`` is the index of the GPU the tensors are on: Triton launches on the current
+    device, so a call made while another one is current goes through ``kernel[grid]`` under a
+    device guard, as torch's own ops switch device for their inputs.
+    """
+
+    __slots__ = ("compiled", "debug", "device", "grid", "kernel", "kwargs", "launched_on",
+                 "tail")  # fmt: skip
+
+    def __init__(
+        self,
+        kernel: Any,
+        grid: Sequence[int],
+        kwargs: Mapping[str, Any],
+        device: int | None = None,
+    ) -> None:
+        self.kernel = kernel
+        self.grid = (*grid, 1, 1)[:3]
+        self.kwargs = dict(kwargs)
+        self.compiled: Any = None
+        self.tail: tuple[Any, ...] = ()
+        # None: the tensors are not on a GPU (the interpreter), or the caller does not say.
+        self.device = device
+        self.launched_on: Any = None  # the current device when the compiled kernel was adopted
+        self.debug: Any = None
+
+    def __call__(self, *args: Any) -> None:
+        compiled = self.compiled
+        if compiled is not None:
+            knobs, driver = _launch_path[0]
+            runtime = knobs.runtime
+            device = driver.active.get_current_device()
+            if (
+                device == self.launched_on
+                and _no_hooks(runtime.launch_enter_hook)
+                and _no_hooks(runtime.launch_exit_hook)
+                and runtime.debug == self.debug
+                and getattr(runtime, "add_stages_inspection_hook", None) is None
+                and not getattr(self.kernel, "pre_run_hooks", None)
+            ):
+                compiled.run(
+                    *self.grid,
+                    driver.active.get_current_stream(device),
+                    compiled.function,
+                    compiled.packed_metadata,
+                    None,
+                    None,
+                    None,
+                    *args,
+                    *self.tail,
+                )
+                return
+        if self.device is not None and torch.cuda.current_device() != self.device:
+            self.launch_once(*args)
+            return
+        result = self.kernel[self.grid](*args, **self.kwargs)
+        if compiled is None and result is not None and _direct_launch_path() is not None:
+            self._adopt(result, args)
+
+    def launch_once(self, *args: Any) -> None:
+        """``kernel[grid](*args, **kwargs)`` on the tensors' device, adopting nothing: for a
+        launch made once (an explicit config), where adopting would cost more than it saves."""
+        if self.device is not None and torch.cuda.current_device() != self.device:
+            with torch.cuda.device(self.device):
+                self.kernel[self.grid](*args, **self.kwargs)
+        else:
+            self.kernel[self.grid](*args, **self.kwargs)
+
+    def _adopt(self, compiled: Any, args: tuple[Any, ...]) -> None:
+        """Keep ``compiled`` if the parameters after the positional ``args`` all come from
+        the keywords or their defaults: the launcher takes every parameter in signature order.
+        (Too many arguments, or a keyword naming a positional one, never get here: the
+        first call raised.)"""
+        import inspect
+
+        knobs, driver = _launch_path[0]
+        params = list(inspect.signature(self.kernel.fn).parameters.values())
+        tail = []
+        for param in params[len(args) :]:
+            if param.name in self.kwargs:
+                tail.append(self.kwargs[param.name])
+            elif param.default is not inspect.Parameter.empty:
+                tail.append(param.default)
+            else:
+                return
+        self.tail = tuple(tail)
+        self.launched_on = driver.active.get_current_device()
+        self.debug = knobs.runtime.debug
+        self.compiled = compiled
