@@ -22,7 +22,8 @@ import sys
 import time
 import traceback
 
-CONVS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution")
+CONVS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
+         "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d")  # fmt: skip
 
 
 def send(event):
@@ -154,7 +155,7 @@ def _dtype_name(raw):
 
 
 def _conv_args(item):
-    """(stride, padding, dilation, groups, transposed) from the recorded call."""
+    """(stride, padding, dilation, groups, transposed, output_padding) from the recorded call."""
     c = item.get("concrete") or []
     name = item["name"]
 
@@ -162,8 +163,10 @@ def _conv_args(item):
         return c[i] if i < len(c) and c[i] is not None else default
 
     if name in ("aten::convolution", "aten::_convolution"):
-        return at(3, [1]), at(4, [0]), at(5, [1]), at(8, 1), bool(at(6, False))
-    return at(3, [1]), at(4, [0]), at(5, [1]), at(6, 1), False
+        return at(3, [1]), at(4, [0]), at(5, [1]), at(8, 1), bool(at(6, False)), at(7, [0])
+    if name.startswith("aten::conv_transpose"):
+        return at(3, [1]), at(4, [0]), at(7, [1]), at(6, 1), True, at(5, [0])
+    return at(3, [1]), at(4, [0]), at(5, [1]), at(6, 1), False, [0]
 
 
 def _replay(torch, gpu, item, templates):
@@ -172,17 +175,22 @@ def _replay(torch, gpu, item, templates):
     dtypes = [_dtype_name(d) for d in item.get("dtypes") or []]
     if item["name"] not in CONVS:
         raise ValueError("no replay for " + item["name"])
-    stride, padding, dilation, groups, transposed = _conv_args(item)
-    if transposed:
-        raise ValueError("no replay for transposed convolutions yet")
+    stride, padding, dilation, groups, transposed, out_pad = _conv_args(item)
     torch.manual_seed(0)
     x = _tensor(torch, shapes[0], dtypes[0], strides[0] if strides else None, device)
     w = _tensor(torch, shapes[1], dtypes[1], strides[1] if len(strides) > 1 else None, device)
     has_bias = len(shapes) > 2 and bool(shapes[2])
     b = _tensor(torch, shapes[2], dtypes[2], None, device) if has_bias else None
     dims = x.dim() - 2
-    conv = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d,
-            3: torch.nn.functional.conv3d}[dims]  # fmt: skip
+    fn = torch.nn.functional
+    if transposed:
+        deconv = {1: fn.conv_transpose1d, 2: fn.conv_transpose2d, 3: fn.conv_transpose3d}[dims]
+
+        def conv(x_, w_, b_, stride_, padding_, dilation_, groups_):
+            return deconv(x_, w_, b_, stride_, padding_, out_pad, groups_, dilation_)
+
+    else:
+        conv = {1: fn.conv1d, 2: fn.conv2d, 3: fn.conv3d}[dims]
 
     def as_run():
         return conv(x, w, b, stride, padding, dilation, groups)
@@ -200,8 +208,24 @@ def _replay(torch, gpu, item, templates):
     st = list(stride) * dims if len(stride) == 1 else list(stride)
     pd = list(padding) * dims if len(padding) == 1 else list(padding)
     dl = list(dilation) * dims if len(dilation) == 1 else list(dilation)
-    if groups == 1 and kernel == st and not any(pd) and all(d == 1 for d in dl):
+    plain = kernel == st and not any(pd) and all(d == 1 for d in dl)
+    if groups == 1 and plain and not transposed:
         forms["reshape+matmul"] = lambda: _gemm_conv(torch, x, w, b, kernel)
+    if transposed and dims == 2 and groups == 1 and plain and not any(out_pad) and templates:
+        shuffle = _template(templates, "conv_transpose_linear")
+        if shuffle is not None:
+            forms["GEMM + shuffle"] = lambda: shuffle.gemm(x, w, b)
+    depthwise = (not transposed and dims == 2 and groups > 1
+                 and groups == x.shape[1] == w.shape[0] and w.shape[1] == 1)  # fmt: skip
+    if depthwise and gpu and all(d == 1 for d in dl) and templates:
+        dw = _template(templates, "depthwise_conv_triton")
+        if dw is not None and getattr(dw, "_dw_kernel", None) is not None:
+
+            def direct():
+                y = dw.conv(x, w, tuple(st), tuple(pd))
+                return y if b is None else y + b.view(1, -1, 1, 1)
+
+            forms["rocmfix Triton"] = direct
     if gpu:
 
         def native():

@@ -32,6 +32,9 @@ import time
 _DIR = os.environ.get("ROCMFIX_PROFILE_DIR", "")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PREFIX = "rocmfix.module:"
+# The line that called a conv/matmul-family function, from a TorchFunctionMode active only
+# inside profiled model calls (cheap: one frame walk per such call, no Python-stack tracer).
+_SRC = "rocmfix.src:"
 _state = {"prof": None, "done": False, "pid": None, "t0": 0.0, "calls": 0, "set_log": False}
 # Profilers stopped around a fork (a profiler running across a fork deadlocks the child), each
 # with its start time; written out together at exit.
@@ -148,6 +151,7 @@ def _hooks(torch):
     from torch.nn.modules import module as nn_module
 
     names, roots = {}, set()
+    mode_class = _source_mode(torch)
 
     def pre(mod, _args):
         stack = getattr(_tls, "stack", None)
@@ -163,6 +167,7 @@ def _hooks(torch):
                 roots.add(id(mod))
                 for qual, sub in mod.named_modules():
                     names[id(sub)] = qual
+            _enter_mode(torch, mode_class, mod)
         qual = names.get(id(mod))
         cls = type(mod).__name__
         if qual:
@@ -196,10 +201,82 @@ def _hooks(torch):
             if owner is mod:
                 break
         if not stack:
+            _exit_mode()
             _window_end()
 
     nn_module.register_module_forward_pre_hook(pre)
     nn_module.register_module_forward_hook(post)
+
+
+def _source_mode(torch):
+    """A TorchFunctionMode that wraps each conv/matmul-family call in a record_function
+    naming the first frame outside torch that issued it (``file:line func``)."""
+    try:
+        from torch.overrides import TorchFunctionMode
+    except ImportError:
+        return None
+    fn = torch.nn.functional
+    watched = set()
+    for owner, names in (
+        (fn, ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+              "conv_transpose3d", "linear", "scaled_dot_product_attention")),
+        (torch, ("matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "conv1d", "conv2d",
+                 "conv3d", "convolution")),
+        (torch.Tensor, ("matmul", "__matmul__", "__rmatmul__", "mm", "bmm")),
+    ):  # fmt: skip
+        for name in names:
+            with contextlib.suppress(Exception):
+                watched.add(getattr(owner, name))
+    skip = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, os.path.abspath(__file__))
+
+    class SourceMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            try:
+                hit = func in watched and _state["prof"] is not None
+            except TypeError:  # an unhashable callable
+                hit = False
+            if not hit:
+                return func(*args, **kwargs)
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename.startswith(skip):
+                frame = frame.f_back
+            if frame is None:
+                return func(*args, **kwargs)
+            code = frame.f_code
+            label = f"{_SRC}{code.co_filename}:{frame.f_lineno} " + getattr(
+                code, "co_qualname", code.co_name
+            )
+            with torch.autograd.profiler.record_function(label):
+                return func(*args, **kwargs)
+
+    return SourceMode
+
+
+def _enter_mode(torch, mode_class, root):
+    """Enter the source mode for one outermost model call, while the profiler runs. Not under
+    torch.compile: a mode there costs graph breaks, and compiled graphs issue fused kernels."""
+    _exit_mode()  # one left behind by a forward that raised
+    if mode_class is None or _state["prof"] is None:
+        return
+    with contextlib.suppress(Exception):
+        if type(root).__name__ == "OptimizedModule" or torch.compiler.is_compiling():
+            return
+    try:
+        mode = mode_class()
+        mode.__enter__()
+        _tls.mode = mode
+    except Exception as exc:  # noqa: BLE001
+        _note(f"source lines not recorded: {exc!r}")
+
+
+def _exit_mode():
+    mode = getattr(_tls, "mode", None)
+    if mode is None:
+        return
+    _tls.mode = None
+    with contextlib.suppress(Exception):
+        mode.__exit__(None, None, None)
 
 
 def _window_tick():
@@ -332,6 +409,21 @@ def _frame(name):
     return path, int(line), func
 
 
+_NOT_OPS = ("autograd", "profiler", "cuda", "c10d_profiler")
+
+
+def _is_op(name):
+    """An operator's event (``aten::conv2d``, a custom op's ``ns::name``), not an annotation."""
+    space, sep, rest = name.partition("::")
+    return (
+        bool(sep)
+        and space.isidentifier()
+        and space not in _NOT_OPS
+        and bool(rest)
+        and rest.replace(".", "_").isidentifier()
+    )
+
+
 def _is_torch_file(path):
     norm = path.replace("\\", "/")
     return norm.startswith("torch/") or "/site-packages/torch/" in norm or "/torch/nn/" in norm
@@ -349,21 +441,29 @@ def _dtypes_by_id(prof):
 
 def _op_record(event, dtypes_by_id=None):
     """One top-level op: everything the report and the replay need, or None."""
-    module, source = "", None
+    module, source, line = "", None, None
     parent = event.cpu_parent
     while parent is not None:
         name = parent.name
-        if name.startswith("aten::"):
-            return None  # not top level: its time is counted in its caller
-        if name.startswith(_PREFIX):
+        if line is None and name.startswith(_SRC):
+            place, _, func = name[len(_SRC) :].partition(" ")
+            path, _, number = place.rpartition(":")
+            if number.isdigit():
+                line = (path, int(number), func)
+        elif name.startswith(_PREFIX):
             label, _, where = name[len(_PREFIX) :].partition("|")
             module = module or label
             if source is None and where:
                 place, _, func = where.partition(" ")
-                path, _, line = place.rpartition(":")
-                if line.isdigit() and not _is_torch_file(path):
-                    source = (path, int(line), func)
+                path, _, line_no = place.rpartition(":")
+                if line_no.isdigit() and not _is_torch_file(path):
+                    source = (path, int(line_no), func)
+        elif _is_op(name):
+            return None  # not top level: its time is counted in its caller
         parent = parent.cpu_parent
+    # The line that issued the call where the source mode saw it, else the def line of the
+    # forward of the innermost module outside torch.
+    source = line or source
     kernels, selves = {}, {}
 
     def walk(node, depth):
@@ -372,7 +472,7 @@ def _op_record(event, dtypes_by_id=None):
         if depth:
             selves[node.name] = selves.get(node.name, 0.0) + float(node.self_cpu_time_total)
         for child in node.cpu_children:
-            if child.name.startswith("aten::"):
+            if _is_op(child.name):
                 walk(child, depth + 1)
 
     walk(event, 0)
@@ -404,6 +504,8 @@ def _op_record(event, dtypes_by_id=None):
         "device_us": float(event.device_time_total),
         "kernels": kernels,
         "leaves": leaves,
+        # The ops it called, by name: which implementation ran (SDPA's math fallback, say).
+        "callees": sorted({c.name for c in event.cpu_children if _is_op(c.name)})[:12],
         "module": module,
         "source": list(source) if source else None,
         "thread": int(event.thread),
@@ -418,7 +520,7 @@ def _write(profs):
         dtypes = _dtypes_by_id(prof)
         for event in prof.events():
             name = event.name
-            if not name.startswith("aten::") or getattr(event, "is_python_function", False):
+            if not _is_op(name) or getattr(event, "is_python_function", False):
                 continue
             record = _op_record(event, dtypes)
             if record is not None:
