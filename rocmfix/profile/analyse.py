@@ -380,12 +380,17 @@ def verdict(
         fields.update(flagged=True, reason=reason)
     if not fields["flagged"]:
         return fields
+    gpu = device == "cuda"
     schemes = SCHEME_OF.get(patch.op.name, {}) if patch is not None and patch.op else {}
     scheme = schemes.get(best.label) if best is not None and startup is None else None
-    if patch is not None and scheme is not None and scheme in patch.scheme_names:
+    # rocmfix's routes take GPU inputs only (CPU inputs run the stock line): a patch is the fix
+    # on a GPU, where it changes what runs; on a torch that is not ROCm, apply needs --force.
+    if patch is not None and scheme is not None and scheme in patch.scheme_names and gpu:
         command = f"rocmfix apply --only {patch.id}"
         if scheme != patch.default_scheme:
             command += f" --scheme {scheme}"
+        if not hip:
+            command += " --force"
         fields["fix"] = Fix(kind="patch", patch_id=patch.id, command=command, speedup=speedup)
     else:
         fields["fix"] = Fix(
