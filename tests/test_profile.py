@@ -275,6 +275,13 @@ def test_first_call_cost_and_sdpa_math_name_the_setting_that_fixes_them() -> Non
     bench = analyse.verdict(row, None, None, False, "cuda", False, {"cudnn.benchmark": True},
                             total_ms=200.0)  # fmt: skip
     assert bench["fix"].command == "torch.backends.cudnn.benchmark = False"
+    # A search that runs on the host before any kernel (cuDNN's autotune took 9 s of host
+    # time and 8 ms of device time in DocLayout-YOLO's first forward on the H100).
+    host = _row("conv2d", [[1, 8, 48, 48], [8, 8, 3, 3]], CONV, first_ms=10.0, steady_ms=10.0,
+                host_first_ms=900.0, host_steady_ms=0.05)  # fmt: skip
+    done = analyse.verdict(host, None, None, False, "cuda", False, {"cudnn.benchmark": True},
+                           total_ms=200.0)  # fmt: skip
+    assert done["flagged"] and done["reason"].startswith("first call 900ms (host)")
     # A first call under 5x a steady one is a cold cache, not a search.
     warm = _row("conv2d", [[1, 8, 48, 48], [8, 8, 3, 3]], CONV, first_ms=20.0, steady_ms=80 / 9)
     assert not analyse.verdict(warm, None, None, False, "cuda", True, {}, total_ms=200.0)["flagged"]

@@ -171,6 +171,7 @@ def rows(
         times = group.times_us
         total = sum(times)
         steady = (sum(times[1:]) / (len(times) - 1)) if len(times) > 1 else times[0]
+        host = group.host_us if group.host_us != times and len(group.host_us) > 1 else None
         flops, moved = work(op)
         mean_s = total / len(times) / 1e6 if times else 0.0
         tflops = flops / mean_s / 1e12 if flops and mean_s > 0 else None
@@ -212,6 +213,8 @@ def rows(
                 source=where,
                 kernels=tuple(sorted(group.kernels, key=lambda k: -group.kernels[k]))[:4],
                 pids=tuple(group.pids),
+                host_first_ms=host[0] / 1e3 if host else None,
+                host_steady_ms=sum(host[1:]) / (len(host) - 1) / 1e3 if host else None,
             )
         )
     out.sort(key=lambda r: -r.total_ms)
@@ -275,15 +278,32 @@ def miopen_driver(row: OpStat) -> str | None:
     )
 
 
+def _first_steady(row: OpStat) -> tuple[float, float]:
+    """(first, steady) ms: device times, or for a conv on a GPU its host times where those
+    show more first-call cost (a cuDNN autotune or a MIOpen Find searches synchronously)."""
+    first, steady = row.first_ms, row.steady_ms
+    hf, hs = row.host_first_ms, row.host_steady_ms
+    if row.conv is not None and hf is not None and hs is not None and hf - hs > first - steady:
+        return hf, hs
+    return first, steady
+
+
 def first_call(row: OpStat, total_ms: float, device: str) -> float | None:
     """What the first call adds over a steady one (ms), where that is first-call cost."""
     if row.calls < 2 or total_ms <= 0:
         return None
-    extra = row.first_ms - row.steady_ms
+    first, steady = _first_steady(row)
+    extra = first - steady
     floor = FIRST_CALL_MIN_MS_GPU if device == "cuda" else FIRST_CALL_MIN_MS_CPU
-    if row.first_ms < FIRST_CALL_RATIO * row.steady_ms or extra / total_ms < FLAG_SHARE:
+    if first < FIRST_CALL_RATIO * steady or extra / total_ms < FLAG_SHARE:
         return None
     return extra if extra >= floor else None
+
+
+def _first_reason(row: OpStat) -> str:
+    first, steady = _first_steady(row)
+    where = " (host)" if first != row.first_ms else ""
+    return f"first call {first:.0f}ms{where}, then {steady:.2f}ms"
 
 
 def setting_fix(
@@ -304,7 +324,7 @@ def setting_fix(
         return None
     if startup_ms is None or row.conv is None or device != "cuda":
         return None
-    reason = f"first call {row.first_ms:.0f}ms, then {row.steady_ms:.2f}ms"
+    reason = _first_reason(row)
     if hip and env.get("MIOPEN_FIND_MODE", "").upper() not in ("FAST", "2"):
         why = ("MIOpen's Find searches its solvers at each new conv shape; FAST takes the "
                "best known one without searching (cuts search time, not kernel time)")  # fmt: skip
@@ -376,7 +396,7 @@ def verdict(
         fields.update(flagged=True, reason=f"{row.roofline:.1%} of this machine's roofline")
     elif startup is not None:
         # First-call cost no setting explains (a one-time compile, a lazy init): a repro.
-        reason = f"first call {row.first_ms:.0f}ms, then {row.steady_ms:.2f}ms"
+        reason = _first_reason(row)
         fields.update(flagged=True, reason=reason)
     if not fields["flagged"]:
         return fields

@@ -22,6 +22,9 @@ class Group:
 
     op: dict[str, Any]
     times_us: list[float] = field(default_factory=list)
+    # Host (CPU) time of each call: on a GPU, where a cuDNN autotune or a MIOpen Find spends
+    # its first call (synchronous searches that the op's device time does not show).
+    host_us: list[float] = field(default_factory=list)
     modules: dict[str, None] = field(default_factory=dict)
     kernels: dict[str, float] = field(default_factory=dict)
     pids: dict[int, None] = field(default_factory=dict)
@@ -137,6 +140,7 @@ def collect(folder: Path) -> Collected:
                 if isinstance(env, dict):
                     group.env = {str(k): str(v) for k, v in env.items()}
             group.times_us.append(float(op["device_us"] if cuda else op["cpu_us"]))
+            group.host_us.append(float(op["cpu_us"]))
             group.modules[str(op.get("module") or "")] = None
             kernels = op.get("kernels") if cuda else {name: 0.0 for name in op["leaves"]}
             if isinstance(kernels, dict):

@@ -85,6 +85,9 @@ class OpStat:
     source: str | None
     kernels: tuple[str, ...]
     pids: tuple[int, ...]
+    # Host time of the first call and of a steady one, where the times above are device times.
+    host_first_ms: float | None = None
+    host_steady_ms: float | None = None
     # The rocmfix patch whose target issued this call, if any (flagged or not).
     patch: str | None = None
     forms: tuple[Form, ...] = ()
