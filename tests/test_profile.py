@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -380,3 +381,55 @@ def test_pp_doclayout_v2_depthwise_convs_are_hgnet_v2_conv_layers_with_their_pat
     dense = [r for r in doc["ops"] if r["conv"] and r["source"] and "modeling_hgnet_v2" in
              r["source"] and r["conv"]["groups"] == 1]  # fmt: skip
     assert dense and all(r["patch"] is None for r in dense)
+
+
+RAISES = r"""
+import torch, torch.nn as nn
+from torch.overrides import TorchFunctionMode
+torch.set_num_threads(1)
+
+
+class Boom(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 3, 3)
+
+    def forward(self, x, fail=False):
+        y = self.c(x)
+        if fail:
+            raise ValueError("boom")
+        return y
+
+
+class Mine(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+m, x = Boom(), torch.randn(1, 3, 16, 16)
+m(x)
+try:
+    m(x, fail=True)
+except ValueError:
+    pass
+with Mine():
+    m(x)
+    print("inside", torch._C._len_torch_function_stack())
+m(x)
+print("after", torch._C._len_torch_function_stack())
+"""
+
+
+def test_a_forward_that_raises_leaves_the_users_torch_function_modes_as_they_were(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES)
+    plain = subprocess.run([PY, str(script)], capture_output=True, text=True, timeout=300)
+    assert plain.stdout == "inside 1\nafter 0\n", plain.stderr[-2000:]
+    result = run_cli("profile", "--json", "--top", "2", "--", PY, str(script), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    own, doc = _split(result.stdout)
+    assert own == plain.stdout  # the source mode left with each model call, even the raising one
+    conv = next(r for r in doc["ops"] if r["op"] == "conv2d")
+    assert conv["calls"] == 4 and conv["modules"] == ["c (Conv2d)"]

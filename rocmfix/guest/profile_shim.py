@@ -205,7 +205,12 @@ def _hooks(torch):
             _window_end()
 
     nn_module.register_module_forward_pre_hook(pre)
-    nn_module.register_module_forward_hook(post)
+    try:
+        # Called when a forward raises too: the stack of module calls (and the source mode)
+        # stays right after an exception the user's code catches.
+        nn_module.register_module_forward_hook(post, always_call=True)
+    except TypeError:  # torch before 2.1
+        nn_module.register_module_forward_hook(post)
 
 
 def _source_mode(torch):
@@ -257,7 +262,7 @@ def _enter_mode(torch, mode_class, root):
     """Enter the source mode for one outermost model call, while the profiler runs. Not under
     torch.compile: a mode there costs graph breaks, and compiled graphs issue fused kernels."""
     _exit_mode()  # one left behind by a forward that raised
-    if mode_class is None or _state["prof"] is None:
+    if mode_class is None or _state["prof"] is None or getattr(_tls, "mode", None) is not None:
         return
     with contextlib.suppress(Exception):
         if type(root).__name__ == "OptimizedModule" or torch.compiler.is_compiling():
@@ -273,6 +278,17 @@ def _enter_mode(torch, mode_class, root):
 def _exit_mode():
     mode = getattr(_tls, "mode", None)
     if mode is None:
+        return
+    # Exiting pops the top of the mode stack: only when that is ours. A forward that raised
+    # may have left it under a mode the user entered since; it stays (and still works) until
+    # it is on top again.
+    top = True
+    with contextlib.suppress(Exception):
+        from torch import _C
+
+        depth = _C._len_torch_function_stack()
+        top = bool(depth) and _C._get_function_stack_at(depth - 1) is mode
+    if not top:
         return
     _tls.mode = None
     with contextlib.suppress(Exception):
