@@ -237,7 +237,7 @@ def test_each_conv_is_attributed_to_the_line_that_issued_it_and_first_call_cost_
     assert all(r["calls"] == 6 for r in convs.values())
     assert convs[f"{script}:{first} Two.forward"]["modules"] == ["a (Conv2d)"]
     warm = next(r for r in doc["ops"] if r["op"] == "rocmfixtest::warm")
-    assert warm["calls"] == 6 and warm["first_ms"] >= 1000 > 50 * warm["steady_ms"]
+    assert warm["calls"] == 6 and warm["first_ms"] >= 1000 > 5 * warm["steady_ms"]
     assert warm["flagged"] and warm["reason"].startswith("first call "), warm["reason"]
     # On a CPU no setting removes a first-call cost: no fix is named (a MIOpen Find's or a
     # cuDNN autotune's is, below).
