@@ -1,5 +1,3 @@
-# mypy: ignore-errors
-# (Untyped for now: it runs in the target interpreter, stdlib and torch only; to annotate.)
 """The ``sitecustomize`` that ``rocmfix profile`` puts first on the command's PYTHONPATH.
 
 rocmfix copies this file, as ``sitecustomize.py``, into a folder of its own (mode 0700, outside
@@ -28,24 +26,35 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 _DIR = os.environ.get("ROCMFIX_PROFILE_DIR", "")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PREFIX = "rocmfix.module:"
-_state = {"prof": None, "done": False, "pid": None, "t0": 0.0, "calls": 0, "set_log": False}
+# The line that called a conv/matmul-family function, from a TorchFunctionMode active only
+# inside profiled model calls (cheap: one frame walk per such call, no Python-stack tracer).
+_SRC = "rocmfix.src:"
+_state: dict[str, Any] = {
+    "prof": None,
+    "done": False,
+    "pid": None,
+    "t0": 0.0,
+    "calls": 0,
+    "set_log": False,
+}
 # Profilers stopped around a fork (a profiler running across a fork deadlocks the child), each
 # with its start time; written out together at exit.
-_finished = []
-_window = {}
+_finished: list[Any] = []
+_window: dict[str, Any] = {}
 _tls = threading.local()
 
 
-def _chain():
+def _chain() -> None:
     """Run the environment's own sitecustomize, with this folder out of sys.path."""
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     me = sys.modules.pop("sitecustomize", None)
     try:
-        import sitecustomize  # noqa: F401 - the environment's own, if it has one
+        import sitecustomize  # type: ignore[import-not-found]  # noqa: F401 - the env's own
     except ImportError as exc:
         if exc.name != "sitecustomize":
             _note(f"the environment's sitecustomize failed: {exc!r}")
@@ -55,7 +64,7 @@ def _chain():
         _note(f"the environment's sitecustomize failed: {exc!r}")
 
 
-def _note(message):
+def _note(message: str) -> None:
     path = os.path.join(_DIR, f"notes-{os.getpid()}.txt")
     with contextlib.suppress(Exception), open(path, "a") as handle:
         handle.write(message + "\n")
@@ -64,7 +73,7 @@ def _note(message):
 class _TorchFinder:
     """Arms the profiler right after ``import torch`` has finished, in whatever finder found it."""
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "torch":
             return None
         try:
@@ -84,7 +93,7 @@ class _TorchFinder:
         loader = spec.loader
         original = loader.exec_module
 
-        def exec_module(module):
+        def exec_module(module: Any) -> None:
             original(module)
             with contextlib.suppress(Exception):
                 loader.exec_module = original
@@ -97,7 +106,7 @@ class _TorchFinder:
         return spec
 
 
-def _arm(torch):
+def _arm(torch: Any) -> None:
     try:
         _state["pid"] = os.getpid()
         _state["t0"] = time.time()
@@ -115,23 +124,23 @@ def _arm(torch):
         _note(f"profiling not armed: {exc!r}")
 
 
-def _main_thread():
+def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _gated():
+def _gated() -> bool:
     # The profiler starts at the first model call, not at ``import torch``: with the Python
     # stack on, building a model (YAML parsing, thousands of module constructors) would cost
     # gigabytes of events that say nothing about the run.
     return True
 
 
-def _start():
+def _start() -> None:
     import torch
 
     if _state["prof"] is not None or _state["done"]:
         return
-    activities = list(torch.profiler.supported_activities())
+    activities = list(torch.profiler.supported_activities())  # type: ignore[no-untyped-call]
     # No with_stack: its Python tracer costs gigabytes on a real model; the module hooks name
     # the module and the file of its forward instead.
     prof = torch.profiler.profile(activities=activities, record_shapes=True)
@@ -142,14 +151,15 @@ def _start():
         os.environ.pop("KINETO_LOG_LEVEL", None)
 
 
-def _hooks(torch):
+def _hooks(torch: Any) -> None:
     """Name each module call in the trace (``rocmfix.module:backbone.3.m``), and hold the
     profiled window to the options: one call is one forward of an outermost module."""
     from torch.nn.modules import module as nn_module
 
     names, roots = {}, set()
+    mode_class = _source_mode(torch)
 
-    def pre(mod, _args):
+    def pre(mod: Any, _args: Any) -> None:
         stack = getattr(_tls, "stack", None)
         if stack is None:
             stack = _tls.stack = []
@@ -163,6 +173,7 @@ def _hooks(torch):
                 roots.add(id(mod))
                 for qual, sub in mod.named_modules():
                     names[id(sub)] = qual
+            _enter_mode(torch, mode_class, mod)
         qual = names.get(id(mod))
         cls = type(mod).__name__
         if qual:
@@ -186,7 +197,7 @@ def _hooks(torch):
                 rf = None
         stack.append((path, rf, mod))
 
-    def post(mod, _args, _out):
+    def post(mod: Any, _args: Any, _out: Any) -> None:
         stack = getattr(_tls, "stack", None)
         while stack:
             _path, rf, owner = stack.pop()
@@ -196,13 +207,103 @@ def _hooks(torch):
             if owner is mod:
                 break
         if not stack:
+            _exit_mode()
             _window_end()
 
     nn_module.register_module_forward_pre_hook(pre)
-    nn_module.register_module_forward_hook(post)
+    try:
+        # Called when a forward raises too: the stack of module calls (and the source mode)
+        # stays right after an exception the user's code catches.
+        nn_module.register_module_forward_hook(post, always_call=True)
+    except TypeError:  # torch before 2.1
+        nn_module.register_module_forward_hook(post)
 
 
-def _window_tick():
+def _source_mode(torch: Any) -> Any:
+    """A TorchFunctionMode that wraps each conv/matmul-family call in a record_function
+    naming the first frame outside torch that issued it (``file:line func``)."""
+    try:
+        from torch.overrides import TorchFunctionMode
+    except ImportError:
+        return None
+    fn = torch.nn.functional
+    watched = set()
+    for owner, names in (
+        (fn, ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+              "conv_transpose3d", "linear", "scaled_dot_product_attention")),
+        (torch, ("matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "conv1d", "conv2d",
+                 "conv3d", "convolution")),
+        (torch.Tensor, ("matmul", "__matmul__", "__rmatmul__", "mm", "bmm")),
+    ):  # fmt: skip
+        for name in names:
+            with contextlib.suppress(Exception):
+                watched.add(getattr(owner, name))
+    skip = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, os.path.abspath(__file__))
+
+    class SourceMode(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = kwargs or {}
+            try:
+                hit = func in watched and _state["prof"] is not None
+            except TypeError:  # an unhashable callable
+                hit = False
+            if not hit:
+                return func(*args, **kwargs)
+            frame: Any = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename.startswith(skip):
+                frame = frame.f_back
+            if frame is None:
+                return func(*args, **kwargs)
+            code = frame.f_code
+            label = f"{_SRC}{code.co_filename}:{frame.f_lineno} " + getattr(
+                code, "co_qualname", code.co_name
+            )
+            with torch.autograd.profiler.record_function(label):
+                return func(*args, **kwargs)
+
+    return SourceMode
+
+
+def _enter_mode(torch: Any, mode_class: Any, root: Any) -> None:
+    """Enter the source mode for one outermost model call, while the profiler runs. Not under
+    torch.compile: a mode there costs graph breaks, and compiled graphs issue fused kernels."""
+    _exit_mode()  # one left behind by a forward that raised
+    if mode_class is None or _state["prof"] is None or getattr(_tls, "mode", None) is not None:
+        return
+    with contextlib.suppress(Exception):
+        if type(root).__name__ == "OptimizedModule" or torch.compiler.is_compiling():
+            return
+    try:
+        mode = mode_class()
+        mode.__enter__()
+        _tls.mode = mode
+    except Exception as exc:  # noqa: BLE001
+        _note(f"source lines not recorded: {exc!r}")
+
+
+def _exit_mode() -> None:
+    mode = getattr(_tls, "mode", None)
+    if mode is None:
+        return
+    # Exiting pops the top of the mode stack: only when that is ours. A forward that raised
+    # may have left it under a mode the user entered since; it stays (and still works) until
+    # it is on top again.
+    top = True
+    with contextlib.suppress(Exception):
+        from torch import _C
+
+        depth = _C._len_torch_function_stack()
+        top = bool(depth) and _C._get_function_stack_at(depth - 1) is mode
+    if not top:
+        return
+    _tls.mode = None
+    with contextlib.suppress(Exception):
+        mode.__exit__(None, None, None)
+
+
+def _window_tick() -> None:
     _state["calls"] += 1
     if _state["prof"] is None and not _state["done"]:
         elapsed = time.time() - _state["t0"]
@@ -211,7 +312,7 @@ def _window_tick():
             _start()
 
 
-def _window_end():
+def _window_end() -> None:
     if _state["prof"] is None:
         return
     calls = _window.get("calls")
@@ -223,10 +324,10 @@ def _window_end():
         _dump()
 
 
-def _mp_exit():
+def _mp_exit() -> None:
     """fork and forkserver children end in os._exit: multiprocessing's finalizers are their
     last Python code, so the dump rides on one (registered again in each child)."""
-    mp_util = sys.modules.get("multiprocessing.util")
+    mp_util: Any = sys.modules.get("multiprocessing.util")
     if mp_util is None:
         import multiprocessing.util as mp_util
     mp_util.Finalize(None, _dump, exitpriority=-100)
@@ -240,7 +341,7 @@ class _Holder:
 _HOLDER = _Holder()
 
 
-def _child_finalizer():
+def _child_finalizer() -> None:
     import multiprocessing.util as mp_util
 
     mp_util.Finalize(None, _dump, exitpriority=-100)
@@ -248,7 +349,7 @@ def _child_finalizer():
         _restart()
 
 
-def _before_fork():
+def _before_fork() -> None:
     """A profiler running across a fork deadlocks the child's first op: stop it here, and
     start a fresh one on each side."""
     prof, _state["prof"] = _state["prof"], None
@@ -261,12 +362,12 @@ def _before_fork():
             _note(f"profiler not stopped at fork: {exc!r}")
 
 
-def _after_fork_parent():
+def _after_fork_parent() -> None:
     if _state.pop("forked_from", False):
         _restart()
 
 
-def _after_fork():
+def _after_fork() -> None:
     # Starting a profiler inside the at-fork hook hangs the child: it starts at the child's
     # first Python step instead (multiprocessing's after-fork hooks, or its first module call).
     _state["pid"] = os.getpid()
@@ -275,20 +376,20 @@ def _after_fork():
     _state["pending"] = _state.pop("forked_from", False)
 
 
-def _restart():
+def _restart() -> None:
     try:
         _start()
     except Exception as exc:  # noqa: BLE001
         _note(f"profiler not restarted after fork: {exc!r}")
 
 
-def _on_term(signum, _frame):
+def _on_term(signum: int, _frame: Any) -> None:
     _dump()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
 
-def _dump():
+def _dump() -> None:
     if _state["done"] or _state["pid"] != os.getpid():
         return
     _state["done"] = True
@@ -303,7 +404,7 @@ def _dump():
         _note(f"profile not written: {exc!r}")
 
 
-def _backend():
+def _backend() -> dict[str, Any]:
     import torch
 
     out = {}
@@ -321,7 +422,7 @@ def _backend():
     return out
 
 
-def _frame(name):
+def _frame(name: str) -> tuple[str, int, str] | None:
     """``path/to/file.py(123): func`` -> (file, line, func), else None."""
     head, sep, func = name.partition("): ")
     if not sep or "(" not in head:
@@ -332,12 +433,27 @@ def _frame(name):
     return path, int(line), func
 
 
-def _is_torch_file(path):
+_NOT_OPS = ("autograd", "profiler", "cuda", "c10d_profiler")
+
+
+def _is_op(name: str) -> bool:
+    """An operator's event (``aten::conv2d``, a custom op's ``ns::name``), not an annotation."""
+    space, sep, rest = name.partition("::")
+    return (
+        bool(sep)
+        and space.isidentifier()
+        and space not in _NOT_OPS
+        and bool(rest)
+        and rest.replace(".", "_").isidentifier()
+    )
+
+
+def _is_torch_file(path: str) -> bool:
     norm = path.replace("\\", "/")
     return norm.startswith("torch/") or "/site-packages/torch/" in norm or "/torch/nn/" in norm
 
 
-def _dtypes_by_id(prof):
+def _dtypes_by_id(prof: Any) -> dict[int, list[Any]]:
     """Input dtypes by event id, from the profiler's raw events: torch before 2.12 keeps them
     there and not on its FunctionEvent (whose id is the raw event's correlation id)."""
     out = {}
@@ -347,32 +463,41 @@ def _dtypes_by_id(prof):
     return out
 
 
-def _op_record(event, dtypes_by_id=None):
+def _op_record(event: Any, dtypes_by_id: dict[int, list[Any]] | None = None) -> Any:
     """One top-level op: everything the report and the replay need, or None."""
-    module, source = "", None
+    module, source, line = "", None, None
     parent = event.cpu_parent
     while parent is not None:
         name = parent.name
-        if name.startswith("aten::"):
-            return None  # not top level: its time is counted in its caller
-        if name.startswith(_PREFIX):
+        if line is None and name.startswith(_SRC):
+            place, _, func = name[len(_SRC) :].partition(" ")
+            path, _, number = place.rpartition(":")
+            if number.isdigit():
+                line = (path, int(number), func)
+        elif name.startswith(_PREFIX):
             label, _, where = name[len(_PREFIX) :].partition("|")
             module = module or label
             if source is None and where:
                 place, _, func = where.partition(" ")
-                path, _, line = place.rpartition(":")
-                if line.isdigit() and not _is_torch_file(path):
-                    source = (path, int(line), func)
+                path, _, line_no = place.rpartition(":")
+                if line_no.isdigit() and not _is_torch_file(path):
+                    source = (path, int(line_no), func)
+        elif _is_op(name):
+            return None  # not top level: its time is counted in its caller
         parent = parent.cpu_parent
-    kernels, selves = {}, {}
+    # The line that issued the call where the source mode saw it, else the def line of the
+    # forward of the innermost module outside torch.
+    source = line or source
+    kernels: dict[str, float] = {}
+    selves: dict[str, float] = {}
 
-    def walk(node, depth):
+    def walk(node: Any, depth: int) -> None:
         for kernel in getattr(node, "kernels", ()) or ():
             kernels[kernel.name] = kernels.get(kernel.name, 0.0) + float(kernel.duration)
         if depth:
             selves[node.name] = selves.get(node.name, 0.0) + float(node.self_cpu_time_total)
         for child in node.cpu_children:
-            if child.name.startswith("aten::"):
+            if _is_op(child.name):
                 walk(child, depth + 1)
 
     walk(event, 0)
@@ -390,7 +515,7 @@ def _op_record(event, dtypes_by_id=None):
             str(d)
             for d in (
                 getattr(event, "input_dtypes", None)
-                or (dtypes_by_id or {}).get(getattr(event, "id", None))
+                or (dtypes_by_id or {}).get(getattr(event, "id", -1))
                 or []
             )
         ],
@@ -404,13 +529,15 @@ def _op_record(event, dtypes_by_id=None):
         "device_us": float(event.device_time_total),
         "kernels": kernels,
         "leaves": leaves,
+        # The ops it called, by name: which implementation ran (SDPA's math fallback, say).
+        "callees": sorted({c.name for c in event.cpu_children if _is_op(c.name)})[:12],
         "module": module,
         "source": list(source) if source else None,
         "thread": int(event.thread),
     }
 
 
-def _write(profs):
+def _write(profs: list[Any]) -> None:
     import torch
 
     ops = []
@@ -418,7 +545,7 @@ def _write(profs):
         dtypes = _dtypes_by_id(prof)
         for event in prof.events():
             name = event.name
-            if not name.startswith("aten::") or getattr(event, "is_python_function", False):
+            if not _is_op(name) or getattr(event, "is_python_function", False):
                 continue
             record = _op_record(event, dtypes)
             if record is not None:
@@ -427,7 +554,7 @@ def _write(profs):
     pid = os.getpid()
     cuda = False
     with contextlib.suppress(Exception):
-        cuda = torch.cuda.is_initialized()
+        cuda = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
     body = {
         "schema": "rocmfix-profile-process/1",
         "pid": pid,
@@ -454,7 +581,7 @@ def _write(profs):
     os.replace(tmp, os.path.join(_DIR, f"events-{pid}.json"))
 
 
-def _install():
+def _install() -> None:
     if not _DIR or not os.path.isdir(_DIR):
         return
     with contextlib.suppress(ValueError):

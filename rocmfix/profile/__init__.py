@@ -69,8 +69,10 @@ def run(
     for row in hot:
         patch, routed = analyse.patch_for(groups[row.key].op, row.source, patches)
         result = replayed.results.get(str(by_key.get(row.key, "")))
-        fields = analyse.verdict(row, result, patch, routed, found.device, hip,
-                                 groups[row.key].backend)  # fmt: skip
+        group = groups[row.key]
+        fields = analyse.verdict(row, result, patch, routed, found.device, hip, group.backend,
+                                 total_ms=total_us / 1e3, env=group.env,
+                                 callees=tuple(group.callees))  # fmt: skip
         final.append(dataclasses.replace(row, patch=patch.id if patch else None, **fields))
     report = ProfileReport(
         command=tuple(command),

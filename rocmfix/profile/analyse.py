@@ -21,14 +21,30 @@ from .model import (
     OpStat,
 )
 
-CONVS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution")
+CONVS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
+         "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d")  # fmt: skip
 ITEMSIZE = {"float": 4, "c10::half": 2, "c10::bfloat16": 2, "double": 8, "half": 2, "bfloat16": 2}
 DTYPE = {"float": "float32", "c10::half": "float16", "c10::bfloat16": "bfloat16",
          "double": "float64"}  # fmt: skip
-# Which replayed formulation a patch's scheme is: the fix names the scheme measured here.
 ROOFLINE_MIN_MS_GPU = 0.1
 ROOFLINE_MIN_MS_CPU = 1.0
-SCHEME_OF = {"reshape+matmul": "linear", "rocmfix phase split": "linear", "rocmfix Triton": "gemm"}
+# Which replayed formulation is which scheme of the patch's op: the fix names the scheme
+# whose formulation was measured here.
+SCHEME_OF = {
+    "patch-embed": {"reshape+matmul": "linear"},
+    "dilated-conv": {"rocmfix phase split": "linear", "rocmfix Triton": "gemm"},
+    "depthwise-conv": {"rocmfix Triton": "triton", "channels-last": "channels-last"},
+    "conv-transpose": {"GEMM + shuffle": "linear"},
+}
+# First-call cost (a MIOpen Find, a cuDNN benchmark autotune, a one-time compile) is flagged
+# when the first call takes this many times a steady call and what it adds takes at least
+# FLAG_SHARE of the run: a first call a few times slower is a cold cache, not a search.
+FIRST_CALL_RATIO = 5.0
+# ... and it adds at least this much: CPU times include the scheduler's stalls, which reach
+# tens of ms on a loaded machine; device times do not.
+FIRST_CALL_MIN_MS_CPU = 100.0
+FIRST_CALL_MIN_MS_GPU = 1.0
+SDPA_MATH = "aten::_scaled_dot_product_attention_math"
 
 
 def conv_params(op: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -41,9 +57,14 @@ def conv_params(op: Mapping[str, Any]) -> dict[str, Any] | None:
 
     if op["name"] in ("aten::convolution", "aten::_convolution"):
         return {"stride": at(3, [1]), "padding": at(4, [0]), "dilation": at(5, [1]),
-                "groups": at(8, 1), "transposed": bool(at(6, False))}  # fmt: skip
+                "groups": at(8, 1), "transposed": bool(at(6, False)),
+                "output_padding": at(7, [0])}  # fmt: skip
+    if op["name"].startswith("aten::conv_transpose"):
+        # (input, weight, bias, stride, padding, output_padding, groups, dilation)
+        return {"stride": at(3, [1]), "padding": at(4, [0]), "dilation": at(7, [1]),
+                "groups": at(6, 1), "transposed": True, "output_padding": at(5, [0])}  # fmt: skip
     return {"stride": at(3, [1]), "padding": at(4, [0]), "dilation": at(5, [1]),
-            "groups": at(6, 1), "transposed": False}  # fmt: skip
+            "groups": at(6, 1), "transposed": False, "output_padding": [0]}  # fmt: skip
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -71,6 +92,16 @@ def work(op: Mapping[str, Any]) -> tuple[float | None, float | None]:
         outputs = x[0] * w[0] * math.prod(out)
         flops = 2.0 * outputs * _numel(w[1:])
         return flops, float(size * (_numel(x) + _numel(w) + outputs))
+    if params is not None and len(shapes) >= 2 and len(shapes[0]) >= 3 and len(shapes[1]) >= 3:
+        x, w = shapes[0], shapes[1]  # transposed: w is (in, out / groups, k...)
+        dims = len(x) - 2
+        st, pd = _expand(params["stride"], dims), _expand(params["padding"], dims)
+        dl, op_ = _expand(params["dilation"], dims), _expand(params["output_padding"], dims)
+        out = [(x[2 + i] - 1) * st[i] - 2 * pd[i] + dl[i] * (w[2 + i] - 1) + op_[i] + 1
+               for i in range(dims)]  # fmt: skip
+        outputs = x[0] * w[1] * int(params["groups"]) * math.prod(out)
+        flops = 2.0 * _numel(x) * _numel(w[1:])
+        return flops, float(size * (_numel(x) + _numel(w) + outputs))
     if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"):
         if len(shapes) < 2 or not shapes[0] or not shapes[1]:
             return None, None
@@ -84,6 +115,33 @@ def work(op: Mapping[str, Any]) -> tuple[float | None, float | None]:
     return None, None
 
 
+def conv_kind(op: Mapping[str, Any]) -> str | None:
+    """Which rocmfix op a conv call is, from its arguments alone: ``patch-embed`` (a 3-D conv),
+    ``dilated-conv``, ``depthwise-conv`` (groups == in == out channels, 2-D) or
+    ``conv-transpose`` (2-D, kernel == stride, no padding: a GEMM and a pixel shuffle)."""
+    params = conv_params(op)
+    shapes = op.get("shapes") or []
+    if params is None or len(shapes) < 2 or len(shapes[0]) < 3 or len(shapes[1]) < 3:
+        return None
+    x, w = shapes[0], shapes[1]
+    dims = len(x) - 2
+    dl = _expand(params["dilation"], dims)
+    if params["transposed"]:
+        st, pd = _expand(params["stride"], dims), _expand(params["padding"], dims)
+        simple = not any(pd) and not any(_expand(params["output_padding"], dims))
+        if dims == 2 and params["groups"] == 1 and list(w[2:]) == st and simple:
+            return "conv-transpose" if all(d == 1 for d in dl) else None
+        return None
+    if dims == 3:
+        return "patch-embed"
+    if dims == 2 and max(dl) > 1:
+        return "dilated-conv"
+    groups = int(params["groups"])
+    if dims == 2 and groups > 1 and groups == x[1] == w[0] and w[1] == 1 and max(dl) == 1:
+        return "depthwise-conv"
+    return None
+
+
 def patch_for(
     op: Mapping[str, Any], source: str | None, patches: Sequence[Patch]
 ) -> tuple[Patch | None, bool]:
@@ -93,17 +151,13 @@ def patch_for(
         return None, False
     # The profiler names files relative to their sys.path entry (doclayout_yolo/nn/...).
     path = "/" + source.split(" ")[0].rsplit(":", 1)[0].replace("\\", "/").lstrip("/")
-    params = conv_params(op)
+    kind = conv_kind(op)
     for patch in patches:
         if any(path.endswith("/" + drop) for drop in patch.drop_paths):
             return patch, True
-        if patch.op is None or params is None or not path.endswith("/" + patch.path):
+        if patch.op is None or kind is None or not path.endswith("/" + patch.path):
             continue
-        dims = len(op["shapes"][0]) - 2 if op["shapes"] and op["shapes"][0] else 0
-        dilated = max(params["dilation"]) > 1
-        if patch.op.name == "patch-embed" and dims == 3:
-            return patch, False
-        if patch.op.name == "dilated-conv" and dims == 2 and dilated:
+        if patch.op.name == kind:
             return patch, False
     return None, False
 
@@ -117,6 +171,7 @@ def rows(
         times = group.times_us
         total = sum(times)
         steady = (sum(times[1:]) / (len(times) - 1)) if len(times) > 1 else times[0]
+        host = group.host_us if group.host_us != times and len(group.host_us) > 1 else None
         flops, moved = work(op)
         mean_s = total / len(times) / 1e6 if times else 0.0
         tflops = flops / mean_s / 1e12 if flops and mean_s > 0 else None
@@ -158,6 +213,8 @@ def rows(
                 source=where,
                 kernels=tuple(sorted(group.kernels, key=lambda k: -group.kernels[k]))[:4],
                 pids=tuple(group.pids),
+                host_first_ms=host[0] / 1e3 if host else None,
+                host_steady_ms=sum(host[1:]) / (len(host) - 1) / 1e3 if host else None,
             )
         )
     out.sort(key=lambda r: -r.total_ms)
@@ -186,6 +243,11 @@ def repro(row: OpStat, device: str, backend: Mapping[str, Any]) -> str:
         bias = "b"
     call = (f"{fn}(x, w, {bias}, stride={conv.get('stride')}, padding={conv.get('padding')}, "
             f"dilation={conv.get('dilation')}, groups={conv.get('groups')})")  # fmt: skip
+    if conv.get("transposed"):
+        call = (f"torch.nn.functional.conv_transpose{dims}d(x, w, {bias}, "
+                f"stride={conv.get('stride')}, padding={conv.get('padding')}, "
+                f"output_padding={conv.get('output_padding')}, groups={conv.get('groups')}, "
+                f"dilation={conv.get('dilation')})")  # fmt: skip
     sync = "torch.cuda.synchronize()" if device == "cuda" else "pass"
     lines += [
         f"y = {call}",
@@ -216,6 +278,67 @@ def miopen_driver(row: OpStat) -> str | None:
     )
 
 
+def _first_steady(row: OpStat) -> tuple[float, float]:
+    """(first, steady) ms: device times, or for a conv on a GPU its host times where those
+    show more first-call cost (a cuDNN autotune or a MIOpen Find searches synchronously)."""
+    first, steady = row.first_ms, row.steady_ms
+    hf, hs = row.host_first_ms, row.host_steady_ms
+    if row.conv is not None and hf is not None and hs is not None and hf - hs > first - steady:
+        return hf, hs
+    return first, steady
+
+
+def first_call(row: OpStat, total_ms: float, device: str) -> float | None:
+    """What the first call adds over a steady one (ms), where that is first-call cost."""
+    if row.calls < 2 or total_ms <= 0:
+        return None
+    first, steady = _first_steady(row)
+    extra = first - steady
+    floor = FIRST_CALL_MIN_MS_GPU if device == "cuda" else FIRST_CALL_MIN_MS_CPU
+    if first < FIRST_CALL_RATIO * steady or extra / total_ms < FLAG_SHARE:
+        return None
+    return extra if extra >= floor else None
+
+
+def _first_reason(row: OpStat) -> str:
+    first, steady = _first_steady(row)
+    where = " (host)" if first != row.first_ms else ""
+    return f"first call {first:.0f}ms{where}, then {steady:.2f}ms"
+
+
+def setting_fix(
+    row: OpStat, hip: bool, device: str, backend: Mapping[str, Any], env: Mapping[str, str],
+    callees: Sequence[str], startup_ms: float | None,
+) -> tuple[str, Fix] | None:  # fmt: skip
+    """(reason, fix) where a setting fixes what was measured: first-call cost of a conv that
+    MIOpen's Find or cuDNN's benchmark autotune explains, or SDPA's math fallback on ROCm."""
+    if row.op == "scaled_dot_product_attention" and SDPA_MATH in callees and hip:
+        if env.get("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL") != "1":
+            why = (
+                "ROCm torch keeps AOTriton flash attention for consumer Radeon cards "
+                "behind TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1; `rocmfix env` exports it"
+            )
+            return "SDPA ran its math fallback", Fix(
+                kind="env", command='eval "$(rocmfix env)"', why=why
+            )
+        return None
+    if startup_ms is None or row.conv is None or device != "cuda":
+        return None
+    reason = _first_reason(row)
+    if hip and env.get("MIOPEN_FIND_MODE", "").upper() not in ("FAST", "2"):
+        why = ("MIOpen's Find searches its solvers at each new conv shape; FAST takes the "
+               "best known one without searching (cuts search time, not kernel time)")  # fmt: skip
+        return reason + " (MIOpen Find)", Fix(
+            kind="env", command="export MIOPEN_FIND_MODE=FAST", why=why
+        )
+    if not hip and backend.get("cudnn.benchmark") and backend.get("cudnn.enabled", True):
+        why = "cuDNN's benchmark mode times every algorithm at each new conv shape"
+        return reason + " (cuDNN benchmark)", Fix(
+            kind="setting", command="torch.backends.cudnn.benchmark = False", why=why
+        )
+    return None
+
+
 def verdict(
     row: OpStat,
     result: Mapping[str, Any] | None,
@@ -224,6 +347,10 @@ def verdict(
     device: str,
     hip: bool,
     backend: Mapping[str, Any],
+    *,
+    total_ms: float = 0.0,
+    env: Mapping[str, str] | None = None,
+    callees: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The fields of ``row`` the replay decides: forms, best, speedup, flagged, reason, fix."""
     if routed and patch is not None:
@@ -248,10 +375,17 @@ def verdict(
     others = [f for f in forms if f.label != "as run" and f.ok and f.ms]
     best = min(others, key=lambda f: f.ms or math.inf) if others else None
     speedup = base.ms / best.ms if base and best and base.ms and best.ms else None
-    flagged, reason = False, None
+    fields: dict[str, Any] = {"forms": tuple(forms), "replay_note": note,
+                              "best": best.label if best else None, "speedup": speedup,
+                              "flagged": False, "reason": None}  # fmt: skip
     hot = row.share >= FLAG_SHARE
+    startup = first_call(row, total_ms, device)
+    setting = setting_fix(row, hip, device, backend, env or {}, callees, startup)
+    if setting is not None and (hot or startup is not None):
+        fields.update(flagged=True, reason=setting[0], fix=setting[1])
+        return fields
     if hot and speedup is not None and speedup >= FLAG_SPEEDUP and best is not None:
-        flagged, reason = True, f"{speedup:.1f}x faster as {best.label}"
+        fields.update(flagged=True, reason=f"{speedup:.1f}x faster as {best.label}")
     elif (
         hot
         and row.roofline is not None
@@ -259,17 +393,24 @@ def verdict(
         and row.mean_ms >= (ROOFLINE_MIN_MS_GPU if device == "cuda" else ROOFLINE_MIN_MS_CPU)
     ):
         # Shorter calls are bound by their launch, not by the kernel: no verdict on those.
-        flagged, reason = True, f"{row.roofline:.1%} of this machine's roofline"
-    fields: dict[str, Any] = {"forms": tuple(forms), "replay_note": note,
-                              "best": best.label if best else None, "speedup": speedup,
-                              "flagged": flagged, "reason": reason}  # fmt: skip
-    if not flagged:
+        fields.update(flagged=True, reason=f"{row.roofline:.1%} of this machine's roofline")
+    elif startup is not None:
+        # First-call cost no setting explains (a one-time compile, a lazy init): a repro.
+        reason = _first_reason(row)
+        fields.update(flagged=True, reason=reason)
+    if not fields["flagged"]:
         return fields
-    if patch is not None and best is not None and best.label in SCHEME_OF:
-        scheme = SCHEME_OF[best.label]
+    gpu = device == "cuda"
+    schemes = SCHEME_OF.get(patch.op.name, {}) if patch is not None and patch.op else {}
+    scheme = schemes.get(best.label) if best is not None and startup is None else None
+    # rocmfix's routes take GPU inputs only (CPU inputs run the stock line): a patch is the fix
+    # on a GPU, where it changes what runs; on a torch that is not ROCm, apply needs --force.
+    if patch is not None and scheme is not None and scheme in patch.scheme_names and gpu:
         command = f"rocmfix apply --only {patch.id}"
-        if scheme in patch.scheme_names and scheme != patch.default_scheme:
+        if scheme != patch.default_scheme:
             command += f" --scheme {scheme}"
+        if not hip:
+            command += " --force"
         fields["fix"] = Fix(kind="patch", patch_id=patch.id, command=command, speedup=speedup)
     else:
         fields["fix"] = Fix(
@@ -284,7 +425,9 @@ def replay_items(rows_: Sequence[OpStat], groups: Mapping[str, Group]) -> list[d
     """What the replay child needs for each hot op it can replay."""
     items = []
     for n, row in enumerate(rows_):
-        if row.share < FLAG_SHARE or row.conv is None or row.conv["transposed"]:
+        if row.share < FLAG_SHARE or row.conv is None:
+            continue
+        if row.conv["transposed"] and conv_kind(groups[row.key].op) != "conv-transpose":
             continue
         op = groups[row.key].op
         items.append({"id": f"op{n}", "name": op["name"], "shapes": op["shapes"],

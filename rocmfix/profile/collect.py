@@ -22,11 +22,18 @@ class Group:
 
     op: dict[str, Any]
     times_us: list[float] = field(default_factory=list)
+    # Host (CPU) time of each call: on a GPU, where a cuDNN autotune or a MIOpen Find spends
+    # its first call (synchronous searches that the op's device time does not show).
+    host_us: list[float] = field(default_factory=list)
     modules: dict[str, None] = field(default_factory=dict)
     kernels: dict[str, float] = field(default_factory=dict)
     pids: dict[int, None] = field(default_factory=dict)
     python: str = ""
     backend: dict[str, Any] = field(default_factory=dict)
+    # The run's MIOPEN_*/TORCH_* variables, as the first process that ran it had them.
+    env: dict[str, str] = field(default_factory=dict)
+    # The ops it called, by name (which implementation ran).
+    callees: dict[str, None] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,13 +136,21 @@ def collect(folder: Path) -> Collected:
             if group is None:
                 group = groups[key] = Group(op=op, python=str(body.get("python", "")))
                 group.backend = dict(body.get("backend") or {})
+                env = body.get("env")
+                if isinstance(env, dict):
+                    group.env = {str(k): str(v) for k, v in env.items()}
             group.times_us.append(float(op["device_us"] if cuda else op["cpu_us"]))
+            group.host_us.append(float(op["cpu_us"]))
             group.modules[str(op.get("module") or "")] = None
             kernels = op.get("kernels") if cuda else {name: 0.0 for name in op["leaves"]}
             if isinstance(kernels, dict):
                 for name, us in kernels.items():
                     group.kernels[str(name)] = group.kernels.get(str(name), 0.0) + float(us or 0)
             group.pids[pid] = None
+            callees = op.get("callees")
+            if isinstance(callees, list):
+                for name in callees[:12]:
+                    group.callees[str(name)] = None
     traces = sorted(folder.glob("trace-*.json"))
     hip = any(bool(body.get("hip")) for body, _ in files)
     return Collected(processes, groups, "cuda" if cuda else "cpu", notes, traces, hip)

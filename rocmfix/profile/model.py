@@ -48,7 +48,9 @@ class Form:
 @dataclass(frozen=True)
 class Fix:
     """``patch``: a rocmfix patch routes it (``command`` applies it); ``patched``: one already
-    does; ``none``: no fix yet (``repro`` is a standalone snippet to file upstream)."""
+    does; ``env``: an environment setting (``command`` is the shell line); ``setting``: a torch
+    setting in the user's code (``command`` is the Python line); ``none``: no fix yet
+    (``repro`` is a standalone snippet to file upstream). ``why`` says why the setting helps."""
 
     kind: str
     patch_id: str | None = None
@@ -56,6 +58,7 @@ class Fix:
     speedup: float | None = None
     repro: str | None = None
     driver: str | None = None
+    why: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,9 @@ class OpStat:
     source: str | None
     kernels: tuple[str, ...]
     pids: tuple[int, ...]
+    # Host time of the first call and of a steady one, where the times above are device times.
+    host_first_ms: float | None = None
+    host_steady_ms: float | None = None
     # The rocmfix patch whose target issued this call, if any (flagged or not).
     patch: str | None = None
     forms: tuple[Form, ...] = ()

@@ -64,15 +64,16 @@ def summary(report: ProfileReport) -> str:
     kind = "device" if report.device == "cuda" else "CPU"
     hot = [r for r in report.ops if r.share >= FLAG_SHARE] or list(report.ops[:1])
     share = sum(r.share for r in hot)
-    fixes = [r.fix for r in report.flagged if r.fix is not None and r.fix.kind == "patch"]
+    fixes = [r.fix for r in report.flagged if r.fix is not None and r.fix.kind != "none"]
     line = f"{len(hot)} op{'s' if len(hot) != 1 else ''} take {share:.0%} of {kind} time; "
     if not report.flagged:
         return line + "none is flagged."
-    ids = list(dict.fromkeys(f.patch_id for f in fixes if f.patch_id))
-    if not ids:
-        return line + f"{len(report.flagged)} flagged, no fix yet (see each repro)."
     commands = list(dict.fromkeys(f.command for f in fixes if f.command))
-    return line + f"{len(ids)} {'has' if len(ids) == 1 else 'have'} a fix: " + "; ".join(commands)
+    if not commands:
+        return line + f"{len(report.flagged)} flagged, no fix yet (see each repro)."
+    fixed = sum(1 for r in report.flagged if r.fix is not None and r.fix.kind != "none")
+    verb = "has" if fixed == 1 else "have"
+    return line + f"{fixed} {verb} a fix: " + "; ".join(commands)
 
 
 def profile_table(report: ProfileReport, stream: TextIO | None = None) -> None:
@@ -128,6 +129,10 @@ def profile_table(report: ProfileReport, stream: TextIO | None = None) -> None:
                 + _clip(f"fix: {fix.command} ({fix.speedup:.1f}x measured here)", WIDTH - 8)
                 + "\n"
             )
+        elif fix is not None and fix.kind in ("env", "setting"):
+            w("        " + _clip(f"fix: {fix.command}", WIDTH - 8) + "\n")
+            if fix.why:
+                w("        " + _clip(fix.why, WIDTH - 8) + "\n")
         elif fix is not None and fix.kind == "none" and row.flagged:
             w(
                 "        fix: none yet; repro"
