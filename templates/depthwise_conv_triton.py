@@ -82,7 +82,7 @@ CONFIG = kc.KernelConfig(
     KERNEL,
     CONFIG_ENV,
     SHIPPED_CONFIGS,
-    {"BLOCK_P": kc.pow2(16, 4096), "BLOCK_C": kc.pow2(1, 128)},
+    {"BLOCK_P": kc.pow2(16, 4096), "BLOCK_C": kc.pow2(1, 128), "VEC": kc.pow2(1, 2)},
 )
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KERNEL = 9
@@ -98,6 +98,23 @@ if triton is not None:
     # Builtins only, no @triton.jit helpers of triton.language (tl.sigmoid, tl.cdiv): those are
     # compiled-or-interpreted when triton is first imported, and tests set TRITON_INTERPRET=1
     # after that. Sizes stay out of the specialisation: a new page size compiles nothing new.
+
+    @triton.jit
+    def _fold_act(acc, scale, shift, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                  ACT: tl.constexpr):  # fmt: skip
+        if HAS_SCALE:
+            acc = acc * scale
+        if HAS_SHIFT:
+            acc = acc + shift
+        if ACT == 1:
+            acc = tl.maximum(acc, 0.0)
+        elif ACT == 2:
+            acc = acc / (1.0 + tl.exp(-acc))
+        elif ACT == 3:
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        elif ACT == 4:
+            acc = acc * tl.minimum(tl.maximum(acc + 3.0, 0.0), 6.0) / 6.0
+        return acc
 
     @triton.jit(do_not_specialize=("H", "W", "OH", "OW"))
     def _dw_kernel(
@@ -126,49 +143,93 @@ if triton is not None:
         ACT: tl.constexpr,
         BLOCK_P: tl.constexpr,
         BLOCK_C: tl.constexpr,
+        VEC: tl.constexpr,
     ):
         pid_p = tl.program_id(0)
         pid_c = tl.program_id(1)
         n = tl.program_id(2)
         npix = OH * OW
-        offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        mask_p = offs_p < npix
         mask_c = offs_c < C
-        oh = offs_p // OW
-        ow = offs_p - oh * OW
-        ih0 = oh * SH - PH
-        iw0 = ow * SW - PW
-        x_base = x_ptr + n * sxn + offs_c[:, None] * sxc
         w_base = w_ptr + offs_c * (KH * KW)
-        acc = tl.zeros((BLOCK_C, BLOCK_P), dtype=tl.float32)
-        for kh in tl.static_range(KH):
-            ih = ih0 + kh
-            row_ok = mask_p & (ih >= 0) & (ih < H)
-            for kw in tl.static_range(KW):
-                iw = iw0 + kw
-                ok = row_ok & (iw >= 0) & (iw < W)
-                xv = tl.load(
-                    x_base + (ih * sxh + iw * sxw)[None, :],
-                    mask=mask_c[:, None] & ok[None, :],
-                    other=0.0,
-                )
-                wv = tl.load(w_base + (kh * KW + kw), mask=mask_c, other=0.0)
-                acc += xv.to(tl.float32) * wv.to(tl.float32)[:, None]
-        if HAS_SCALE:
-            acc = acc * tl.load(scale_ptr + offs_c, mask=mask_c, other=0.0)[:, None]
-        if HAS_SHIFT:
-            acc = acc + tl.load(shift_ptr + offs_c, mask=mask_c, other=0.0)[:, None]
-        if ACT == 1:
-            acc = tl.maximum(acc, 0.0)
-        elif ACT == 2:
-            acc = acc / (1.0 + tl.exp(-acc))
-        elif ACT == 3:
-            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
-        elif ACT == 4:
-            acc = acc * tl.minimum(tl.maximum(acc + 3.0, 0.0), 6.0) / 6.0
-        out = out_ptr + (n * C + offs_c[:, None]) * npix + offs_p[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_c[:, None] & mask_p[None, :])
+        scale = tl.load(scale_ptr + offs_c, mask=mask_c & HAS_SCALE, other=1.0)
+        shift = tl.load(shift_ptr + offs_c, mask=mask_c & HAS_SHIFT, other=0.0)
+        if VEC == 2:
+            # Pairs of outputs (even, odd) of one row (OW, W and every stride but the pixel
+            # one even, stride 1 along W): each tap row is read as aligned input pairs, one
+            # 2-element load serving two taps of both outputs; an odd tap's pair straddles
+            # two of them (the high half of one, the low half of the next). Half the loads,
+            # conversions and address sums of one load per tap and output.
+            offs_q = pid_p * (BLOCK_P // 2) + tl.arange(0, BLOCK_P // 2)
+            p0 = offs_q * 2
+            mask_q = p0 < npix
+            oh = p0 // OW
+            ow = p0 - oh * OW
+            ih0 = oh * SH - PH
+            half = tl.arange(0, 2)
+            row0 = n * sxn + offs_c[:, None] * sxc + (oh * SH * sxh + ow)[None, :]
+            S0: tl.constexpr = -(PW + PW % 2)
+            NPAIR: tl.constexpr = (KW - PW - S0) // 2 + 1
+            acc = tl.zeros((BLOCK_C, BLOCK_P // 2, 2), dtype=tl.float32)
+            for kh in tl.static_range(KH):
+                ih = ih0 + kh
+                row_ok = mask_c[:, None] & (mask_q & (ih >= 0) & (ih < H))[None, :]
+                row = row0 + (kh - PH) * sxh
+                prev = acc
+                for t in tl.static_range(NPAIR):
+                    s: tl.constexpr = S0 + 2 * t
+                    iw = ow + s
+                    ok = row_ok & ((iw >= 0) & (iw < W))[None, :]
+                    off = tl.multiple_of((row + s)[:, :, None] + half[None, None, :], [1, 1, 2])
+                    cur = tl.load(
+                        x_ptr + off,
+                        mask=tl.broadcast_to(ok[:, :, None], (BLOCK_C, BLOCK_P // 2, 2)),
+                        other=0.0,
+                    ).to(tl.float32)
+                    if s + PW >= 0 and s + PW < KW:
+                        wv = tl.load(w_base + (kh * KW + s + PW), mask=mask_c, other=0.0)
+                        acc += cur * wv.to(tl.float32)[:, None, None]
+                    if t > 0 and s - 1 + PW >= 0 and s - 1 + PW < KW:
+                        _, prev_hi = tl.split(prev)
+                        cur_lo, _ = tl.split(cur)
+                        wv = tl.load(w_base + (kh * KW + s - 1 + PW), mask=mask_c, other=0.0)
+                        acc += tl.join(prev_hi, cur_lo) * wv.to(tl.float32)[:, None, None]
+                    prev = cur
+            acc = _fold_act(acc, scale[:, None, None], shift[:, None, None], HAS_SCALE,
+                            HAS_SHIFT, ACT)  # fmt: skip
+            out_off = tl.multiple_of(
+                ((n * C + offs_c[:, None]) * npix + p0[None, :])[:, :, None] + half[None, None, :],
+                [1, 1, 2],
+            )
+            store_ok = mask_c[:, None] & mask_q[None, :]
+            tl.store(
+                out_ptr + out_off,
+                acc.to(out_ptr.dtype.element_ty),
+                mask=tl.broadcast_to(store_ok[:, :, None], (BLOCK_C, BLOCK_P // 2, 2)),
+            )
+        else:
+            offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+            mask_p = offs_p < npix
+            oh = offs_p // OW
+            ow = offs_p - oh * OW
+            ih0 = oh * SH - PH
+            iw0 = ow * SW - PW
+            # One offset per output, then a uniform one per tap: a tap costs an add, not the
+            # products of its row and column with their strides.
+            base = n * sxn + offs_c[:, None] * sxc + (ih0 * sxh + iw0 * sxw)[None, :]
+            acc2 = tl.zeros((BLOCK_C, BLOCK_P), dtype=tl.float32)
+            for kh in tl.static_range(KH):
+                ih = ih0 + kh
+                row_ok = mask_c[:, None] & (mask_p & (ih >= 0) & (ih < H))[None, :]
+                for kw in tl.static_range(KW):
+                    iw = iw0 + kw
+                    ok = row_ok & ((iw >= 0) & (iw < W))[None, :]
+                    xv = tl.load(x_ptr + (base + (kh * sxh + kw * sxw)), mask=ok, other=0.0)
+                    wv = tl.load(w_base + (kh * KW + kw), mask=mask_c, other=0.0)
+                    acc2 += xv.to(tl.float32) * wv.to(tl.float32)[:, None]
+            acc2 = _fold_act(acc2, scale[:, None], shift[:, None], HAS_SCALE, HAS_SHIFT, ACT)
+            out = out_ptr + (n * C + offs_c[:, None]) * npix + offs_p[None, :]
+            tl.store(out, acc2.to(out_ptr.dtype.element_ty), mask=mask_c[:, None] & mask_p[None, :])
 
     INTERPRETING = ks.interpreted(_dw_kernel)
 else:
@@ -240,6 +301,24 @@ def _pair(v: Any) -> tuple[int, int] | None:
     return None
 
 
+def _pairs_fit(x: torch.Tensor, stride: tuple[int, int], ow: int) -> bool:
+    """Whether the kernel may read the input as aligned pairs of a row (``VEC`` 2): stride 1
+    along rows, unit column stride, every other stride, the widths and the address even, so
+    that an even output column reads an even input one and a pair is never half in bounds."""
+    n, _, _, w = x.shape
+    sn, sc, sh, sw = x.stride()
+    return (
+        stride[1] == 1
+        and sw == 1
+        and w % 2 == 0
+        and ow % 2 == 0
+        and sh % 2 == 0
+        and sc % 2 == 0
+        and (sn % 2 == 0 or n == 1)
+        and x.data_ptr() % (2 * x.element_size()) == 0
+    )
+
+
 def prepare_launch(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -265,6 +344,7 @@ def prepare_launch(
     block_p, block_c = int(config["BLOCK_P"]), int(config["BLOCK_C"])
     grid = (_cdiv(oh * ow, block_p), _cdiv(c, block_c), n)
     sn, sc, sh, sw = x.stride()
+    vec = 2 if int(config.get("VEC", 2)) == 2 and _pairs_fit(x, stride, ow) else 1
     args = (x, wk, wk if scale is None else scale, wk if shift is None else shift, out,
             c, h, w, oh, ow, sn, sc, sh, sw)  # fmt: skip
     kwargs = {
@@ -279,6 +359,7 @@ def prepare_launch(
         "ACT": act,
         "BLOCK_P": block_p,
         "BLOCK_C": block_c,
+        "VEC": vec,
         **kc.launch_options(config),
     }
     return _dw_kernel, grid, args, kwargs, out
