@@ -151,7 +151,9 @@ if triton is not None:
         npix = OH * OW
         offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         mask_c = offs_c < C
-        w_base = w_ptr + offs_c * (KH * KW)
+        # A tail channel reads the last one's weights (its outputs are not stored): the weight
+        # loads, one per tap, need no mask and no fill value.
+        w_base = w_ptr + tl.minimum(offs_c, C - 1) * (KH * KW)
         scale = tl.load(scale_ptr + offs_c, mask=mask_c & HAS_SCALE, other=1.0)
         shift = tl.load(shift_ptr + offs_c, mask=mask_c & HAS_SHIFT, other=0.0)
         if VEC == 2:
@@ -177,7 +179,7 @@ if triton is not None:
                 row = row0 + (kh - PH) * sxh
                 prev = acc
                 for t in tl.static_range(NPAIR):
-                    s: tl.constexpr = S0 + 2 * t
+                    s = S0 + 2 * t
                     iw = ow + s
                     ok = row_ok & ((iw >= 0) & (iw < W))[None, :]
                     off = tl.multiple_of((row + s)[:, :, None] + half[None, None, :], [1, 1, 2])
@@ -187,12 +189,12 @@ if triton is not None:
                         other=0.0,
                     ).to(tl.float32)
                     if s + PW >= 0 and s + PW < KW:
-                        wv = tl.load(w_base + (kh * KW + s + PW), mask=mask_c, other=0.0)
+                        wv = tl.load(w_base + (kh * KW + s + PW))
                         acc += cur * wv.to(tl.float32)[:, None, None]
                     if t > 0 and s - 1 + PW >= 0 and s - 1 + PW < KW:
                         _, prev_hi = tl.split(prev)
                         cur_lo, _ = tl.split(cur)
-                        wv = tl.load(w_base + (kh * KW + s - 1 + PW), mask=mask_c, other=0.0)
+                        wv = tl.load(w_base + (kh * KW + s - 1 + PW))
                         acc += tl.join(prev_hi, cur_lo) * wv.to(tl.float32)[:, None, None]
                     prev = cur
             acc = _fold_act(acc, scale[:, None, None], shift[:, None, None], HAS_SCALE,
@@ -225,7 +227,7 @@ if triton is not None:
                     iw = iw0 + kw
                     ok = row_ok & ((iw >= 0) & (iw < W))[None, :]
                     xv = tl.load(x_ptr + (base + (kh * sxh + kw * sxw)), mask=ok, other=0.0)
-                    wv = tl.load(w_base + (kh * KW + kw), mask=mask_c, other=0.0)
+                    wv = tl.load(w_base + (kh * KW + kw))
                     acc2 += xv.to(tl.float32) * wv.to(tl.float32)[:, None]
             acc2 = _fold_act(acc2, scale[:, None], shift[:, None], HAS_SCALE, HAS_SHIFT, ACT)
             out = out_ptr + (n * C + offs_c[:, None]) * npix + offs_p[None, :]
