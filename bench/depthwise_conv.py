@@ -268,10 +268,15 @@ def table(results: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in results["depthwise"]:
-        best, conv = r["best"], r["conv_graph_us"]
+        best, conv, layer_us, tri = (
+            r["best"],
+            r["conv_graph_us"],
+            r["cudnn_graph_us"],
+            r["triton_graph_us"],
+        )
         lines.append(
-            f"| {r['id']} | {r['cudnn_graph_us']:.1f} | {conv:.1f} | {r['triton_graph_us']:.1f} "
-            f"| {conv / r['triton_graph_us']:.2f}x | {r['cudnn_graph_us'] / r['triton_graph_us']:.2f}x "
+            f"| {r['id']} | {layer_us:.1f} | {conv:.1f} | {tri:.1f} "
+            f"| {conv / tri:.2f}x | {layer_us / tri:.2f}x "
             f"| {best['us']:.1f} ({_tile(best['config'])}) | {conv / best['us']:.2f}x "
             f"| {r['conv_eager_us']:.1f} / {r['triton_eager_us']:.1f} "
             f"({r['triton_eager_us'] / r['conv_eager_us']:.2f}x) "
@@ -281,7 +286,8 @@ def table(results: dict[str, Any]) -> str:
     for r in results.get("conv_transpose", []):
         lines.append(
             f"| {r['id']} | {r['cudnn_graph_us']:.1f} | | GEMM {r['linear_graph_us']:.1f} | "
-            f"| {r['cudnn_graph_us'] / r['linear_graph_us']:.2f}x | | | {r['cudnn_eager_us']:.1f} / "
+            f"| {r['cudnn_graph_us'] / r['linear_graph_us']:.2f}x | | "
+            f"| {r['cudnn_eager_us']:.1f} / "
             f"{r['linear_eager_us']:.1f} | | {r['linear_err']:.1e} |"
         )
     lines.append("")

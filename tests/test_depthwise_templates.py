@@ -414,9 +414,10 @@ def test_pairs_and_elements_compute_the_same_conv(
             assert kwargs["VEC"] == vec
             _check(tri.conv(x, weight, 1, pad, config=cfg), want, dtype)
             # Not pair-aligned: an odd address, an odd width.
-            assert tri.prepare_launch(shifted, weight, (1, 1), pad, dict(cfg, num_stages=1))[3][
-                "VEC"
-            ] == 1
+            assert (
+                tri.prepare_launch(shifted, weight, (1, 1), pad, dict(cfg, num_stages=1))[3]["VEC"]
+                == 1
+            )
             _check(tri.conv(shifted, weight, 1, pad, config=cfg), want, dtype)
             want_odd = F.conv2d(odd.float(), weight.float(), None, 1, pad, 1, c)
             _check(tri.conv(odd, weight, 1, pad, config=cfg), want_odd, dtype)
