@@ -10,8 +10,10 @@ A depthwise conv (groups == in == out channels) reads each input element KH*KW t
 cache and does as many FMAs: it is bound by memory, so the kernel makes one pass over the input
 with the weights in registers and an fp32 accumulator, tiles [BLOCK_C channels x BLOCK_P output
 pixels] of one image, then applies ``y * scale + shift`` (an eval-mode BatchNorm folded with the
-conv's bias) and ReLU, SiLU, GELU or Hardswish before the one store. NCHW or channels-last
-input (any strides), NCHW-contiguous output; fp32, fp16, bf16.
+conv's bias) and ReLU, SiLU, GELU or Hardswish before the one store. Where rows are stride 1
+and every width and stride is even (``VEC`` 2), a lane computes two adjacent outputs and reads
+its window as aligned input pairs, one load per two taps: half the instructions per tap. NCHW
+or channels-last input (any strides), NCHW-contiguous output; fp32, fp16, bf16.
 
 :func:`depthwise_conv2d` never fails: a shape it does not handle (not depthwise, dilation > 1,
 CPU tensors outside Triton's interpreter, autograd recording, a training BatchNorm), Triton
