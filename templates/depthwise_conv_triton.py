@@ -121,33 +121,11 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=("H", "W", "OH", "OW"))
     def _dw_kernel(
-        x_ptr,
-        w_ptr,
-        scale_ptr,
-        shift_ptr,
-        out_ptr,
-        C,
-        H,
-        W,
-        OH,
-        OW,
-        sxn,
-        sxc,
-        sxh,
-        sxw,
-        KH: tl.constexpr,
-        KW: tl.constexpr,
-        SH: tl.constexpr,
-        SW: tl.constexpr,
-        PH: tl.constexpr,
-        PW: tl.constexpr,
-        HAS_SCALE: tl.constexpr,
-        HAS_SHIFT: tl.constexpr,
-        ACT: tl.constexpr,
-        BLOCK_P: tl.constexpr,
-        BLOCK_C: tl.constexpr,
-        VEC: tl.constexpr,
-    ):
+        x_ptr, w_ptr, scale_ptr, shift_ptr, out_ptr, C, H, W, OH, OW, sxn, sxc, sxh, sxw,
+        KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+        PH: tl.constexpr, PW: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
+        ACT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, VEC: tl.constexpr,
+    ):  # fmt: skip
         pid_p = tl.program_id(0)
         pid_c = tl.program_id(1)
         n = tl.program_id(2)
@@ -487,6 +465,16 @@ def _epilogue(layer: Any, bn: Any, act: Any) -> tuple[Any, Any, int, bool, bool]
     return plain[0], plain[1], code if fuse_act and code is not None else 0, bn is None, fuse_act
 
 
+def _layout(x: torch.Tensor) -> tuple[Any, ...]:
+    # What Triton specialises on for the input but its address (kc.layout_key, inlined).
+    return (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15)
+
+
+def _settings(layer: Any, bn: Any) -> tuple[Any, ...]:
+    return (layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_mode,
+            None if bn is None else bn.eps)  # fmt: skip
+
+
 def _replay(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
     """The launch planned for this layer at its last call, where nothing it depends on has
     changed since; else None. A model calls each layer once a forward with the same shapes:
@@ -500,16 +488,8 @@ def _replay(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | No
     if (
         bn is not bn0
         or act is not act0
-        or (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15) != layout
-        or (
-            layer.stride,
-            layer.padding,
-            layer.dilation,
-            layer.groups,
-            layer.padding_mode,
-            None if bn is None else bn.eps,
-        )
-        != settings
+        or _layout(x) != layout
+        or _settings(layer, bn) != settings
         or layer._forward_hooks
         or layer._forward_pre_hooks
         or ks.global_hooks()
@@ -587,9 +567,8 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
         _replays[id(layer)] = (
             bn,
             act,
-            (layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_mode,
-             None if bn is None else bn.eps),
-            (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15),
+            _settings(layer, bn),
+            _layout(x),
             stamps[0::3],
             tuple((t, ptr, v) for t, ptr, v in zip(stamps[0::3], stamps[1::3], stamps[2::3])
                   if t is not None),
