@@ -38,11 +38,15 @@ ACTS = {"none": None, "relu": torch.nn.ReLU, "silu": torch.nn.SiLU, "gelu": torc
         "hardswish": torch.nn.Hardswish}  # fmt: skip
 CODES = {"none": 0, "relu": 1, "silu": 2, "gelu": 3, "hardswish": 4}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# (BLOCK_P, BLOCK_C, warps, VEC): VEC 2 reads rows as aligned pairs where the shape allows
+# (stride 1 along rows, even widths), 1 one element per tap and output.
 SWEEP = [
-    {"BLOCK_P": p, "BLOCK_C": c, "num_warps": w, "num_stages": 1}
-    for p, c, w in ((128, 1, 4), (256, 1, 4), (512, 1, 4), (256, 1, 8), (512, 1, 8),
-                    (1024, 1, 8), (128, 2, 4), (64, 4, 2), (1024, 1, 4))
+    {"BLOCK_P": p, "BLOCK_C": c, "num_warps": w, "num_stages": 1, "VEC": v}
+    for p, c, w, v in ((256, 1, 4, 2), (512, 1, 4, 2), (1024, 1, 4, 2), (512, 1, 2, 2),
+                       (256, 1, 2, 2), (1024, 1, 8, 2), (2048, 1, 8, 2), (256, 2, 4, 2),
+                       (128, 2, 2, 2), (128, 4, 4, 2), (256, 1, 4, 1), (512, 1, 4, 1))
 ]  # fmt: skip
+KEYS = ("BLOCK_P", "BLOCK_C", "num_warps", "num_stages", "VEC")
 
 
 def graph_ms(fn: Callable[[], Any], calls: int = 10, reps: int = 30) -> float:
@@ -174,7 +178,7 @@ def one_depthwise(
     shipped = tri.resolve_config(x.device, s["kh"], s["kw"], s["s"], x.dtype)
     sweep = []
     for tile in [shipped, *SWEEP]:
-        cfg = {k: tile[k] for k in ("BLOCK_P", "BLOCK_C", "num_warps", "num_stages")}
+        cfg = {k: tile[k] for k in KEYS if k in tile}
 
         def kernel(cfg: dict[str, Any] = cfg) -> Any:
             return tri.conv(x, conv.weight, conv.stride, conv.padding, scale=scale,
@@ -251,28 +255,47 @@ def compiled(results: dict[str, Any]) -> None:
     print(f"torch.compile(fullgraph=True): {results['compile']}", flush=True)
 
 
+def _tile(cfg: dict[str, Any]) -> str:
+    return f"{cfg['BLOCK_P']}x{cfg['BLOCK_C']} w{cfg['num_warps']} v{cfg.get('VEC', 2)}"
+
+
 def table(results: dict[str, Any]) -> str:
+    """Kernel time against F.conv2d and the cuDNN layer, eager per call, bandwidth; then
+    every swept tile's time per shape (to choose the shipped ones)."""
     lines = [
-        "| shape | cuDNN layer µs | Triton µs | ratio | best tile µs | channels-last µs | "
-        "eager: F.conv2d / Triton µs | Triton GB/s (copy) | rel err |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| shape | cuDNN layer | F.conv2d | Triton | vs F.conv2d | vs layer | best tile "
+        "| best vs F.conv2d | eager F.conv2d / Triton | Triton GB/s (copy %) | rel err |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in results["depthwise"]:
-        ratio = r["cudnn_graph_us"] / r["triton_graph_us"]
+        best, conv, layer_us, tri = (
+            r["best"],
+            r["conv_graph_us"],
+            r["cudnn_graph_us"],
+            r["triton_graph_us"],
+        )
         lines.append(
-            f"| {r['id']} | {r['cudnn_graph_us']:.1f} | {r['triton_graph_us']:.1f} | {ratio:.2f}x "
-            f"| {r['best']['us']:.1f} ({r['best']['config']['BLOCK_P']}x"
-            f"{r['best']['config']['BLOCK_C']} w{r['best']['config']['num_warps']}) "
-            f"| {r['channels-last_graph_us']:.1f} | {r['conv_eager_us']:.1f} / "
-            f"{r['triton_eager_us']:.1f} | {r['triton_gbps']:.0f} ({r['copy_gbps']:.0f}) "
+            f"| {r['id']} | {layer_us:.1f} | {conv:.1f} | {tri:.1f} "
+            f"| {conv / tri:.2f}x | {layer_us / tri:.2f}x "
+            f"| {best['us']:.1f} ({_tile(best['config'])}) | {conv / best['us']:.2f}x "
+            f"| {r['conv_eager_us']:.1f} / {r['triton_eager_us']:.1f} "
+            f"({r['triton_eager_us'] / r['conv_eager_us']:.2f}x) "
+            f"| {r['triton_gbps']:.0f} ({100 * r['triton_gbps'] / r['copy_gbps']:.0f}%) "
             f"| {r['triton_err']:.1e} |"
         )
     for r in results.get("conv_transpose", []):
         lines.append(
-            f"| {r['id']} | {r['cudnn_graph_us']:.1f} | GEMM {r['linear_graph_us']:.1f} | "
-            f"{r['cudnn_graph_us'] / r['linear_graph_us']:.2f}x | | | {r['cudnn_eager_us']:.1f} / "
+            f"| {r['id']} | {r['cudnn_graph_us']:.1f} | | GEMM {r['linear_graph_us']:.1f} | "
+            f"| {r['cudnn_graph_us'] / r['linear_graph_us']:.2f}x | | "
+            f"| {r['cudnn_eager_us']:.1f} / "
             f"{r['linear_eager_us']:.1f} | | {r['linear_err']:.1e} |"
         )
+    lines.append("")
+    lines.append("sweep (us per tile; first: shipped):")
+    for r in results["depthwise"]:
+        cells = [f"{_tile(t['config'])}={t['us']:.1f}" if "us" in t else f"{_tile(t['config'])}=ERR"
+                 for t in r["sweep"]]  # fmt: skip
+        lines.append(f"{r['id']}: " + " ".join(cells))
     return "\n".join(lines)
 
 

@@ -317,3 +317,107 @@ def test_registered_op_under_torch_compile_fullgraph(tri: ModuleType) -> None:
         scale, shift = torch.rand(4) + 0.5, torch.randn(4)
         opcheck(opdef, (x, layer.conv.weight.detach(), scale, shift, [1, 1], [1, 1], 4),
                 test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+
+
+MUTATIONS = [
+    "weight-inplace", "weight-replaced", "weight-data", "bias-added", "bn-stat-inplace",
+    "bn-buffer-replaced", "bn-affine-replaced", "bn-eps", "bn-train", "padding", "stride",
+    "channels-last", "other-bn", "conv-hook", "bn-hook", "act-hook", "global-hook",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("change", MUTATIONS)
+def test_a_replayed_plan_sees_every_change_it_depends_on(tri: ModuleType, change: str) -> None:
+    """After a layer's plan replays, each change of what it was planned for gives the stock
+    layer's result (replanned or the modules themselves), never the stale launch."""
+    c = 4
+    conv, bn, act = _layer(c, (3, 3), 1, torch.float32, "relu")
+    x = torch.randn(1, c, 8, 6)
+    seen: list[str] = []
+    tri.clear_config_cache()
+    with torch.no_grad():
+        for _ in range(2):
+            _check(tri.depthwise_conv2d(x, conv, bn, act), _want(x, conv, bn, act), x.dtype)
+        assert id(conv) in tri._replays
+        if change == "weight-inplace":
+            conv.weight.mul_(-2.0)
+        elif change == "weight-replaced":
+            conv.weight = torch.nn.Parameter(torch.randn_like(conv.weight))
+        elif change == "weight-data":
+            conv.weight.data = torch.randn_like(conv.weight)
+        elif change == "bias-added":
+            conv.bias = torch.nn.Parameter(torch.randn(c))
+        elif change == "bn-stat-inplace":
+            bn.running_mean.add_(3.0)
+        elif change == "bn-buffer-replaced":
+            bn.running_var = torch.rand(c) + 2.0
+        elif change == "bn-affine-replaced":
+            bn.weight = torch.nn.Parameter(torch.rand(c) - 2.0)
+        elif change == "bn-eps":
+            bn.eps = 4.0
+        elif change == "bn-train":
+            bn.train()
+            bn.momentum = 0.0
+        elif change == "padding":
+            conv.padding = (0, 0)
+        elif change == "stride":
+            conv.stride = (2, 2)
+        elif change == "channels-last":
+            x = x.contiguous(memory_format=torch.channels_last)
+        elif change == "other-bn":
+            bn = _layer(c, (3, 3), 1, torch.float32, "relu")[1]
+        elif change == "conv-hook":
+            conv.register_forward_hook(lambda *_: seen.append("conv"))
+        elif change == "bn-hook":
+            bn.register_forward_hook(lambda *_: seen.append("bn"))
+        elif change == "act-hook":
+            act.register_forward_hook(lambda *_: seen.append("act"))
+        global_hook = None
+        if change == "global-hook":
+            global_hook = torch.nn.modules.module.register_module_forward_hook(
+                lambda *_: seen.append("global")
+            )
+        try:
+            got = tri.depthwise_conv2d(x, conv, bn, act)
+        finally:
+            if global_hook is not None:
+                global_hook.remove()
+        want = _want(x, conv, bn, act) if change != "bn-train" else act(bn(conv(x)))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert bool(seen) == change.endswith("-hook")
+
+
+@pytest.mark.parametrize(
+    "k, pad, w",
+    [((3, 3), (1, 1), 8), ((5, 5), (2, 2), 12), ((1, 7), (0, 3), 10), ((7, 7), (3, 3), 6),
+     ((2, 3), (1, 0), 8), ((3, 3), (0, 0), 10), ((5, 5), (4, 3), 6), ((1, 1), (0, 0), 4)],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_pairs_and_elements_compute_the_same_conv(
+    tri: ModuleType, k: tuple[int, int], pad: tuple[int, int], w: int, dtype: torch.dtype
+) -> None:
+    """VEC 2 (aligned input pairs, where the widths and strides are even) against VEC 1 and
+    F.conv2d, at kernels, paddings and tiles that put pairs across every border; an input
+    at an odd address or an odd width falls back to elements."""
+    c, kh, kw = 5, *k
+    weight = torch.randn(c, 1, kh, kw).to(dtype)
+    x = torch.randn(2, c, 7, w).to(dtype)
+    want = F.conv2d(x.float(), weight.float(), None, 1, pad, 1, c)
+    shifted = torch.randn(2 * c * 7 * w + 1).to(dtype)[1:].view(2, c, 7, w)
+    shifted.copy_(x)
+    odd = torch.randn(2, c, 7, w + 1).to(dtype)
+    for tile in ({"BLOCK_P": 64, "BLOCK_C": 1, "num_warps": 1},
+                 {"BLOCK_P": 16, "BLOCK_C": 4, "num_warps": 1}):  # fmt: skip
+        for vec in (1, 2):
+            cfg = dict(tile, VEC=vec)
+            kwargs = tri.prepare_launch(x, weight, (1, 1), pad, dict(cfg, num_stages=1))[3]
+            assert kwargs["VEC"] == vec
+            _check(tri.conv(x, weight, 1, pad, config=cfg), want, dtype)
+            # Not pair-aligned: an odd address, an odd width.
+            assert (
+                tri.prepare_launch(shifted, weight, (1, 1), pad, dict(cfg, num_stages=1))[3]["VEC"]
+                == 1
+            )
+            _check(tri.conv(shifted, weight, 1, pad, config=cfg), want, dtype)
+            want_odd = F.conv2d(odd.float(), weight.float(), None, 1, pad, 1, c)
+            _check(tri.conv(odd, weight, 1, pad, config=cfg), want_odd, dtype)
