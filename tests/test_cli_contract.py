@@ -185,12 +185,38 @@ def test_a_torch_version_that_is_not_pep_440_is_read_not_fatal(
     assert {p["id"] for p in doc["patches"]} >= {"vllm-qwen2-vl"}
 
 
+def _pyenv_root() -> Path | None:
+    if os.environ.get("PYENV_ROOT"):
+        return Path(os.environ["PYENV_ROOT"])
+    pyenv = shutil.which("pyenv")
+    if pyenv is None:
+        return None
+    done = subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=30, check=False)
+    return Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+
+
+def _patch_level(python: Path) -> int:
+    patch = python.parents[1].name.split(".")[2]
+    return int(patch) if patch.isdigit() else -1
+
+
 def _pyenv(version: str) -> Path | None:
-    found = sorted(Path("/root/.pyenv/versions").glob(f"{version}.*/bin/python"))
-    if found:
-        return found[-1]
+    """Python ``version`` from pyenv's versions, or else ``python3.X`` on PATH.
+
+    pyenv's own interpreter first: on PATH ``python3.8`` is often pyenv's shim, which runs
+    only when that version is the one selected.
+    """
+    root = _pyenv_root()
+    if root is not None:
+        found = sorted(root.glob(f"versions/{version}.*/bin/python"), key=_patch_level)
+        if found:
+            return found[-1]
     on_path = shutil.which(f"python{version}")
     return Path(on_path) if on_path else None
+
+
+def _missing(version: str) -> str:
+    return f"Python {version} is not installed (no pyenv version, no python{version} on PATH)"
 
 
 def _rocm_stack(site: Path) -> None:
@@ -207,8 +233,6 @@ def _rocm_stack(site: Path) -> None:
 def _doclayout_on(python: Path, root: Path) -> InstalledEnv:
     """doclayout-yolo 0.0.4 installed by pip into a venv of ``python``, with a ROCm torch's
     metadata: what a Python 3.8/3.9 MinerU 2.x environment holds."""
-    import subprocess
-
     subprocess.run([str(python), "-m", "venv", "--without-pip", str(root)], check=True)
     target = root / "bin" / "python"
     releases.pip_install(target, releases.wheel("doclayout-yolo", "0.0.4"))
@@ -221,7 +245,7 @@ def _doclayout_on(python: Path, root: Path) -> InstalledEnv:
 @pytest.mark.parametrize("version", ["3.8", "3.9"])
 def test_python_38_and_39_targets_round_trip(tmp_path: Path, version: str) -> None:
     python = _pyenv(version)
-    require(python is not None, f"Python {version} is not installed")
+    require(python is not None, _missing(version))
     assert python is not None
     env = _doclayout_on(python, tmp_path / f"py{version}")
     before = files_under(env.root)
@@ -245,7 +269,7 @@ NEEDS_310 = (ROOT / "tests" / "golden" / "doclayout_block.py").read_text() + (
 
 def test_a_rewrite_the_target_cannot_compile_writes_nothing(tmp_path: Path) -> None:
     python = _pyenv("3.8")
-    require(python is not None, "Python 3.8 is not installed")
+    require(python is not None, _missing("3.8"))
     assert python is not None
     old = _doclayout_on(python, tmp_path / "py38")
     old.target.write_text(NEEDS_310)
