@@ -242,7 +242,7 @@ def test_other_open_errors_pass_through(tmp_path: Path, monkeypatch: pytest.Monk
     def overflow(*_args: Any, **_kwargs: Any) -> int:
         raise OSError(errno.EOVERFLOW, "Value too large")  # errno above ELOOP's
 
-    monkeypatch.setattr(fsops.os, "open", overflow)
+    monkeypatch.setattr("rocmfix.fsops.os.open", overflow)
     with pytest.raises(OSError, match="Value too large") as caught:
         fsops.read_regular(tmp_path / "file")
     assert not isinstance(caught.value, fsops.NotRegularError)
@@ -278,7 +278,7 @@ def test_unwritable_reasons(
     def refuse(*_args: Any, **_kwargs: Any) -> tuple[int, str]:
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(fsops.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr("rocmfix.fsops.tempfile.mkstemp", refuse)
     found = fsops.unwritable_reason(tmp_path)
     assert found is not None and found.startswith(reason)
 
@@ -323,7 +323,7 @@ def test_unwritable_names_an_owner_without_a_name(
     def refuse(*_args: Any, **_kwargs: Any) -> tuple[int, str]:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(fsops.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr("rocmfix.fsops.tempfile.mkstemp", refuse)
     reason = fsops.unwritable_reason(folder)
     assert reason is not None and reason.endswith(")")
     if os.geteuid() == 0:
@@ -351,7 +351,7 @@ def test_make_dirs_survives_a_folder_it_cannot_chmod(
     def refuse(*_args: Any, **_kwargs: Any) -> None:
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(fsops.os, "chmod", refuse)
+    monkeypatch.setattr("rocmfix.fsops.os.chmod", refuse)
     assert fsops.make_dirs(tmp_path / "x" / "y") == [tmp_path / "x", tmp_path / "x" / "y"]
 
 
