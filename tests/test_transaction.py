@@ -287,11 +287,7 @@ def test_kept_backups_holds_a_digest_both_kinds_need() -> None:
 
 
 DIST = "doclayout-yolo"
-
-
 TARGET = "doclayout_yolo/nn/modules/g2l_crm.py"
-
-
 DROP = "doclayout_yolo/nn/modules/g2l_crm_triton.py"
 
 
