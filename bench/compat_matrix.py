@@ -675,7 +675,7 @@ INSTALLS = (
         "a tampered manifest, links where files should be, a target that no longer parses, "
         "apply and revert racing",
         "one error line, exit 1, nothing outside the targets and rocmfix's state touched",
-        "test_hostile.py, test_safety.py",
+        "test_manifest_trust.py, test_target_files.py, test_lock.py",
     ),
 )
 

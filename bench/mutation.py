@@ -28,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ("rocmfix/fsops.py", "rocmfix/write/transaction.py")
-TESTS = ("tests/test_fsops_units.py",)
+TESTS = ("tests/test_fsops_units.py", "tests/test_transaction.py")
 CONFIG = """\
 [cosmic-ray]
 module-path = {modules}

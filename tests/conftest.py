@@ -3,10 +3,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +22,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import forkserver
 
+from rocmfix import fsops
 from rocmfix.guest import templates as _templates
+from rocmfix.manifest import ManifestEntry
 
 import releases
 
@@ -202,6 +205,40 @@ def doclayout_env(tmp_path: Path) -> Callable[[str], InstalledEnv]:
     return make
 
 
+# What the files of one unit each (test_manifest_trust, test_lock, test_recovery,
+# test_target_files, test_cli_contract) share: one small release, and places beside it that
+# nothing may touch.
+@pytest.fixture
+def env(mineru_env: Callable[[str], InstalledEnv]) -> InstalledEnv:
+    return mineru_env("0.1.13")
+
+
+@pytest.fixture
+def canary(env: InstalledEnv) -> Path:
+    """A file beside the environment that nothing may ever touch."""
+    path = env.root.parent / "outside" / "canary.txt"
+    path.parent.mkdir()
+    path.write_text("nobody writes here\n")
+    return path
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A folder outside every environment that nothing may ever touch."""
+    folder = tmp_path / "victim"
+    folder.mkdir()
+    (folder / "precious.txt").write_text("nobody writes here\n")
+    (folder / "notes.md").write_text("nor here\n")
+    return folder
+
+
+def one_error_line(stderr: str) -> str:
+    """The run's one ``error:`` line; a run that fails says why once."""
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
 VLLM_MODELS = "vllm/model_executor/models"
 VLLM_TARGETS = [f"{VLLM_MODELS}/{name}" for name in ("qwen2_vl.py", "qwen2_5_vl.py", "qwen3_vl.py")]
 # What the verdicts read besides the targets: the Conv3dLayer gate (vllm >= 0.11.1).
@@ -357,3 +394,45 @@ SLOW_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+# ---------------------------------------------------------------- in-process unit tests
+# Shared by test_fsops_units and test_transaction.
+
+
+@pytest.fixture
+def no_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fault-injection hooks from the environment, and the write points counted afresh."""
+    monkeypatch.delenv(fsops.TEST_HOOKS_ENV, raising=False)
+    monkeypatch.setattr(fsops, "_write_points", 0)
+
+
+@pytest.fixture
+def umask() -> Iterator[Callable[[int], None]]:
+    old = os.umask(0o022)
+    os.umask(old)
+
+    def set_mask(mask: int) -> None:
+        os.umask(mask)
+
+    yield set_mask
+    os.umask(old)
+
+
+def file_mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def manifest_entry() -> ManifestEntry:
+    return ManifestEntry(
+        patch="p",
+        distribution="pkg",
+        version="1",
+        file="pkg/a.py",
+        scheme=None,
+        original_sha256=fsops.sha256(b"a0"),
+        patched_sha256=fsops.sha256(b"a1"),
+        drops=(),
+        record_updated=False,
+        applied_at="then",
+    )

@@ -59,7 +59,7 @@ def summaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, faults.Summ
         )
 
     # A failing disk during revert is swept by the full matrix (bench/compat_matrix.py) and,
-    # in-process, by tests/test_fsops_units.py; here apply's, whose rollback fails too.
+    # in-process, by tests/test_transaction.py; here apply's, whose rollback fails too.
     runs = ("apply:kill", "revert:kill", "apply:io-error")
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         done = dict(zip(runs, pool.map(loop, runs), strict=True))

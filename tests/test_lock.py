@@ -1,0 +1,169 @@
+"""The state's lock: a second run while it is held fails at once with one line naming the
+holder, runs started together leave exactly pristine or exactly applied bytes, and a lock
+that is a link or a folder is refused without being opened.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import (
+    PYTHONPATH,
+    InstalledEnv,
+    files_under,
+    one_error_line,
+)
+
+pytestmark = pytest.mark.network
+PATCH = "mineru-tokenizer"
+
+
+def test_second_run_fails_cleanly_while_the_lock_is_held(env: InstalledEnv) -> None:
+    env.state.mkdir(parents=True)
+    # A pid that is running: one that is not gets its own message (test_hostile_files).
+    pid = os.getpid()
+    with (env.state / "lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.write(str(pid))
+        handle.flush()
+        result = env.cli("apply")
+        assert env.status(PATCH)["verdict"] == "applicable"
+    assert result.returncode == 1
+    assert f"another rocmfix run (pid {pid})" in one_error_line(result.stderr)
+    assert env.target.read_bytes() == env.original
+
+
+def test_a_run_that_finds_the_lock_held_says_so(env: InstalledEnv) -> None:
+    assert env.cli("apply").returncode == 0
+    patched = env.target.read_bytes()
+    lock = env.state / "lock"
+    with lock.open("w") as handle:
+        # A pid that is running: one that is not gets its own message (test_hostile_files).
+        handle.write(str(os.getpid()))
+        handle.flush()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        # Another run is mid-way: its half-written files are not someone else's edits.
+        env.target.write_bytes(env.original)
+        for command in ("apply", "revert"):
+            result = env.cli(command)
+            assert result.returncode == 1
+            assert f"another rocmfix run (pid {os.getpid()})" in one_error_line(result.stderr)
+        env.target.write_bytes(patched)
+
+
+def test_a_linked_lock_is_never_opened(env: InstalledEnv, victim: Path) -> None:
+    assert env.cli("apply").returncode == 0
+    lock = env.state / "lock"
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(victim / "precious.txt")
+    before = files_under(victim)
+    refused = env.cli("revert")
+    assert refused.returncode == 1
+    assert "symbolic link" in one_error_line(refused.stderr)
+    # An apply with nothing to do never needs the lock; one with work refuses the same way.
+    assert env.cli("apply").returncode == 0
+    env.target.write_bytes(env.original)
+    forced = env.cli("apply", "--force")
+    assert forced.returncode == 1 and "symbolic link" in one_error_line(forced.stderr)
+    assert files_under(victim) == before
+
+
+def test_a_lock_that_is_a_folder_is_one_line(env: InstalledEnv) -> None:
+    (env.state / "lock").mkdir(parents=True)
+    result = env.cli("apply")
+    assert result.returncode == 1
+    assert "lock" in one_error_line(result.stderr)
+
+
+# ------------------------------------------------------------------------------- races
+
+
+def test_two_applies_racing(env: InstalledEnv) -> None:
+    command = [sys.executable, "-m", "rocmfix", "apply", "--python", str(env.python)]
+    run_env = {**os.environ, "PYTHONPATH": PYTHONPATH}
+    procs = [
+        subprocess.Popen(command, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    outcomes = [(p.wait(timeout=120), p.stderr.read().decode()) for p in procs if p.stderr]
+    assert {code for code, _ in outcomes} <= {0, 1}, outcomes
+    assert any(code == 0 for code, _ in outcomes)
+    for code, stderr in outcomes:
+        if code == 1:
+            assert "another rocmfix run" in stderr
+    patched = env.target.read_bytes()
+    assert patched.count(b"except AttributeError:") == 1
+    assert env.status(PATCH)["verdict"] == "applied"
+
+
+def _spawn(env: InstalledEnv, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rocmfix", *args, "--python", str(env.python)],
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "COLUMNS": "200"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd="/",
+    )
+
+
+def test_apply_and_revert_racing(env: InstalledEnv) -> None:
+    """apply, revert and status started together, again and again: every run either does
+    its work or fails at once on the lock, status always answers, and afterwards the bytes
+    are exactly pristine or exactly applied, as status says."""
+    pristine = files_under(env.site)
+    assert env.cli("apply").returncode == 0
+    applied = files_under(env.site)
+    for round_ in range(6):
+        procs = [
+            _spawn(env, *args)
+            for args in (("apply",), ("revert",), ("status", "--json"), ("apply",), ("revert",))
+        ]
+        results = [(p.communicate(timeout=120)[1], p.returncode) for p in procs]
+        for index, (err, code) in enumerate(results):
+            text = err.decode()
+            assert code in (0, 1), (round_, index, code, text)
+            if code == 1:
+                assert "another rocmfix run" in text, text
+        assert results[2][1] == 0, "status never fails because of a concurrent run"
+        # Of the four runs that write, at least one got the lock and did its work.
+        assert any(results[i][1] == 0 for i in (0, 1, 3, 4)), round_
+        now = files_under(env.site)
+        doc = env.cli("status", "--json").json()
+        verdict = {p["id"]: p["verdict"] for p in doc["patches"]}[PATCH]
+        assert doc["pending"] is None
+        if now == pristine:
+            assert verdict == "applicable", round_
+            assert not env.state.exists() or not (env.state / "manifest.json").exists()
+        else:
+            assert now == applied, round_
+            assert verdict == "applied", round_
+    assert env.cli("revert").returncode == 0
+    assert files_under(env.site) == pristine
+    assert not env.state.exists()
+
+
+def test_finished_run_leaves_a_running_ones_backups_alone(env: InstalledEnv) -> None:
+    """A run that holds the lock has written its backups but not yet its journal (the state
+    holds backups and no manifest). A revert with nothing to do must not tidy that state
+    away under it: no backup deleted, no lock file unlinked."""
+    backups = env.state / "backups"
+    backups.mkdir(parents=True)
+    backup = backups / hashlib.sha256(env.original).hexdigest()
+    backup.write_bytes(env.original)
+    lock = env.state / "lock"
+    with lock.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        inode = os.fstat(handle.fileno()).st_ino
+        result = env.cli("revert")
+        assert result.returncode in (0, 1), result.stderr
+        assert backup.read_bytes() == env.original, "the running apply's backup is gone"
+        assert lock.exists() and lock.stat().st_ino == inode, "the held lock was unlinked"
+    assert env.cli("revert").returncode == 0
+    assert not env.state.exists(), "once nobody holds the lock, revert tidies up"
