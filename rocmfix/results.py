@@ -73,14 +73,20 @@ class StatusReport:
         return self.state_problem is None and all(p.verdict.settled for p in self.patches)
 
 
+class ChangeKind(enum.Enum):
+    """What a changed file is to rocmfix."""
+
+    TARGET = "target"  # a patched file
+    DROP = "drop"  # a dropped template
+    RECORD = "record"  # a RECORD listing the drops
+
+
 @dataclass(frozen=True)
 class FileChange:
-    """One file a run writes, creates or deletes. ``kind`` is ``target`` (a patched file),
-    ``drop`` (a dropped template) or ``record`` (a RECORD listing the drops). ``display`` is
-    the path relative to the directory that holds the package, as ``patch -p1`` run there
-    expects it."""
+    """One file a run writes, creates or deletes. ``display`` is the path relative to the
+    directory that holds the package, as ``patch -p1`` run there expects it."""
 
-    kind: str
+    kind: ChangeKind
     distribution: str
     rel: str
     path: Path

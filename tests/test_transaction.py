@@ -20,7 +20,7 @@ from rocmfix.environment import Distribution, Environment, PythonInfo, TargetFil
 from rocmfix.errors import ManifestError, RefusedError, WriteError
 from rocmfix.manifest import DroppedFile, Manifest, Pending, PendingFile
 from rocmfix.registry import all_patches
-from rocmfix.results import FileChange
+from rocmfix.results import ChangeKind, FileChange
 from rocmfix.state import StateDir
 from rocmfix.write import transaction
 from rocmfix.write.plan import Plan
@@ -35,7 +35,7 @@ PATCHES = all_patches()
 
 
 def _change(root: Path, rel: str, before: bytes | None, after: bytes | None,
-            kind: str = "target") -> FileChange:  # fmt: skip
+            kind: ChangeKind = ChangeKind.TARGET) -> FileChange:  # fmt: skip
     return FileChange(kind, "pkg", rel, root / rel, rel, before, after)
 
 
@@ -48,9 +48,9 @@ def site(tmp_path: Path) -> tuple[Path, StateDir, list[FileChange]]:
     (root / "pkg" / "gone.py").write_bytes(b"g0")
     changes = [
         _change(root, "pkg/a.py", b"a0", b"a1"),
-        _change(root, "pkg/new.py", None, b"n1", kind="drop"),
+        _change(root, "pkg/new.py", None, b"n1", kind=ChangeKind.DROP),
         _change(root, "pkg/b.py", b"b0", b"b1"),
-        _change(root, "pkg/gone.py", b"g0", None, kind="drop"),
+        _change(root, "pkg/gone.py", b"g0", None, kind=ChangeKind.DROP),
     ]
     return root, StateDir(tmp_path / "share" / "rocmfix", prefix=tmp_path), changes
 
@@ -61,19 +61,19 @@ def _files(root: Path) -> dict[str, bytes]:
 
 def test_order_puts_drops_around_targets_and_record_last(tmp_path: Path) -> None:
     target = _change(tmp_path, "t.py", b"0", b"1")
-    drop = _change(tmp_path, "d.py", None, b"1", kind="drop")
-    undrop = _change(tmp_path, "u.py", b"1", None, kind="drop")
-    record = _change(tmp_path, "RECORD", b"0", b"1", kind="record")
+    drop = _change(tmp_path, "d.py", None, b"1", kind=ChangeKind.DROP)
+    undrop = _change(tmp_path, "u.py", b"1", None, kind=ChangeKind.DROP)
+    record = _change(tmp_path, "RECORD", b"0", b"1", kind=ChangeKind.RECORD)
     changes = [record, target, undrop, drop]
     assert transaction._order(changes, reverting=False) == [drop, target, undrop, record]
     assert transaction._order(changes, reverting=True) == [target, undrop, drop, record]
 
 
 def test_order_on_revert_takes_targets_before_drops_whatever_the_input(tmp_path: Path) -> None:
-    drop = _change(tmp_path, "d.py", b"1", None, kind="drop")
+    drop = _change(tmp_path, "d.py", b"1", None, kind=ChangeKind.DROP)
     target = _change(tmp_path, "t.py", b"1", b"0")
     assert transaction._order([drop, target], reverting=True) == [target, drop]
-    new = _change(tmp_path, "n.py", None, b"1", kind="drop")
+    new = _change(tmp_path, "n.py", None, b"1", kind=ChangeKind.DROP)
     assert transaction._order([target, new], reverting=False) == [new, target]
 
 
@@ -257,9 +257,9 @@ def test_write_drops_bytecode_of_python_files_only(tmp_path: Path) -> None:
 
 def test_journal_kinds_and_digests(tmp_path: Path) -> None:
     changes = [
-        _change(tmp_path, "RECORD", b"r0", b"r1", kind="record"),
+        _change(tmp_path, "RECORD", b"r0", b"r1", kind=ChangeKind.RECORD),
         _change(tmp_path, "pkg/a.py", b"a0", None),
-        _change(tmp_path, "pkg/d.py", None, b"d1", kind="drop"),
+        _change(tmp_path, "pkg/d.py", None, b"d1", kind=ChangeKind.DROP),
     ]
     journal = transaction._journal("apply", changes)
     assert [f.kind for f in journal.files] == ["record", "file", "file"]

@@ -22,7 +22,7 @@ from rocmfix.environment import Distribution, Environment, compile_errors
 from rocmfix.errors import AnchorNotFoundError, RefusedError
 from rocmfix.manifest import DroppedFile, Manifest, ManifestEntry, now
 from rocmfix.patch import Patch, Shape
-from rocmfix.results import Action, FileChange, Outcome, PatchStatus, Pristine, Verdict
+from rocmfix.results import Action, ChangeKind, FileChange, Outcome, PatchStatus, Pristine, Verdict
 from rocmfix.state import StateDir
 from rocmfix.write.verdicts import context, inspect
 
@@ -38,7 +38,7 @@ class Plan:
 
 
 def _change(
-    kind: str,
+    kind: ChangeKind,
     dist: str,
     rel: str,
     root: Path,
@@ -98,7 +98,7 @@ def record_change(
     if after == before:
         return None
     rel = record_rel(dist, dist.record)
-    return FileChange("record", key, rel, dist.record, rel, before, after)
+    return FileChange(ChangeKind.RECORD, key, rel, dist.record, rel, before, after)
 
 
 def record_rel(dist: Distribution, record: Path) -> str:
@@ -138,7 +138,9 @@ class _Builder:
             if change is not None:
                 self.changes.append(change)
         sources = {
-            str(c.path): c.after for c in self.changes if c.after is not None and c.kind != "record"
+            str(c.path): c.after
+            for c in self.changes
+            if c.after is not None and c.kind is not ChangeKind.RECORD
         }
         errors = compile_errors(env, {k: v for k, v in sources.items() if k.endswith(".py")})
         if errors:
@@ -240,7 +242,7 @@ def plan_apply(
             continue
         if patched != current:
             plan.changes.append(
-                _change("target", patch.distribution, patch.path, root, current, patched)
+                _change(ChangeKind.TARGET, patch.distribution, patch.path, root, current, patched)
             )
         drops = _plan_drops(plan, patch, chosen, dist, root, manifest, planned, selected, force)
         if any(d.replaced and d.replaced != _replaced(manifest, patch.distribution, d.path)
@@ -266,7 +268,9 @@ def plan_apply(
     for (key, rel), (patch, dist, root, old) in superseded.items():
         existing = fsops.read_regular(root / rel) if (key, rel) not in kept else None
         if existing is not None:
-            plan.changes.append(_change("drop", key, rel, root, existing, _undropped(state, old)))
+            plan.changes.append(
+                _change(ChangeKind.DROP, key, rel, root, existing, _undropped(state, old))
+            )
             plan.record(patch, dist, rel, None)
     return plan.finish(env, "`rocmfix status` explains each verdict; --only selects a subset")
 
@@ -326,7 +330,9 @@ def _plan_drops(
                     "apply them together with one --scheme"
                 )
         plan.changes.append(
-            _change("drop", patch.distribution, template.dest, root, existing, data, patch.path)
+            _change(
+                ChangeKind.DROP, patch.distribution, template.dest, root, existing, data, patch.path
+            )
         )
     return drops
 
@@ -380,7 +386,9 @@ def plan_revert(
             original = state.read_backup(entry.original_sha256)
             if seen.data != original:
                 plan.changes.append(
-                    _change("target", patch.distribution, patch.path, root, seen.data, original)
+                    _change(
+                        ChangeKind.TARGET, patch.distribution, patch.path, root, seen.data, original
+                    )
                 )
         for drop in entry.drops:
             still_used = drop_owners(manifest, patch.distribution, drop.path) - reverting
@@ -401,7 +409,7 @@ def plan_revert(
             restored = _undropped(state, drop)
             if data != restored:
                 plan.changes.append(
-                    _change("drop", patch.distribution, drop.path, root, data, restored)
+                    _change(ChangeKind.DROP, patch.distribution, drop.path, root, data, restored)
                 )
             if entry.record_updated:
                 plan.record(patch, dist, drop.path, None)

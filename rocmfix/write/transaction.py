@@ -33,7 +33,7 @@ from rocmfix.manifest import (
     now,
 )
 from rocmfix.patch import Patch
-from rocmfix.results import FileChange
+from rocmfix.results import ChangeKind, FileChange
 from rocmfix.state import StateDir
 from rocmfix.write.plan import Plan, record_rel
 
@@ -122,9 +122,9 @@ def _order(changes: Sequence[FileChange], reverting: bool) -> list[FileChange]:
     # Dropped modules go in before the file that imports them and come out after it, so a
     # process starting mid-run never imports a module that is not there; RECORD comes last.
     def rank(change: FileChange) -> int:
-        if change.kind == "record":
+        if change.kind is ChangeKind.RECORD:
             return 2
-        if change.kind == "drop":
+        if change.kind is ChangeKind.DROP:
             deleting = change.after is None
             return 1 if deleting or reverting else 0
         return 0 if reverting else 1
@@ -139,7 +139,7 @@ def _journal(op: str, changes: Sequence[FileChange]) -> Pending:
         started_at=now(),
         files=tuple(
             PendingFile(
-                kind="record" if c.kind == "record" else "file",
+                kind="record" if c.kind is ChangeKind.RECORD else "file",
                 distribution=c.distribution,
                 path=c.rel,
                 before=fsops.sha256(c.before) if c.before is not None else None,
@@ -187,7 +187,7 @@ def _records(
     applied = {e.distribution for e in plan.entries.values()}
     out = []
     for change in changes:
-        if change.kind != "record" or change.before is None or change.after is None:
+        if change.kind is not ChangeKind.RECORD or change.before is None or change.after is None:
             out.append(change)
             continue
         known = records.get(change.distribution)
@@ -224,7 +224,9 @@ def _bytecode(path: Path) -> list[tuple[str, bytes]]:
 def _keep_bytecode(state: StateDir, plan: Plan, changes: Sequence[FileChange]) -> Plan:
     """Back up the bytecode pip wrote for each file this apply patches (the write removes
     it, as it would go stale) and its mtime, for revert to put back."""
-    originals = {(c.distribution, c.rel): c for c in changes if c.kind == "target" and c.before}
+    originals = {
+        (c.distribution, c.rel): c for c in changes if c.kind is ChangeKind.TARGET and c.before
+    }
     entries = dict(plan.entries)
     for name, entry in plan.entries.items():
         change = originals.get((entry.distribution, entry.file))
@@ -244,7 +246,7 @@ def _keep_bytecode(state: StateDir, plan: Plan, changes: Sequence[FileChange]) -
 def _restore_bytecode(state: StateDir, reverted: Iterable[ManifestEntry], plan: Plan) -> None:
     """Put back the bytecode pip wrote and the mtime it was compiled against, for each file
     revert restored to its original. Best effort: it is a cache, which Python rebuilds."""
-    written = {(c.distribution, c.rel): c for c in plan.changes if c.kind == "target"}
+    written = {(c.distribution, c.rel): c for c in plan.changes if c.kind is ChangeKind.TARGET}
     for entry in reverted:
         change = written.get((entry.distribution, entry.file))
         if change is None or change.after is None or not entry.pycache:
