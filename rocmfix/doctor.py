@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import kernels, measured, tuned, worker
+from . import kernels, measured, worker
 from .checks import EnvWarning, torch_build
 from .environment import Environment
 from .errors import RefusedError, UsageError
@@ -23,6 +23,8 @@ from .guest import protocol
 from .guest.protocol import item_id
 from .ops import OPS, Case, Op
 from .results import PatchStatus, StatusReport, Verdict, WorkerReport
+from .tuned_file import file_warnings as tuned_warnings
+from .tuned_file import read as read_tuned
 
 SCHEMA = "rocmfix-doctor/1"
 
@@ -341,12 +343,12 @@ def build_report(
                 f"unset {name} unless you mean to pin a config",
             )
         )
-    file = tuned.read(Path(tuned_file))
+    file = read_tuned(Path(tuned_file))
     if device.kind == "gpu":
-        warnings.extend(tuned.file_warnings(file, device.arch, device))
+        warnings.extend(tuned_warnings(file, device.arch, device))
     elif file.problem is not None:
         # Without a GPU no arch's entries apply, but a broken file is worth knowing about.
-        warnings.extend(tuned.file_warnings(file, device.arch))
+        warnings.extend(tuned_warnings(file, device.arch))
     return DoctorReport(
         status=status,
         device=device,

@@ -38,7 +38,7 @@ from . import fsops
 from .ops import Op
 from .patch import Patch, TorchInfo
 from .results import Verdict
-from .tuned import tuned_path
+from .tuned_file import tuned_path
 
 SCHEMA = 1
 NAME = "measured.json"

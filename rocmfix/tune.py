@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import __version__, tuned, worker
+from . import __version__, tuned_file, worker
 from .environment import Environment
 from .errors import RefusedError, UsageError
 from .guest import protocol
@@ -79,7 +79,7 @@ class TuneReport(WorkerReport):
     device: worker.DeviceInfo
     path: str
     kernels: tuple[KernelResult, ...]
-    stored: tuned.StoreResult | None
+    stored: tuned_file.StoreResult | None
     min_gain: float
     budget_s: float
     worker_error: str | None
@@ -176,7 +176,7 @@ def run(
             f"torch is not installed in {env.python.executable}: there is nothing to tune",
             hint="point --python at the interpreter that runs MinerU",
         )
-    path = tuned.tuned_path()
+    path = tuned_file.tuned_path()
     targets = [t.id for op in ops for t in op.tune]
     body = worker.request(
         "tune", ops, budget_s=budget_s, interpret=interpret, require_gpu=not interpret
@@ -222,7 +222,7 @@ def run(
     searched = (protocol.Tuned, protocol.Measured)
     results = [_result(e, min_gain) for e in answer.events if isinstance(e, searched)]
     entries = [
-        tuned.TunedEntry(
+        tuned_file.TunedEntry(
             r.kernel, r.arch, r.key, dict(r.best.config) if r.tuned and r.best else None
         )
         for r in results
@@ -241,7 +241,7 @@ def run(
             for r in results
             if r.tuned
         }
-        stored = tuned.store(path, entries, meta)
+        stored = tuned_file.store(path, entries, meta)
         results = _verify(env, body, results)
     return TuneReport(
         environment=env,
@@ -286,5 +286,5 @@ def _verify(
 
 def reset() -> tuple[str, bool]:
     """Remove the tuned file; the kernels go back to their shipped configs."""
-    path = tuned.tuned_path()
-    return str(path), tuned.reset(path)
+    path = tuned_file.tuned_path()
+    return str(path), tuned_file.reset(path)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import supervise, tuned
+from . import supervise, tuned_file
 from ._resources import data_dir
 from .errors import RefusedError
 from .fsops import TEST_HOOKS_ENV
@@ -45,7 +45,7 @@ def request(mode: str, ops: Sequence[Op], **extra: Any) -> protocol.Request:
         templates_dir=str(data_dir("templates")),
         templates=sorted({s.entry for op in ops for s in op.schemes}),
         ops={op.name: op.request() for op in ops},
-        tuned_file=str(tuned.tuned_path()),
+        tuned_file=str(tuned_file.tuned_path()),
         **extra,
     )
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rocmfix import doctor, tuned, worker
+from rocmfix import doctor, tuned_file, worker
 from rocmfix.checks import EnvWarning
 from rocmfix.environment import Environment, PythonInfo
 from rocmfix.guest import protocol
@@ -299,9 +299,9 @@ def test_a_failed_kernel_is_not_recommended_and_fails_the_report() -> None:
 
 def test_tuned_file_warnings(tmp_path: Path) -> None:
     path = tmp_path / "tuned.json"
-    assert tuned.file_warnings(tuned.read(path), "sm_90") == []
+    assert tuned_file.file_warnings(tuned_file.read(path), "sm_90") == []
     path.write_text('{"schema": 2}')
-    assert [w.code for w in tuned.file_warnings(tuned.read(path), "sm_90")] == [
+    assert [w.code for w in tuned_file.file_warnings(tuned_file.read(path), "sm_90")] == [
         "tuned-file-corrupt"
     ]
     entry = {"BLOCK_M": 64}
@@ -309,12 +309,12 @@ def test_tuned_file_warnings(tmp_path: Path) -> None:
     path.write_text(
         json.dumps({"schema": 1, "kernels": {"patch_embed_gemm": {"gfx1100": entry}}, "meta": meta})
     )
-    foreign = tuned.file_warnings(tuned.read(path), "sm_90")
+    foreign = tuned_file.file_warnings(tuned_file.read(path), "sm_90")
     assert [w.code for w in foreign] == ["tuned-file-foreign-arch"]
     assert "gfx1100" in foreign[0].message and "sm_90" in foreign[0].message
-    same = tuned.file_warnings(tuned.read(path), "gfx1100", _Device("2.9.0", "3.5.0"))
+    same = tuned_file.file_warnings(tuned_file.read(path), "gfx1100", _Device("2.9.0", "3.5.0"))
     assert same == []
-    stale = tuned.file_warnings(tuned.read(path), "gfx1100", _Device("2.9.0", "3.6.0"))
+    stale = tuned_file.file_warnings(tuned_file.read(path), "gfx1100", _Device("2.9.0", "3.6.0"))
     assert [w.code for w in stale] == ["tuned-file-stale"]
     assert isinstance(stale[0], EnvWarning)
 

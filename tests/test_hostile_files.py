@@ -194,14 +194,14 @@ def test_tune_reset_leaves_a_file_that_is_not_rocmfixs(tmp_path: Path) -> None:
 
 
 def test_tune_store_refuses_a_file_that_is_not_rocmfixs(tmp_path: Path) -> None:
-    from rocmfix import tuned
+    from rocmfix import tuned_file
     from rocmfix.errors import RefusedError
 
     foreign = tmp_path / "settings.json"
     foreign.write_text('{"theme": "dark"}\n')
-    entry = tuned.TunedEntry("patch_embed_gemm", "gfx1100", "f16", {"BLOCK_M": 32})
+    entry = tuned_file.TunedEntry("patch_embed_gemm", "gfx1100", "f16", {"BLOCK_M": 32})
     with pytest.raises(RefusedError, match="not a rocmfix tuned file"):
-        tuned.store(foreign, [entry], {})
+        tuned_file.store(foreign, [entry], {})
     assert foreign.read_text() == '{"theme": "dark"}\n'
 
 

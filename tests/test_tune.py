@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rocmfix import tuned
+from rocmfix import tuned_file
 from rocmfix.ops import OPS
 
 from conftest import ROOT, run_cli
@@ -186,37 +186,43 @@ def test_the_kernels_ignore_corrupt_and_foreign_files_with_a_warning(tmp_path: P
     assert foreign["patch_embed"] == shipped["patch_embed"]
     assert foreign["c8_k5"] == shipped["c8_k5"]
     # rocmfix is the one that says why: the kernels read no entry for this arch.
-    codes = [w.code for w in tuned.file_warnings(tuned.read(path), "cpu")]
+    codes = [w.code for w in tuned_file.file_warnings(tuned_file.read(path), "cpu")]
     assert codes == ["tuned-file-foreign-arch"]
 
 
 def test_store_merges_replaces_corrupt_files_and_drops_lost_entries(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "tuned.json"
     a = {"BLOCK_M": 64}
-    first = tuned.store(
+    first = tuned_file.store(
         path,
         [
-            tuned.TunedEntry("patch_embed_gemm", "sm_90", "f16", a),
-            tuned.TunedEntry("dilated_conv", "sm_90", "c96_k5_tf32", a),
+            tuned_file.TunedEntry("patch_embed_gemm", "sm_90", "f16", a),
+            tuned_file.TunedEntry("dilated_conv", "sm_90", "c96_k5_tf32", a),
         ],
         {"sm_90": {"triton": "3.6.0"}},
     )
     assert first.written and first.replaced_corrupt is None
-    tuned.store(path, [tuned.TunedEntry("dilated_conv", "gfx942", "c96_k5_tf32", a)], {})
+    tuned_file.store(path, [tuned_file.TunedEntry("dilated_conv", "gfx942", "c96_k5_tf32", a)], {})
     data = json.loads(path.read_text())
     assert set(data["kernels"]["dilated_conv"]) == {"sm_90", "gfx942"}
     assert data["meta"] == {"sm_90": {"triton": "3.6.0"}}
-    tuned.store(path, [tuned.TunedEntry("dilated_conv", "sm_90", "c96_k5_tf32", None)], {})
+    tuned_file.store(
+        path, [tuned_file.TunedEntry("dilated_conv", "sm_90", "c96_k5_tf32", None)], {}
+    )
     data = json.loads(path.read_text())
     assert data["kernels"]["dilated_conv"] == {"gfx942": {"c96_k5_tf32": a}}
     assert data["kernels"]["patch_embed_gemm"] == {"sm_90": {"f16": a}}
     # rocmfix's file with damaged entries is replaced; a file that is not rocmfix's is not
     # touched (tests/test_hostile_files.py).
     path.write_text('{"schema": 1, "kernels": {"patch_embed_gemm": 7}}')
-    replaced = tuned.store(path, [tuned.TunedEntry("patch_embed_gemm", "sm_90", "f16", a)], {})
+    replaced = tuned_file.store(
+        path, [tuned_file.TunedEntry("patch_embed_gemm", "sm_90", "f16", a)], {}
+    )
     assert replaced.written and replaced.replaced_corrupt is not None
     assert json.loads(path.read_text())["kernels"] == {"patch_embed_gemm": {"sm_90": {"f16": a}}}
-    gone = tuned.store(path, [tuned.TunedEntry("patch_embed_gemm", "sm_90", "f16", None)], {})
+    gone = tuned_file.store(
+        path, [tuned_file.TunedEntry("patch_embed_gemm", "sm_90", "f16", None)], {}
+    )
     assert gone.removed and not path.exists()
     # Only the lock stays: whoever unlinks a lock file may unlink one another run holds.
     assert sorted(p.name for p in path.parent.iterdir()) == [".tuned.json.lock"]

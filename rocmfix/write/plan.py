@@ -110,8 +110,8 @@ def record_rel(dist: Distribution, record: Path) -> str:
 def drop_owners(manifest: Manifest, dist: str, rel: str, digest: str | None = None) -> set[str]:
     """Applied patches whose record says they dropped ``rel`` (with ``digest``, if given)."""
     return {
-        pid
-        for pid, e in manifest.entries.items()
+        patch_id
+        for patch_id, e in manifest.entries.items()
         if e.distribution == dist
         and any(d.path == rel and (digest is None or d.sha256 == digest) for d in e.drops)
     }
