@@ -46,7 +46,7 @@ d=json.load(open(sys.argv[1]))
 for k in d["kernels"]:
     print(k["id"], k["arch"], k["key"], "shipped", k["shipped"]["ms"], "fastest", k["fastest"]["ms"], "tuned", k["tuned"], "verified", k["verified"], k["chosen"]["config"])
     for c in k["candidates"]: print("   ", c["role"], c["status"], c["ms"], c["rel_err"], c["config"])' $OUT/tune.json
-cp "$(python3 -c "from rocmfix.tuned import tuned_path; print(tuned_path())")" $OUT/tuned.json
+cp "$(python3 -c "from rocmfix.tuned_file import tuned_path; print(tuned_path())")" $OUT/tuned.json
 echo "=== fresh process: the dropped-in kernels resolve the tuned file"
 $TARGET bench/tuned_pickup.py "$SITE" > $OUT/pickup.txt; echo "pickup rc=$?"; tail -1 $OUT/pickup.txt
 echo "=== doctor after tune"
