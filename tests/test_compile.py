@@ -213,6 +213,33 @@ def test_the_fold_and_act_travel_as_op_arguments(act: torch.nn.Module, code: int
     )
 
 
+@pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
+def test_the_phase_split_traces_whole(dynamic: bool | None) -> None:
+    """The ``linear`` scheme's phase split is plain torch: under ``fullgraph=True`` it traces
+    with no graph break (its eager path's ``as_strided`` does not trace) and gives
+    ``F.conv2d``'s answer over odd sizes, crops included."""
+    phase = load_template("dilated_conv_phase")
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(6, 4, 3, 3, generator=g)
+
+    for d in (2, 3):  # a module's constant, as the block's dilation is
+
+        def conv(x: torch.Tensor, d: int = d) -> torch.Tensor:
+            out: torch.Tensor = phase.dilated_conv2d(x, weight, d, d)
+            return out
+
+        x = torch.randn(2, 4, 13, 10, generator=g)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(conv)(x)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        torch._dynamo.reset()
+        compiled = torch.compile(conv, backend="aot_eager", fullgraph=True, dynamic=dynamic)
+        for shape in ((2, 4, 13, 10), (1, 4, 16, 9), (3, 4, 7, 12)):
+            x = torch.randn(*shape, generator=g)
+            ref = torch.nn.functional.conv2d(x, weight, None, 1, d, d)
+            torch.testing.assert_close(compiled(x), ref, rtol=1e-4, atol=1e-4)
+
+
 _STOCK_FRAMES: dict[bool | None, int] = {}
 
 
