@@ -70,6 +70,13 @@ def dilated_conv2d(
     return y if act is None else act(y)
 
 
+def _is_compiling() -> bool:
+    # torch.compiler.is_compiling arrived in torch 2.3; before it, the eager moves (a graph
+    # break under torch.compile, still the right answer).
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
 def _conv(
     x: torch.Tensor, weight: torch.Tensor, dilation: int, padding: int | tuple[int, int]
 ) -> torch.Tensor:
@@ -102,7 +109,7 @@ def _conv(
     # into a batch of d*d*N phase images.
     # Under torch.compile the same moves as views dynamo can trace (it does not trace
     # as_strided's integer strides, a graph break per call) and host time is not spent.
-    compiling = torch.compiler.is_compiling()
+    compiling = _is_compiling()
     if compiling:
         phases = (
             x.reshape(n, c, l_h, d, l_w, d)
