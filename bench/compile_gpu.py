@@ -227,11 +227,15 @@ def doclayout(scheme: str, dtype: Any, reps: int, frames: bool) -> dict[str, Any
     g = torch.Generator(device=_dev()).manual_seed(0)
     sizes = SMALL_PAGES if SMOKE["on"] else PAGES
     pages = [torch.rand(n, 3, h, w, device=_dev(), generator=g, dtype=dtype) for n, h, w in sizes]
-    x, fresh = pages[0], torch.rand_like(pages[0])
+    # The fresh input from the same seeded generator: the models seed torch's default one
+    # with 0, so a *_like draw on the GPU repeated x exactly (run of 2026-11-24).
+    x, fresh = pages[0], torch.rand(pages[0].shape, device=_dev(), generator=g, dtype=dtype)
     row: dict[str, Any] = {"part": f"doclayout-{scheme}", "dtype": str(dtype), "page": sizes[0]}
     with torch.inference_mode():
         ref, ref_fresh = _maps(stock(x)), _maps(stock(fresh))
         row["fresh_vs_x"] = _rel(ref_fresh, ref)  # what a stale replay would score
+        if row["fresh_vs_x"] < 1e-2:
+            raise RuntimeError(f"fresh input too close to x: {row['fresh_vs_x']:.1e}")
         if scheme != "stock":
             row["replay_eager_rel_err"] = _rel(_maps(_replay(ours, (x,), fresh)), ref_fresh)
     t0 = time.perf_counter()
@@ -293,7 +297,7 @@ def qwen(depth: int, reps: int) -> dict[str, Any]:
         for n, h, w in sizes
     ]
     grids = [torch.tensor([[1, h, w]] * n, device=_dev()) for n, h, w in sizes]
-    x, fresh = pix[0], torch.randn_like(pix[0])
+    x, fresh = pix[0], torch.randn(pix[0].shape, device=_dev(), generator=g, dtype=torch.bfloat16)
     row: dict[str, Any] = {
         "part": "qwen",
         "transformers": transformers.__version__,
@@ -307,6 +311,8 @@ def qwen(depth: int, reps: int) -> dict[str, Any]:
     with torch.inference_mode():
         ref, ref_fresh = stock_embed(x), stock_embed(fresh)
         row["fresh_vs_x"] = _rel(ref_fresh, ref)
+        if row["fresh_vs_x"] < 1e-2:
+            raise RuntimeError(f"fresh input too close to x: {row['fresh_vs_x']:.1e}")
         row["replay_eager_rel_err"] = _rel(_replay(patched, (x,), fresh), ref_fresh)
     row.update(_explain(patched, x))
     row["frames"] = {str(d): _frames(patched, [(p,) for p in pix], d) for d in (None, True)}
