@@ -43,7 +43,7 @@ def _phase_geometry(size: int, pad: int, d: int, k: int) -> tuple[int, int, int,
     ``length`` that yields at least ``ceil(out/d)`` outputs.
     """
     out = size + 2 * pad - d * (k - 1)
-    q, f = divmod(pad, d)
+    q, f = pad // d, pad % d  # not divmod: dynamo does not trace it on symbolic ints
     length = max(_cdiv(f + size, d), _cdiv(out, d) + k - 1 - 2 * q)
     back = length * d - (f + size)
     return f, back, length, q, out
@@ -68,6 +68,13 @@ def dilated_conv2d(
     if bn is not None:
         y = bn(y)
     return y if act is None else act(y)
+
+
+def _is_compiling() -> bool:
+    # torch.compiler.is_compiling arrived in torch 2.3; before it, the eager moves (a graph
+    # break under torch.compile, still the right answer).
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(check()) if check is not None else False
 
 
 def _conv(
@@ -100,14 +107,29 @@ def _conv(
     # twice contiguous() on the host; a reshape/permute/reshape chain more).
     # Phase (a, b) holds x[n, c, i*d + a, j*d + b]: [d(a), d(b), N, C, Lh, Lw], then one copy
     # into a batch of d*d*N phase images.
-    sn, sc, sh, sw = x.stride()
-    phases = (
-        x.as_strided((d, d, n, c, l_h, l_w), (sh, sw, sn, sc, sh * d, sw * d), x.storage_offset())
-        .contiguous()
-        .view(d * d * n, c, l_h, l_w)
-    )
+    # Under torch.compile the same moves as views dynamo can trace (it does not trace
+    # as_strided's integer strides, a graph break per call) and host time is not spent.
+    compiling = _is_compiling()
+    if compiling:
+        phases = (
+            x.reshape(n, c, l_h, d, l_w, d)
+            .permute(3, 5, 0, 1, 2, 4)
+            .reshape(d * d * n, c, l_h, l_w)
+        )
+    else:
+        sn, sc, sh, sw = x.stride()
+        phases = (
+            x.as_strided(
+                (d, d, n, c, l_h, l_w), (sh, sw, sn, sc, sh * d, sw * d), x.storage_offset()
+            )
+            .contiguous()
+            .view(d * d * n, c, l_h, l_w)
+        )
     y = F.conv2d(phases, weight, None, 1, (q_h, q_w), 1)
     _, _, ph, pw = y.shape
+    if compiling:
+        y = y.view(d, d, n, co, ph, pw).permute(2, 3, 4, 0, 5, 1).reshape(n, co, ph * d, pw * d)
+        return y if oh == ph * d and ow == pw * d else y[:, :, :oh, :ow]
     # Phase (a, b)'s output (i, j) lands at row i*d + a, column j*d + b.
     yn, yc, yh, yw = y.stride()
     y = (
