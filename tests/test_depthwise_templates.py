@@ -338,7 +338,7 @@ def test_a_replayed_plan_sees_every_change_it_depends_on(tri: ModuleType, change
     with torch.no_grad():
         for _ in range(2):
             _check(tri.depthwise_conv2d(x, conv, bn, act), _want(x, conv, bn, act), x.dtype)
-        assert tri._replays.get(id(conv)) is not None
+        assert id(conv) in tri._replays
         if change == "weight-inplace":
             conv.weight.mul_(-2.0)
         elif change == "weight-replaced":
