@@ -168,3 +168,28 @@ def test_inference_tensors_are_prepared_each_call() -> None:
             torch.testing.assert_close(got, deconv(x), rtol=1e-5, atol=1e-5)
             deconv.weight.mul_(2.0)
     assert id(deconv) not in module._layers
+
+
+def test_a_layers_next_calls_prepare_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = load_template("conv_transpose_linear")
+    made: list[str] = []
+    for name in ("_views", "_spec", "handled"):
+        real = getattr(module, name)
+
+        def spy(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            made.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(module, name, spy)
+    deconv = torch.nn.ConvTranspose2d(6, 4, 2, 2).eval()
+    x = torch.randn(1, 6, 5, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            module.conv_transpose2d(x.as_subclass(_FakeCuda), deconv)
+        assert sorted(made) == ["_spec", "_views", "handled"]
+        # A new input layout prepares its shapes alone; an updated weight its views alone.
+        module.conv_transpose2d(x.contiguous(memory_format=torch.channels_last)
+                                .as_subclass(_FakeCuda), deconv)  # fmt: skip
+        deconv.weight.mul_(2.0)
+        module.conv_transpose2d(x.as_subclass(_FakeCuda), deconv)
+    assert made[3:] == ["handled", "_spec", "_views", "handled", "_spec"]
