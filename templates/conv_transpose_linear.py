@@ -128,6 +128,11 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
 # plain dict, read without a lock (a BoundedCache's get costs 180 ns more a call).
 _layers: dict[int, tuple[Any, ...]] = {}
 _LAYERS_SIZE = 256
+_compiler = getattr(torch, "compiler", None)
+if _compiler is not None and hasattr(_compiler, "is_compiling"):
+    _is_compiling: Any = _compiler.is_compiling
+else:  # torch < 2.3
+    _is_compiling = torch._dynamo.is_compiling
 _SPECS_SIZE = 64  # input layouts a layer keeps
 _lock = threading.Lock()
 
@@ -179,6 +184,11 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
         torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     ):
+        return deconv(x)  # type: ignore[no-any-return]
+    if _is_compiling():
+        # Traced: the views are graph ops, and addresses and versions no graph can read.
+        if handled(x, deconv) and not (deconv._forward_hooks or deconv._forward_pre_hooks):
+            return gemm(x, weight, bias)
         return deconv(x)  # type: ignore[no-any-return]
     try:
         plan = _plan(deconv, weight, bias)

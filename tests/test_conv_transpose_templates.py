@@ -193,3 +193,24 @@ def test_a_layers_next_calls_prepare_nothing(monkeypatch: pytest.MonkeyPatch) ->
         deconv.weight.mul_(2.0)
         module.conv_transpose2d(x.as_subclass(_FakeCuda), deconv)
     assert made[3:] == ["handled", "_spec", "_views", "handled", "_spec"]
+
+
+def test_under_torch_compile_the_gemm_is_traced_fullgraph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No address or version reads in a graph: a traced call runs :func:`gemm` as graph ops."""
+    module = load_template("conv_transpose_linear")
+    used: list[int] = []
+    real = module.gemm
+
+    def spy(*args: Any) -> torch.Tensor:
+        used.append(1)
+        return real(*args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(module, "gemm", spy)
+    deconv = torch.nn.ConvTranspose2d(8, 4, 2, 2).eval()
+    x = torch.randn(1, 8, 6, 5)
+    compiled = torch.compile(lambda t: module.conv_transpose2d(t, deconv), backend="eager",
+                             fullgraph=True)  # fmt: skip
+    with torch.no_grad():
+        got = compiled(x.as_subclass(_FakeCuda)).as_subclass(torch.Tensor)
+        torch.testing.assert_close(got, deconv(x), rtol=1e-5, atol=1e-5)
+    assert used == [1]
