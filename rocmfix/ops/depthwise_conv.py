@@ -83,7 +83,7 @@ def _tile(p: int, c: int, warps: int) -> dict[str, Any]:
 
 
 # Tiles both vendors' GPUs try; pair tiles (stride 1, even widths) take at least two pixels a
-# lane whatever BLOCK_P says (templates/depthwise_conv_triton.py).
+# lane whatever BLOCK_P says (templates/depthwise_conv_kernels.py).
 _TILES = (
     _tile(128, 1, 4),
     _tile(256, 1, 4),
