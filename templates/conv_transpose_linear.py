@@ -14,8 +14,9 @@ works under torch.compile and graph capture.
 
 from __future__ import annotations
 
+import threading
 import warnings
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -70,34 +71,105 @@ def handled(x: torch.Tensor, deconv: Any) -> bool:
     )
 
 
-def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.conv_transpose2d(x, weight, bias, stride=kernel)`` as a GEMM + pixel shuffle."""
-    n, cin, h, w = x.shape
-    _, cout, kh, kw = weight.shape
-    wm = weight.view(cin, cout * kh * kw) if weight.is_contiguous() else weight.reshape(cin, -1)
+# How one input layout runs: (path, x's view, y's 6-D view, its permutation, the output's
+# shape, the output's 6-D view); path 0: NCHW batch 1, 1: NCHW, 2: any other layout.
+Spec = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...],
+             tuple[int, ...]]  # fmt: skip
+# The weight as [Cin, Cout*k*k] and transposed, the bias as [1, Cout, 1, 1, 1, 1].
+Views = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]  # evaluated: 3.9's syntax
+
+
+def _views(weight: torch.Tensor, bias: torch.Tensor | None) -> Views:
+    cin, cout = int(weight.shape[0]), int(weight.shape[1])
+    wm = weight.view(cin, -1) if weight.is_contiguous() else weight.reshape(cin, -1)
+    return wm, wm.t(), None if bias is None else bias.view(1, cout, 1, 1, 1, 1)
+
+
+def _spec(x: torch.Tensor, weight: torch.Tensor) -> Spec:
+    n, cin, h, w = (int(d) for d in x.shape)
+    cout, kh, kw = (int(d) for d in weight.shape[1:])
+    out, target = (n, cout, h * kh, w * kw), (n, cout, h, kh, w, kw)
     if x.is_contiguous():
         # NCHW: y[n, (co, i, j), hw] = W^T @ x[n], no copy of x; one GEMM for a batch of one.
-        if n == 1:
-            y = torch.mm(wm.t(), x.view(cin, h * w))
-        else:
-            y = torch.matmul(wm.t(), x.view(n, cin, h * w))
-        blocks = y.view(n, cout, kh, kw, h, w).permute(0, 1, 4, 2, 5, 3)
+        path, xv = (0, (cin, h * w)) if n == 1 else (1, (n, cin, h * w))
+        return path, xv, (n, cout, kh, kw, h, w), (0, 1, 4, 2, 5, 3), out, target
+    # Channels-last (or any other layout): the pixels as rows.
+    return 2, (n, h * w, cin), (n, h, w, cout, kh, kw), (0, 3, 1, 4, 2, 5), out, target
+
+
+def _shuffle(x: torch.Tensor, views: Views, spec: Spec) -> torch.Tensor:
+    """The GEMM and the pixel shuffle of one call, everything but the tensors prepared."""
+    path, xv, y6, perm, out_shape, target = spec
+    wm, wt, bias6 = views
+    if path == 0:
+        y = torch.mm(wt, x.view(xv))
+    elif path == 1:
+        y = torch.matmul(wt, x.view(xv))
     else:
-        # Channels-last (or any other layout): the pixels as rows.
-        y = torch.matmul(x.permute(0, 2, 3, 1).reshape(n, h * w, cin), wm)
-        blocks = y.view(n, h, w, cout, kh, kw).permute(0, 3, 1, 4, 2, 5)
-    out = torch.empty((n, cout, h * kh, w * kw), dtype=x.dtype, device=x.device)
-    target = out.view(n, cout, h, kh, w, kw)
-    if bias is None:
-        target.copy_(blocks)
+        y = torch.matmul(x.permute(0, 2, 3, 1).reshape(xv), wm)
+    blocks = y.view(y6).permute(perm)
+    out = x.new_empty(out_shape)
+    if bias6 is None:
+        out.view(target).copy_(blocks)
     else:
-        torch.add(blocks, bias.view(1, cout, 1, 1, 1, 1), out=target)
+        torch.add(blocks, bias6, out=out.view(target))
     return out
 
 
-# Calls already checked, by everything handled() reads but the tensors' contents: a model
-# calls each of its layers once a forward with the same input layout.
-_checked: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
+def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.conv_transpose2d(x, weight, bias, stride=kernel)`` as a GEMM + pixel shuffle."""
+    return _shuffle(x, _views(weight, bias), _spec(x, weight))
+
+
+# id(layer) -> (its settings, weight and bias with their addresses and versions, their views,
+# and by input layout the Spec, or None where handled() said no). A model calls each layer
+# once a forward with the same input layout: every call but a layer's first reads this and
+# prepares nothing. The entry holds the weight, so the id is not reused while it stands; a
+# plain dict, read without a lock (a BoundedCache's get costs 180 ns more a call).
+_layers: dict[int, tuple[Any, ...]] = {}
+_LAYERS_SIZE = 256
+_compiler = getattr(torch, "compiler", None)
+if _compiler is not None and hasattr(_compiler, "is_compiling"):
+    _is_compiling: Any = _compiler.is_compiling
+else:  # torch < 2.3
+    _is_compiling = torch._dynamo.is_compiling
+_SPECS_SIZE = 64  # input layouts a layer keeps
+_lock = threading.Lock()
+
+
+def _settings(deconv: Any) -> tuple[Any, ...]:
+    return (type(deconv), deconv.stride, deconv.padding, deconv.output_padding,
+            deconv.dilation, deconv.groups, deconv.padding_mode)  # fmt: skip
+
+
+def _plan(deconv: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Any, ...]:
+    """The layer's entry in :data:`_layers`: the current one, or a new one where the settings
+    or a tensor changed (replaced, moved, or updated in place: its version); () for inference
+    tensors, which have no version to see an update by (such calls prepare anew)."""
+    settings = _settings(deconv)
+    plan = _layers.get(id(deconv))
+    try:
+        if (
+            plan is not None
+            and plan[1] is weight
+            and plan[4] is bias
+            and plan[2] == weight.data_ptr()
+            and plan[3] == weight._version
+            and (bias is None or (plan[5] == bias.data_ptr() and plan[6] == bias._version))
+            and plan[0] == settings
+        ):
+            return plan
+        stamps = (weight.data_ptr(), weight._version, bias,
+                  None if bias is None else bias.data_ptr(),
+                  None if bias is None else bias._version)  # fmt: skip
+    except RuntimeError:  # inference tensors
+        return ()
+    plan = (settings, weight, *stamps, _views(weight, bias), {})
+    with _lock:
+        if len(_layers) >= _LAYERS_SIZE:
+            _layers.clear()
+        _layers[id(deconv)] = plan
+    return plan
 
 
 def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
@@ -113,19 +185,30 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
         and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     ):
         return deconv(x)  # type: ignore[no-any-return]
-    key = (id(deconv), id(weight), id(bias), x.shape, x.dtype, x.device, deconv.stride,
-           deconv.padding, deconv.output_padding, deconv.dilation, deconv.groups)  # fmt: skip
-    ok = _checked.get(key)
-    if ok is None:
-        ok = handled(x, deconv)
-        _checked.put(key, ok)
-    if not ok or deconv._forward_hooks or deconv._forward_pre_hooks or ks.global_hooks():
+    if _is_compiling():
+        # Traced: the views are graph ops, and addresses and versions no graph can read.
+        if handled(x, deconv) and not (deconv._forward_hooks or deconv._forward_pre_hooks):
+            return gemm(x, weight, bias)
         return deconv(x)  # type: ignore[no-any-return]
     try:
-        return gemm(x, weight, bias)
+        plan = _plan(deconv, weight, bias)
+        layout = (x.shape, x.stride(), x.dtype, x.get_device())
+        specs = plan[-1] if plan else {}
+        spec = specs.get(layout, False)
+        if spec is False:
+            spec = _spec(x, weight) if handled(x, deconv) else None
+            if plan:
+                with _lock:
+                    if len(specs) >= _SPECS_SIZE:  # a page size each: start afresh
+                        specs.clear()
+                    specs[layout] = spec
+        if not (
+            spec is None or deconv._forward_hooks or deconv._forward_pre_hooks or ks.global_hooks()
+        ):
+            return _shuffle(x, plan[-2] if plan else _views(weight, bias), spec)
     except Exception as exc:  # noqa: BLE001 - never take the model down
         _warn_once(
             f"rocmfix: the transposed conv as a GEMM failed ({type(exc).__name__}: {exc}); "
             "running the module",
         )
-        return deconv(x)  # type: ignore[no-any-return]
+    return deconv(x)  # type: ignore[no-any-return]

@@ -94,13 +94,13 @@ def test_entry_takes_the_gemm_and_survives_its_failure(
     deconv = torch.nn.ConvTranspose2d(8, 4, 2, 2).eval()
     x = torch.randn(1, 8, 6, 5).as_subclass(_FakeCuda)
     used: list[int] = []
-    real = module.gemm
+    real = module._shuffle
 
     def spy(*args: Any) -> torch.Tensor:
         used.append(1)
         return real(*args)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(module, "gemm", spy)
+    monkeypatch.setattr(module, "_shuffle", spy)
     with torch.no_grad():
         want = deconv(x.as_subclass(torch.Tensor))
         torch.testing.assert_close(module.conv_transpose2d(x, deconv).as_subclass(torch.Tensor),
@@ -113,10 +113,104 @@ def test_entry_takes_the_gemm_and_survives_its_failure(
     def broken(*_: Any) -> torch.Tensor:
         raise RuntimeError("simulated hipBLASLt failure")
 
-    monkeypatch.setattr(module, "gemm", broken)
+    monkeypatch.setattr(module, "_shuffle", broken)
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")
         for _ in range(3):
             got = module.conv_transpose2d(x, deconv).as_subclass(torch.Tensor)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert len([w for w in caught if "simulated hipBLASLt" in str(w.message)]) == 1
+
+
+@pytest.mark.parametrize("contiguous", [True, False], ids=["weight", "strided-weight"])
+@pytest.mark.parametrize(
+    "change", ["weight-inplace", "bias-inplace", "weight-replaced", "bias-removed", "stride"]
+)
+def test_a_layers_prepared_views_never_go_stale(change: str, contiguous: bool) -> None:
+    """After a layer's views and layout are prepared, each change of what they were made
+    from gives the module's own result. A strided weight's [Cin, Cout*k*k] matrix is a copy,
+    so an in-place update is seen only through the weight's version."""
+    module = load_template("conv_transpose_linear")
+    deconv = torch.nn.ConvTranspose2d(6, 4, 2, 2).eval()
+    if not contiguous:
+        deconv.weight = torch.nn.Parameter(torch.randn(4, 6, 2, 2).transpose(0, 1))
+    x = torch.randn(1, 6, 5, 4)
+    fake = x.as_subclass(_FakeCuda)
+    with torch.no_grad():
+        for _ in range(2):
+            got = module.conv_transpose2d(fake, deconv).as_subclass(torch.Tensor)
+            torch.testing.assert_close(got, deconv(x), rtol=1e-5, atol=1e-5)
+        assert id(deconv) in module._layers
+        if change == "weight-inplace":
+            deconv.weight.mul_(-3.0)
+        elif change == "bias-inplace":
+            deconv.bias.add_(5.0)
+        elif change == "weight-replaced":
+            deconv.weight = torch.nn.Parameter(torch.randn_like(deconv.weight))
+        elif change == "bias-removed":
+            deconv.bias = None
+        else:
+            deconv.stride = (1, 1)
+        want = deconv(x)
+        for _ in range(2):
+            got = module.conv_transpose2d(fake, deconv).as_subclass(torch.Tensor)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_inference_tensors_are_prepared_each_call() -> None:
+    module = load_template("conv_transpose_linear")
+    with torch.inference_mode():
+        deconv = torch.nn.ConvTranspose2d(6, 4, 2, 2).eval()
+        x = torch.randn(2, 6, 3, 5)
+        fake = x.as_subclass(_FakeCuda)
+        for _ in range(2):
+            got = module.conv_transpose2d(fake, deconv).as_subclass(torch.Tensor)
+            torch.testing.assert_close(got, deconv(x), rtol=1e-5, atol=1e-5)
+            deconv.weight.mul_(2.0)
+    assert id(deconv) not in module._layers
+
+
+def test_a_layers_next_calls_prepare_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = load_template("conv_transpose_linear")
+    made: list[str] = []
+    for name in ("_views", "_spec", "handled"):
+        real = getattr(module, name)
+
+        def spy(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            made.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(module, name, spy)
+    deconv = torch.nn.ConvTranspose2d(6, 4, 2, 2).eval()
+    x = torch.randn(1, 6, 5, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            module.conv_transpose2d(x.as_subclass(_FakeCuda), deconv)
+        assert sorted(made) == ["_spec", "_views", "handled"]
+        # A new input layout prepares its shapes alone; an updated weight its views alone.
+        module.conv_transpose2d(x.contiguous(memory_format=torch.channels_last)
+                                .as_subclass(_FakeCuda), deconv)  # fmt: skip
+        deconv.weight.mul_(2.0)
+        module.conv_transpose2d(x.as_subclass(_FakeCuda), deconv)
+    assert made[3:] == ["handled", "_spec", "_views", "handled", "_spec"]
+
+
+def test_under_torch_compile_the_gemm_is_traced_fullgraph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No address or version reads in a graph: a traced call runs :func:`gemm` as graph ops."""
+    module = load_template("conv_transpose_linear")
+    used: list[int] = []
+    real = module.gemm
+
+    def spy(*args: Any) -> torch.Tensor:
+        used.append(1)
+        return real(*args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(module, "gemm", spy)
+    deconv = torch.nn.ConvTranspose2d(8, 4, 2, 2).eval()
+    x = torch.randn(1, 8, 6, 5)
+    compiled = torch.compile(lambda t: module.conv_transpose2d(t, deconv), backend="eager",
+                             fullgraph=True)  # fmt: skip
+    with torch.no_grad():
+        got = compiled(x.as_subclass(_FakeCuda)).as_subclass(torch.Tensor)
+        torch.testing.assert_close(got, deconv(x), rtol=1e-5, atol=1e-5)
+    assert used == [1]

@@ -124,7 +124,7 @@ def test_the_kernel_ran_and_a_layers_next_call_replays_its_plan(tri: ModuleType)
     conv, bn, act = _layer(4, (3, 3), 1, torch.float32, "relu", bias=True)
     tri.clear_config_cache()
     calls = []
-    real = tri._dw_kernel
+    real = tri.dk.KERNEL
     with torch.no_grad():
         for _ in range(3):
             x = torch.randn(2, 4, 9, 7)
@@ -144,7 +144,7 @@ def test_the_kernel_ran_and_a_layers_next_call_replays_its_plan(tri: ModuleType)
         want = act(bn(conv(x)))
         got = tri.depthwise_conv2d(x, conv, bn, act)
         torch.testing.assert_close(got, want)
-    assert calls == [1, 1, 1] and tri._dw_kernel is real
+    assert calls == [1, 1, 1] and tri.dk.KERNEL is real
 
 
 def test_unknown_activations_and_bn_run_as_modules(tri: ModuleType) -> None:
@@ -203,8 +203,8 @@ def test_what_it_does_not_handle_runs_the_stock_modules(tri: ModuleType, why: st
     elif why == "string-padding":
         conv = torch.nn.Conv2d(c, c, 3, 1, "same", groups=c, bias=False)
     launches = []
-    original = module._dw_kernel
-    module._dw_kernel = _Spy(original, launches)
+    original = module.dk.KERNEL
+    module.dk.KERNEL = _Spy(original, launches)
     try:
         if why == "grad":
             y = module.depthwise_conv2d(x, conv, bn, act)  # the weight requires grad
@@ -214,7 +214,7 @@ def test_what_it_does_not_handle_runs_the_stock_modules(tri: ModuleType, why: st
             with torch.no_grad():
                 y = module.depthwise_conv2d(x, conv, bn, act)
     finally:
-        module._dw_kernel = original
+        module.dk.KERNEL = original
     with torch.no_grad():
         torch.testing.assert_close(y, act(bn(conv(x))))
     assert launches == []
@@ -239,7 +239,7 @@ def test_a_failing_kernel_warns_once_and_runs_the_stock_modules(tri: ModuleType)
         def __getitem__(self, grid: Any) -> Any:
             raise RuntimeError("simulated compiler failure")
 
-    module._dw_kernel = Broken()
+    module.dk.KERNEL = Broken()
     conv, bn, act = _layer(4, (5, 5), 1, torch.float32, "silu")
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")

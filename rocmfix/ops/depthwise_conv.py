@@ -83,7 +83,7 @@ def _tile(p: int, c: int, warps: int) -> dict[str, Any]:
 
 
 # Tiles both vendors' GPUs try; pair tiles (stride 1, even widths) take at least two pixels a
-# lane whatever BLOCK_P says (templates/depthwise_conv_triton.py).
+# lane whatever BLOCK_P says (templates/depthwise_conv_kernels.py).
 _TILES = (
     _tile(128, 1, 4),
     _tile(256, 1, 4),
@@ -119,7 +119,7 @@ OP = Op(
             "Triton direct depthwise conv, BatchNorm and activation in its store",
             "Triton",
             "depthwise_conv_triton.py",
-            TRITON_SUPPORT,
+            ("depthwise_conv_kernels.py", *TRITON_SUPPORT),
             needs_triton=True,
         ),
         Scheme(
