@@ -35,6 +35,9 @@ GOLDEN_CASES = [
     ("hgnet_absent", "transformers-hgnet-v2", FIXED, "has no HGNetV2ConvLayer"),
     ("hgnet_hand_edit", "transformers-hgnet-v2", UNKNOWN, "not from rocmfix"),
     ("ocr_lcnet", "mineru-ocr-lcnetv4", NEEDS, "PPLCNetV4DepthwiseSeparableConvLayer"),
+    ("ocr_lightsvtr", "mineru-ocr-lightsvtr", NEEDS, "LightSVTRConvLayer: a 1x7 depthwise"),
+    ("ocr_lightsvtr", "mineru-utils-ocr-lightsvtr", NEEDS, "LightSVTRConvLayer"),
+    ("ocr_lcnet", "mineru-ocr-lightsvtr", FIXED, "has no LightSVTRConvLayer"),
     ("ocr_db_head", "mineru-ocr-db-head", NEEDS, "DBHead, Head: 2x2 stride-2"),
     ("ocr_db_head", "mineru-utils-ocr-db-head", NEEDS, "transposed"),
 ]
