@@ -2,11 +2,11 @@
 DB head's kernel == stride transposed convs.
 
 MinerU 2.7-3.x keeps the package at ``mineru/model/utils/pytorchocr/``, 4.0.x at
-``mineru/model/_internal/pytorchocr/``; the five files have the same shapes in both (read from
-the wheels up to 4.0.12; ``rec_lcnetv4.py``, RepLKFPN and LightSVTR arrived with PP-OCRv6 in 3.x, and
-before it the DB head has only the older ``Head``). One patch per file and layout; a layout
-the installed MinerU does not have reads ``not-needed``. MinerU 2.x runs these files in torch
-always; 3.0+ only as described below.
+``mineru/model/_internal/pytorchocr/``; the five files have the same shapes in both (read
+from the wheels up to 4.0.12; ``rec_lcnetv4.py``, RepLKFPN and LightSVTR arrived with
+PP-OCRv6 in 3.x, and before it the DB head has only the older ``Head``). One patch per file
+and layout; a layout the installed MinerU does not have reads ``not-needed``. MinerU 2.x runs
+these files in torch always; 3.0+ only as described below.
 
 - ``backbones/rec_lcnetv4.py``: ``PPLCNetV4ConvLayer`` (conv → BatchNorm → activation;
   depthwise for the stride-2 token convs) and ``PPLCNetV4DepthwiseSeparableConvLayer``'s bare
@@ -18,7 +18,7 @@ always; 3.0+ only as described below.
 - ``necks/db_fpn.py``: ``RepLKFPNDepthwiseSeparableConvLayer``'s large-kernel depthwise conv:
   PP-OCRv6 det's neck.
 - ``necks/rnn.py``: ``LightSVTRConvLayer`` (conv → BatchNorm → SiLU), whose one depthwise
-  instance is ``EncoderWithLightSVTR``'s 1×7 local mixer: PP-OCRv6 rec's neck (the dense
+  instance is ``EncoderWithLightSVTR``'s 1x7 local mixer: PP-OCRv6 rec's neck (the dense
   instances keep the stock call: the guard routes groups > 1 only).
 - ``heads/det_db_head.py``: the DB head's ``nn.ConvTranspose2d`` with kernel 2, stride 2
   (PP-OCRv6's ``PPOCRV6DBConvBatchnormLayer`` and ``conv_final``; the older ``Head``'s
