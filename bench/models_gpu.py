@@ -90,6 +90,21 @@ class Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def conv_args(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """(input, weight, stride, transposed, groups) of a conv op, else None. Under
+    ``torch.inference_mode`` a mode sees ``aten.conv2d`` itself (no autograd key decomposes it
+    first); elsewhere ``aten.convolution``: each conv is seen once either way."""
+    name = func.overloadpacket.__name__
+    arg = lambda i, key, default: args[i] if len(args) > i else kwargs.get(key, default)  # noqa: E731
+    if name in ("convolution", "_convolution"):
+        return args[0], args[1], args[3], args[6], args[8]
+    if name in ("conv2d", "conv1d", "conv3d"):
+        return args[0], args[1], arg(3, "stride", [1]), False, arg(6, "groups", 1)
+    if name in ("conv_transpose2d", "conv_transpose1d", "conv_transpose3d"):
+        return args[0], args[1], arg(3, "stride", [1]), True, arg(6, "groups", 1)
+    return None
+
+
 class Convs(TorchDispatchMode):
     """Every aten.convolution that runs, as the dispatcher sees it, by kind."""
 
@@ -98,8 +113,9 @@ class Convs(TorchDispatchMode):
         self.seen: list[dict[str, Any]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.ops.aten.convolution.default:
-            x, w, stride, transposed, groups = args[0], args[1], args[3], args[6], args[8]
+        conv = conv_args(func, args, kwargs or {})
+        if conv is not None:
+            x, w, stride, transposed, groups = conv
             kind = "other"
             if transposed:
                 kind = "transposed"

@@ -189,8 +189,18 @@ class Spy(TorchDispatchMode):
         self.left = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten.convolution.default:
-            x, w, stride, transposed, groups = args[0], args[1], args[3], args[6], args[8]
+        name = func.overloadpacket.__name__
+        # Under inference_mode a mode sees aten.conv2d itself, elsewhere aten.convolution: each
+        # conv once either way.
+        if name in ("convolution", "_convolution"):
+            conv = args[0], args[1], args[3], args[6], args[8]
+        elif name in ("conv2d", "conv_transpose2d"):
+            get = lambda i, k, d: args[i] if len(args) > i else (kwargs or {}).get(k, d)
+            conv = args[0], args[1], get(3, "stride", [1]), name != "conv2d", get(6, "groups", 1)
+        else:
+            conv = None
+        if conv is not None:
+            x, w, stride, transposed, groups = conv
             kernel = list(w.shape[2:])
             if transposed:
                 self.transposed += 1
