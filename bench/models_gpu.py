@@ -216,14 +216,18 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def timed(run: Callable[[], Any], reps: int) -> list[float]:
+def timed(run: Callable[[], Any], reps: int, host: list[float] | None = None) -> list[float]:
+    """Wall ms per call (synchronised); ``host`` gets the process's CPU ms for each, which
+    says how much of a forward is the host issuing launches."""
     times = []
     for _ in range(reps):
         sync()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         run()
         sync()
         times.append((time.perf_counter() - start) * 1e3)
+        if host is not None:
+            host.append((time.process_time() - cpu) * 1e3)
     return times
 
 
@@ -306,6 +310,50 @@ def shapes(name: str, model: torch.nn.Module, x: torch.Tensor) -> list[dict[str,
     return seen
 
 
+def rel_err(got: list[torch.Tensor], want: list[torch.Tensor]) -> tuple[float, int]:
+    """The largest error relative to each tensor's largest finite value, over the positions
+    where stock is finite; and how many positions the two paths disagree on being finite."""
+    worst, mismatched = 0.0, 0
+    for a, b in zip(got, want, strict=True):
+        fine = b.isfinite()
+        mismatched += int((fine != a.isfinite()).sum())
+        if fine.any():
+            scale = b[fine].abs().max().clamp_min(1e-6)
+            worst = max(worst, ((a[fine] - b[fine]).abs().max() / scale).item())
+    return worst, mismatched
+
+
+def run_both(
+    forward: Callable[[], Any],
+    routes: dict[tuple[types.ModuleType, str], Any],
+    backbone: torch.nn.Module,
+) -> dict[str, Any]:
+    """One stock and one patched forward: the convs each runs, and how far the outputs (and
+    the backbone's, which a detector's head may hide) are apart."""
+    found: dict[str, Any] = {}
+    keep: dict[str, list[torch.Tensor]] = {}
+    for label, patched in (("stock", False), ("patched", True)):
+        use(routes, patched)
+        feats: list[torch.Tensor] = []
+        hook = backbone.register_forward_hook(
+            lambda _m, _a, out, feats=feats: feats.extend(t.float().cpu() for t in flat(out))
+        )
+        convs = Convs()
+        try:
+            with convs:
+                keep[label] = [t.float().cpu() for t in flat(forward()) if t.is_floating_point()]
+        finally:
+            hook.remove()
+        keep[label + "_backbone"] = [t for t in feats if t.is_floating_point()]
+        found[label + "_convs"] = {k: convs.count(k) for k in ("depthwise", "transposed", "other")}
+        if patched:
+            found["left"] = [c for c in convs.seen if c["kind"] != "other"]
+    found["rel_err"], found["nonfinite_mismatch"] = rel_err(keep["patched"], keep["stock"])
+    found["backbone_rel_err"], _ = rel_err(keep["patched_backbone"], keep["stock_backbone"])
+    found["stock_nonfinite"] = sum(int((~t.isfinite()).sum()) for t in keep["stock"])
+    return found
+
+
 def bench(name: str, reps: int) -> dict[str, Any]:
     dtype, full, small = MODELS[name]
     model = build(name)
@@ -323,41 +371,39 @@ def bench(name: str, reps: int) -> dict[str, Any]:
         with torch.inference_mode():
             return model(**{key: x})
 
-    use(routes, False)
-    stock_convs = Convs()
-    with stock_convs:
-        stock = [t.float().cpu() for t in flat(forward()) if t.is_floating_point()]
-    use(routes, True)
-    patched_convs = Convs()
-    with patched_convs:
-        got = [t.float().cpu() for t in flat(forward()) if t.is_floating_point()]
-    err = max(
-        ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
-        for a, b in zip(got, stock, strict=True)
-    )
+    backbone = next((m for n, m in model.named_modules() if n.endswith("backbone")), model)
+    seen = run_both(forward, routes, backbone)
     result: dict[str, Any] = {
         "dtype": str(dtype).replace("torch.", ""),
         "input": list(x.shape),
         "routes": sorted(f"{m.__name__.rsplit('.', 1)[1]}.{a}" for m, a in routes),
-        "rel_err": err,
-        "stock_convs": {k: stock_convs.count(k) for k in ("depthwise", "transposed", "other")},
-        "patched_convs": {k: patched_convs.count(k) for k in ("depthwise", "transposed", "other")},
-        "left": [s for s in patched_convs.seen if s["kind"] != "other"],
+        **seen,
     }
+    if dtype != torch.float32:
+        # Random weights overflow fp16 in deep stacks: fp32 is where the outputs say most.
+        model.float()
+        x = x.float()
+        result["fp32"] = run_both(forward, routes, backbone)
+        model.to(dtype)
+        x = x.to(dtype)
     if reps:
         for patched in (False, True, False, True):  # warm both: compiles, autotune, cuDNN
             use(routes, patched)
             timed(forward, 3)
         stock_ms: list[float] = []
         patched_ms: list[float] = []
+        stock_cpu: list[float] = []
+        patched_cpu: list[float] = []
         for _ in range(reps):  # interleaved, so drift hits both alike
             use(routes, False)
-            stock_ms += timed(forward, 1)
+            stock_ms += timed(forward, 1, stock_cpu)
             use(routes, True)
-            patched_ms += timed(forward, 1)
+            patched_ms += timed(forward, 1, patched_cpu)
         s, p = statistics.median(stock_ms), statistics.median(patched_ms)
         result.update(stock_ms=s, patched_ms=p, ratio=p / s,
-                      stock_min_ms=min(stock_ms), patched_min_ms=min(patched_ms))  # fmt: skip
+                      stock_min_ms=min(stock_ms), patched_min_ms=min(patched_ms),
+                      stock_host_ms=statistics.median(stock_cpu),
+                      patched_host_ms=statistics.median(patched_cpu))  # fmt: skip
     # On a CPU the routed forward runs in Triton's interpreter, which the profiler makes a
     # hundred times slower: there the profiler reads a stock forward, which tries its parsing.
     use(routes, DEVICE == "cuda")
