@@ -162,6 +162,11 @@ def build(name: str) -> torch.nn.Module:
         if SMALL:  # a 64x64 page has fewer anchors than the default 300 queries
             config.num_queries = 16
         model: torch.nn.Module = PPDocLayoutV2ForObjectDetection(config)
+        # transformers' init (std 0.02) shrinks the backbone's activations tenfold a layer, to
+        # 1e-20 at the last stage, where any conv would match: He init keeps them near 1.
+        for m in model.model.backbone.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
     else:
         base, arch, formula = _mineru()
         if name == "det":
