@@ -2,11 +2,11 @@
 DB head's kernel == stride transposed convs.
 
 MinerU 2.7-3.x keeps the package at ``mineru/model/utils/pytorchocr/``, 4.0.x at
-``mineru/model/_internal/pytorchocr/``; the four files have the same shapes in both (read from
-the wheels up to 4.0.12; ``rec_lcnetv4.py`` and RepLKFPN arrived with PP-OCRv6 in 3.x, and
-before it the DB head has only the older ``Head``). One patch per file and layout; a layout
-the installed MinerU does not have reads ``not-needed``. MinerU 2.x runs these files in torch
-always; 3.0+ only as described below.
+``mineru/model/_internal/pytorchocr/``; the five files have the same shapes in both (read
+from the wheels up to 4.0.12; ``rec_lcnetv4.py``, RepLKFPN and LightSVTR arrived with
+PP-OCRv6 in 3.x, and before it the DB head has only the older ``Head``). One patch per file
+and layout; a layout the installed MinerU does not have reads ``not-needed``. MinerU 2.x runs
+these files in torch always; 3.0+ only as described below.
 
 - ``backbones/rec_lcnetv4.py``: ``PPLCNetV4ConvLayer`` (conv → BatchNorm → activation;
   depthwise for the stride-2 token convs) and ``PPLCNetV4DepthwiseSeparableConvLayer``'s bare
@@ -17,6 +17,9 @@ always; 3.0+ only as described below.
   encoder (PPHGNetV2_B6) and PP-OCRv5 server's backbone.
 - ``necks/db_fpn.py``: ``RepLKFPNDepthwiseSeparableConvLayer``'s large-kernel depthwise conv:
   PP-OCRv6 det's neck.
+- ``necks/rnn.py``: ``LightSVTRConvLayer`` (conv → BatchNorm → SiLU), whose one depthwise
+  instance is ``EncoderWithLightSVTR``'s 1x7 local mixer: PP-OCRv6 rec's neck (the dense
+  instances keep the stock call: the guard routes groups > 1 only).
 - ``heads/det_db_head.py``: the DB head's ``nn.ConvTranspose2d`` with kernel 2, stride 2
   (PP-OCRv6's ``PPOCRV6DBConvBatchnormLayer`` and ``conv_final``; the older ``Head``'s
   ``conv2``/``conv3``), routed to the ``conv-transpose`` op's GEMM and pixel shuffle.
@@ -78,6 +81,14 @@ FILES = (
         "large-kernel depthwise convs; MIOpen has no fast depthwise path here",
     ),
     (
+        "lightsvtr",
+        "necks/rnn.py",
+        DEPTHWISE,
+        (Site("LightSVTRConvLayer", "convolution", "normalization", "activation"),),
+        "PP-OCRv6 rec neck (LightSVTR): OCR, every tier",
+        "a 1x7 depthwise conv; MIOpen has no fast depthwise path here",
+    ),
+    (
         "db-head",
         "heads/det_db_head.py",
         TRANSPOSE,
@@ -117,7 +128,7 @@ def _patch(
         path=path,
         classify=partial(_conv_sites.classify, router),
         transform=partial(_conv_sites.transform, router),
-        # One wording for the package's four files, so that status and apply group them.
+        # One wording for the package's five files, so that status and apply group them.
         missing_reason=f"mineru {{version}} has no {package}/ (MinerU {releases} has it)",
         op=op(op_name),
         kernel_module=kernels,

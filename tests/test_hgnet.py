@@ -35,6 +35,9 @@ GOLDEN_CASES = [
     ("hgnet_absent", "transformers-hgnet-v2", FIXED, "has no HGNetV2ConvLayer"),
     ("hgnet_hand_edit", "transformers-hgnet-v2", UNKNOWN, "not from rocmfix"),
     ("ocr_lcnet", "mineru-ocr-lcnetv4", NEEDS, "PPLCNetV4DepthwiseSeparableConvLayer"),
+    ("ocr_lightsvtr", "mineru-ocr-lightsvtr", NEEDS, "LightSVTRConvLayer: a 1x7 depthwise"),
+    ("ocr_lightsvtr", "mineru-utils-ocr-lightsvtr", NEEDS, "LightSVTRConvLayer"),
+    ("ocr_lcnet", "mineru-ocr-lightsvtr", FIXED, "has no LightSVTRConvLayer"),
     ("ocr_db_head", "mineru-ocr-db-head", NEEDS, "DBHead, Head: 2x2 stride-2"),
     ("ocr_db_head", "mineru-utils-ocr-db-head", NEEDS, "transposed"),
 ]
@@ -138,7 +141,24 @@ def models():
     config.num_queries = 16
     torch.manual_seed(0)
     model = PPDocLayoutV2ForObjectDetection(config)
-    yield "layout", model, {"pixel_values": torch.randn(1, 3, 64, 64)}
+    # transformers' init (std 0.02) shrinks the backbone's activations tenfold a layer, to
+    # 1e-20 at the last stage: the head then sees nothing and any conv would match. He init
+    # keeps them near 1, and the backbone's feature maps are compared, not only the head's.
+    for m in model.model.backbone.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+    yield "layout", WithBackbone(model), {"pixel_values": torch.randn(1, 3, 64, 64)}
+
+
+class WithBackbone(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.feats = model, []
+        model.model.backbone.register_forward_hook(lambda _m, _a, out: self.feats.append(out))
+
+    def forward(self, **inputs):
+        self.feats.clear()
+        return [self.model(**inputs), list(self.feats)]
 
 
 compare(models())

@@ -7,9 +7,9 @@ PP-OCRv6 det tiny and rec small (``BaseModel``) and the PP-FormulaNet_plus-M enc
 process then imports the patched files with their GPU guard read as true, so CPU inputs take
 the routed branch: the depthwise convs run the Triton kernel in the interpreter
 (``TRITON_INTERPRET=1``), the transposed convs the GEMM and pixel shuffle. Outputs equal the
-stock ones (fp32), and no depthwise or transposed ``aten::convolution`` is left in the routed
-forward (counted where the layers call ``F.conv2d``/``F.conv_transpose2d``: 17 + 2, 14 and 57
-in the stock forwards; torch.profiler would make the interpreter a hundred times slower).
+stock ones (fp32), and no depthwise or transposed ``aten.convolution`` is left in the routed
+forward, by what runs: a TorchDispatchMode records every ``aten.convolution`` (17 + 2, 14 and
+57 in the stock forwards; torch.profiler would make the interpreter a hundred times slower).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _releases() -> list[str]:
 def test_every_mineru_3_and_4_release() -> None:
     """Each file a release has is recognised (needs the patch, or has no such layer yet) and
     rewritten into code that compiles and reads as rocmfix's own; 3.4.x and 4.0.x need all
-    four."""
+    five."""
     patches = ocr_patches()
     needs: dict[str, set[str]] = {}
     for version in _releases():
@@ -110,7 +110,7 @@ def test_apply_and_revert_through_the_cli(tmp_path: Path, version: str) -> None:
     before = files_under(env.site)
     result = env.cli("apply", *only_ocr(prefix))
     assert result.returncode == 0, result.stderr
-    for name in ("lcnetv4", "hgnetv2", "replkfpn", "db-head"):
+    for name in ("lcnetv4", "hgnetv2", "replkfpn", "lightsvtr", "db-head"):
         assert f"{prefix}{name}: applied" in result.stderr, result.stderr
     package = NEW if version.startswith("4") else OLD
     assert (env.site / package / "modeling/rocmfix_depthwise_conv.py").is_file()
@@ -176,34 +176,41 @@ if mode == "patched":
     warnings.simplefilter("error")  # a kernel that falls back to the stock op warns
 
 
-class Spy:
-    # Counts the convs the model leaves to torch, where the modules call them. (A dispatch
-    # mode or the profiler would see aten::convolution itself, but either makes Triton's
-    # interpreter a hundred times slower.)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class Spy(TorchDispatchMode):
+    # Every aten.convolution that actually runs, as the dispatcher sees it (whoever called it:
+    # a module, F.conv2d, a kernel's fallback), with its kind, groups, stride and kernel. The
+    # profiler would see the same ops but makes Triton's interpreter a hundred times slower.
     def __init__(self):
+        super().__init__()
         self.depthwise = self.transposed = self.other = 0
+        self.left = []
 
-    def __enter__(self):
-        F = torch.nn.functional
-        self.saved = F.conv2d, F.conv_transpose2d
-
-        def conv2d(x, w, *args, **kwargs):
-            groups = args[4] if len(args) > 4 else kwargs.get("groups", 1)
-            if groups > 1 and groups == x.shape[1] and w.shape[1] == 1:
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        # Under inference_mode a mode sees aten.conv2d itself, elsewhere aten.convolution: each
+        # conv once either way.
+        if name in ("convolution", "_convolution"):
+            conv = args[0], args[1], args[3], args[6], args[8]
+        elif name in ("conv2d", "conv_transpose2d"):
+            get = lambda i, k, d: args[i] if len(args) > i else (kwargs or {}).get(k, d)
+            conv = args[0], args[1], get(3, "stride", [1]), name != "conv2d", get(6, "groups", 1)
+        else:
+            conv = None
+        if conv is not None:
+            x, w, stride, transposed, groups = conv
+            kernel = list(w.shape[2:])
+            if transposed:
+                self.transposed += 1
+                self.left.append(["transposed", kernel, list(stride), groups])
+            elif groups > 1 and groups == x.shape[1] and w.shape[1] == 1:
                 self.depthwise += 1
+                self.left.append(["depthwise", kernel, list(stride), groups])
             else:
                 self.other += 1
-            return self.saved[0](x, w, *args, **kwargs)
-
-        def conv_transpose2d(*args, **kwargs):
-            self.transposed += 1
-            return self.saved[1](*args, **kwargs)
-
-        F.conv2d, F.conv_transpose2d = conv2d, conv_transpose2d
-        return self
-
-    def __exit__(self, *exc):
-        torch.nn.functional.conv2d, torch.nn.functional.conv_transpose2d = self.saved
+        return func(*args, **(kwargs or {}))
 
 
 def flat(out):
@@ -236,6 +243,8 @@ def compare(models):
             torch.cuda.synchronize()
         path = os.path.join(store, name + ".pt")
         entry = {"depthwise": spy.depthwise, "transposed": spy.transposed, "other": spy.other}
+        if mode == "patched":
+            entry["left"] = spy.left
         if mode == "stock":
             torch.save(outs, path)
         else:
@@ -318,11 +327,9 @@ def run_model(
     return report
 
 
-# Depthwise and transposed convs per stock forward, as MinerU runs the models (the issue's
-# counts), and the depthwise convs the routed forward leaves: rec's one 1x7 is in LightSVTR's
-# ``LightSVTRConvLayer`` (``necks/rnn.py``), a file rocmfix does not patch yet.
+# Depthwise and transposed aten.convolution calls per stock forward, as MinerU runs the
+# models (the issue's counts); the routed forward must leave none of either.
 COUNTS = {"det": (17, 2), "rec": (14, 0), "formula": (57, 0)}
-LEFT = {"det": 0, "rec": 1, "formula": 0}
 
 
 # det and formula run 10-16 minutes each through Triton's interpreter on CI's two cores, past
@@ -345,6 +352,6 @@ def test_the_real_models_match_stock(tmp_path: Path, model: str) -> None:
     result = env.cli("apply", *only_ocr("mineru-ocr-"))
     assert result.returncode == 0, result.stderr
     patched = run_model(OCR, env.site, "patched", tmp_path, root, env=which)[model]
-    assert patched["depthwise"] == LEFT[model] and patched["transposed"] == 0, patched
+    assert patched["depthwise"] == patched["transposed"] == 0, patched["left"]
     assert patched["other"] == stock["other"], patched
     assert patched["err"] < 1e-4, patched
