@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from rocmfix.errors import AnchorNotFoundError
-from rocmfix.patch import Classification, Shape, TargetContext
+from rocmfix.patch import Classification, CodeShape, TargetContext
 from rocmfix.rewrite import (
     calls,
     dotted,
@@ -153,8 +153,8 @@ def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classifi
     local = router.local
     if calls(module, local):
         if module_has_marker(module):
-            return Classification(Shape.PATCHED, f"GPU inputs go through {router.entry}")
-        return Classification(Shape.UNKNOWN, f"{local} is there, but not from rocmfix")
+            return Classification(CodeShape.PATCHED, f"GPU inputs go through {router.entry}")
+        return Classification(CodeShape.UNKNOWN, f"{local} is there, but not from rocmfix")
     present = []
     for site in router.sites:
         cls = find_class(module, site.cls)
@@ -163,7 +163,7 @@ def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classifi
         method = find_method(cls, site.method)
         if method is None or _count_runs(method, site) == 0:
             return Classification(
-                Shape.UNKNOWN,
+                CodeShape.UNKNOWN,
                 f"{site.cls}.{site.method} does not run {site.label.split('(')[1][:-1]} "
                 "as rocmfix knows it",
             )
@@ -171,8 +171,8 @@ def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classifi
             present.append(site.cls)
     if not present:
         names = ", ".join(sorted({s.cls for s in router.sites}))
-        return Classification(Shape.FIXED_UPSTREAM, f"this version has no {names}")
-    return Classification(Shape.NEEDS_PATCH, f"{', '.join(present)}: {router.needs}")
+        return Classification(CodeShape.FIXED_UPSTREAM, f"this version has no {names}")
+    return Classification(CodeShape.NEEDS_PATCH, f"{', '.join(present)}: {router.needs}")
 
 
 def _guarded(

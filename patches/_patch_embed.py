@@ -17,7 +17,7 @@ import libcst as cst
 
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.ops import PATCH_EMBED
-from rocmfix.patch import Classification, MinerUUse, Patch, Shape, TargetContext
+from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
 from rocmfix.rewrite import (
     call_name,
     calls,
@@ -115,51 +115,53 @@ def classify(
 ) -> Classification:
     cls = find_class(module, class_name)
     if cls is None:
-        return Classification(Shape.UNKNOWN, f"no class {class_name}")
+        return Classification(CodeShape.UNKNOWN, f"no class {class_name}")
     init, forward = find_method(cls, "__init__"), find_method(cls, "forward")
     if init is None or forward is None:
-        return Classification(Shape.UNKNOWN, f"{class_name} has no __init__/forward")
+        return Classification(CodeShape.UNKNOWN, f"{class_name} has no __init__/forward")
     ours = calls(forward, FUNCTION)
     proj_calls = [c for c in nodes(forward, cst.Call) if call_name(c) == "self.proj"]
     if ours and not proj_calls:
         if module_has_marker(module):
-            return Classification(Shape.PATCHED, f"{FUNCTION} replaces the Conv3d")
+            return Classification(CodeShape.PATCHED, f"{FUNCTION} replaces the Conv3d")
         return Classification(
-            Shape.UNKNOWN, f"{FUNCTION} was put in by hand (the forum recipe, not rocmfix)"
+            CodeShape.UNKNOWN, f"{FUNCTION} was put in by hand (the forum recipe, not rocmfix)"
         )
     constructor = _proj_constructor(init)
     kind = call_name(constructor) or ""
     if kind.endswith("Linear"):
         return Classification(
-            Shape.FIXED_UPSTREAM, f"{class_name}.proj is a {kind} already: a GEMM upstream"
+            CodeShape.FIXED_UPSTREAM, f"{class_name}.proj is a {kind} already: a GEMM upstream"
         )
     if constructor is None or not (kind.endswith("Conv3d") or kind.endswith("Conv3dLayer")):
-        return Classification(Shape.UNKNOWN, f"{class_name}.proj is not a Conv3d ({kind or '?'})")
+        return Classification(
+            CodeShape.UNKNOWN, f"{class_name}.proj is not a Conv3d ({kind or '?'})"
+        )
     kernel, stride, padding = _conv_args(constructor)
     if (
         kernel is None
         or stride is None
         or module.code_for_node(kernel) != module.code_for_node(stride)
     ):
-        return Classification(Shape.UNKNOWN, "the Conv3d's stride is not its kernel size")
+        return Classification(CodeShape.UNKNOWN, "the Conv3d's stride is not its kernel size")
     if padding is not None and module.code_for_node(padding) not in ("0", "(0, 0, 0)"):
-        return Classification(Shape.UNKNOWN, "the Conv3d is padded: not a plain patch GEMM")
+        return Classification(CodeShape.UNKNOWN, "the Conv3d is padded: not a plain patch GEMM")
     if len(proj_calls) != 1 or len(proj_calls[0].args) != 1:
         return Classification(
-            Shape.UNKNOWN, f"forward calls self.proj {len(proj_calls)} times, not once on x"
+            CodeShape.UNKNOWN, f"forward calls self.proj {len(proj_calls)} times, not once on x"
         )
     if not _on_viewed_patches(forward, proj_calls[0]):
         return Classification(
-            Shape.UNKNOWN,
+            CodeShape.UNKNOWN,
             "forward does not run self.proj on patches viewed as [L, C, T, P, P] and back to "
             "[L, N]: not a plain patch GEMM",
         )
     if kind.endswith("Conv3dLayer"):
         if layer is None:
-            return Classification(Shape.UNKNOWN, f"{kind} outside vllm")
+            return Classification(CodeShape.UNKNOWN, f"{kind} outside vllm")
         return layer(ctx, family)
     return Classification(
-        Shape.NEEDS_PATCH,
+        CodeShape.NEEDS_PATCH,
         f"{family}: nn.Conv3d patch embed; MIOpen has no fast kernel for it (~12 s a call)",
     )
 

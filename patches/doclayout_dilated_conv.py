@@ -15,7 +15,7 @@ import libcst as cst
 
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.ops import DILATED_CONV
-from rocmfix.patch import Classification, MinerUUse, Patch, Shape, TargetContext
+from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
 from rocmfix.rewrite import (
     calls,
     dotted,
@@ -76,19 +76,19 @@ def classify(module: cst.Module, ctx: TargetContext) -> Classification:
     cls = find_class(module, CLASS)
     method = find_method(cls, METHOD) if cls is not None else None
     if method is None:
-        return Classification(Shape.UNKNOWN, f"no {CLASS}.{METHOD}")
+        return Classification(CodeShape.UNKNOWN, f"no {CLASS}.{METHOD}")
     if calls(method, LOCAL):
         if module_has_marker(module):
-            return Classification(Shape.PATCHED, "GPU inputs bypass the dilated F.conv2d")
-        return Classification(Shape.UNKNOWN, f"{LOCAL} is there, but not from rocmfix")
+            return Classification(CodeShape.PATCHED, "GPU inputs bypass the dilated F.conv2d")
+        return Classification(CodeShape.UNKNOWN, f"{LOCAL} is there, but not from rocmfix")
     if _conv_call(method) is None:
         return Classification(
-            Shape.UNKNOWN,
+            CodeShape.UNKNOWN,
             f"{METHOD} has no single F.conv2d(..., padding=, dilation=) call "
             "(a hand edit such as the forum's Triton hook?)",
         )
     return Classification(
-        Shape.NEEDS_PATCH,
+        CodeShape.NEEDS_PATCH,
         "weight-shared dilated convs; MIOpen falls back to a naive kernel for dilation > 1",
     )
 

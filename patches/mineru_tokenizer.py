@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from rocmfix.errors import AnchorNotFoundError
-from rocmfix.patch import Classification, MinerUUse, Patch, Shape, TargetContext
+from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
 from rocmfix.rewrite import call_name, dotted, has_marker, marker_line
 
 _METHOD = "get_lora_tokenizer"
@@ -157,33 +157,33 @@ def classify(module: cst.Module, ctx: TargetContext) -> Classification:
     module.visit(finder)
     calls = finder.calls
     if not calls:
-        return Classification(Shape.FIXED_UPSTREAM, "never calls get_lora_tokenizer()")
+        return Classification(CodeShape.FIXED_UPSTREAM, "never calls get_lora_tokenizer()")
     guards = {call.guard for call in calls}
     if guards == {"ours"}:
-        return Classification(Shape.PATCHED, "rocmfix's try/except guard is in place")
+        return Classification(CodeShape.PATCHED, "rocmfix's try/except guard is in place")
     if guards <= {"hasattr", "try", "ours"}:
         how = (
             "guards the call with hasattr() (upstream fix, mineru-vl-utils 0.1.14+)"
             if "hasattr" in guards
             else "already guards the call with try/except AttributeError (a hand edit)"
         )
-        return Classification(Shape.FIXED_UPSTREAM, how)
+        return Classification(CodeShape.FIXED_UPSTREAM, how)
     if all(call.statement for call in calls if call.guard == "none"):
         defined = _vllm_has_method(ctx)
         if defined is not None:
             return Classification(
-                Shape.FIXED_UPSTREAM,
+                CodeShape.FIXED_UPSTREAM,
                 f"calls tokenizer.get_lora_tokenizer() unguarded, which vllm "
                 f"{ctx.versions.get('vllm')} still defines ({defined}): harmless here; "
                 "vllm >= 0.11 would crash it",
             )
         return Classification(
-            Shape.NEEDS_PATCH,
+            CodeShape.NEEDS_PATCH,
             "calls tokenizer.get_lora_tokenizer() unguarded; vllm >= 0.11 raises AttributeError",
             _vllm_note(ctx),
         )
     return Classification(
-        Shape.UNKNOWN, "calls get_lora_tokenizer() in a form rocmfix does not know"
+        CodeShape.UNKNOWN, "calls get_lora_tokenizer() in a form rocmfix does not know"
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rocmfix.patch import Classification, MinerUUse, Patch, Shape, TargetContext
+from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
 from rocmfix.rewrite import call_name, find_class, find_method, nodes
 
 from ._patch_embed import OTHER_MODELS, patch_embed_patch
@@ -28,21 +28,21 @@ def conv3d_layer(ctx: TargetContext, family: str) -> Classification:
     reaches ``self._forward_mulmat``."""
     source = ctx.related.get(CONV_PY)
     if source is None:
-        return Classification(Shape.UNKNOWN, f"Conv3dLayer without {CONV_PY} to read")
+        return Classification(CodeShape.UNKNOWN, f"Conv3dLayer without {CONV_PY} to read")
     try:
         module = cst.parse_module(source)
     except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError):
-        return Classification(Shape.UNKNOWN, f"{CONV_PY} does not parse")
+        return Classification(CodeShape.UNKNOWN, f"{CONV_PY} does not parse")
     cls = find_class(module, "Conv3dLayer")
     forward = find_method(cls, "forward_cuda") if cls is not None else None
     if forward is None or not any(
         call_name(c) == "self._forward_mulmat" for c in nodes(forward, cst.Call)
     ):
         return Classification(
-            Shape.UNKNOWN, "Conv3dLayer.forward_cuda does not run _forward_mulmat"
+            CodeShape.UNKNOWN, "Conv3dLayer.forward_cuda does not run _forward_mulmat"
         )
     return Classification(
-        Shape.FIXED_UPSTREAM,
+        CodeShape.FIXED_UPSTREAM,
         f"{family}: Conv3dLayer runs unfold + F.linear (a GEMM) when kernel == stride, "
         "HIP included",
     )

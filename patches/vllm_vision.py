@@ -8,7 +8,7 @@ that gate is read from the file (:mod:`._vllm_conv_gate`), never from vllm's ver
 
 from __future__ import annotations
 
-from rocmfix.patch import Classification, MinerUUse, Patch, Shape, TargetContext
+from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
 
 from ._patch_embed import OTHER_MODELS, patch_embed_patch
 from ._vllm_conv_gate import CONV_PY, read_gate
@@ -36,7 +36,7 @@ def conv3d_layer(ctx: TargetContext, family: str) -> Classification:
     )
     if admits:
         return Classification(
-            Shape.FIXED_UPSTREAM,
+            CodeShape.FIXED_UPSTREAM,
             f"Conv3dLayer runs a matmul in every mode with torch {torch}: conv.py's eager "
             f"gate admits {gate.describe()}",
             notes,
@@ -48,7 +48,7 @@ def conv3d_layer(ctx: TargetContext, family: str) -> Classification:
     else:
         why = f"unless {gate.describe()} admits torch {torch}, which rocmfix cannot tell"
     return Classification(
-        Shape.NEEDS_PATCH,
+        CodeShape.NEEDS_PATCH,
         f"{family}: Conv3dLayer calls F.conv3d in eager mode {why}; the patch makes it a GEMM "
         "in every mode",
         notes,

@@ -19,7 +19,7 @@ from .ops import Op, Scheme
 from .rewrite import focused, parse
 
 
-class Shape(enum.Enum):
+class CodeShape(enum.Enum):
     """What a patch recognises in a target file's code."""
 
     NEEDS_PATCH = "needs-patch"
@@ -30,7 +30,7 @@ class Shape(enum.Enum):
 
 @dataclass(frozen=True)
 class Classification:
-    shape: Shape
+    shape: CodeShape
     reason: str
     notes: tuple[str, ...] = ()
 

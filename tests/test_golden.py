@@ -21,7 +21,7 @@ import pytest
 
 from rocmfix._resources import patches_package
 from rocmfix.errors import AnchorNotFoundError
-from rocmfix.patch import Patch, Shape, TargetContext, TorchInfo
+from rocmfix.patch import CodeShape, Patch, TargetContext, TorchInfo
 from rocmfix.registry import all_patches
 from rocmfix.rewrite import MARKER
 
@@ -54,7 +54,7 @@ def _rocm(version: str) -> TorchInfo:
 class Case:
     source: str
     patch: str
-    shape: Shape
+    shape: CodeShape
     says: str
     torch: TorchInfo | None = None
     related: Mapping[str, bytes | None] = field(default_factory=dict)
@@ -69,7 +69,7 @@ class Case:
         return f"{self.patch}:{self.source}{torch}{gate}"
 
 
-NEEDS, FIXED, UNKNOWN = Shape.NEEDS_PATCH, Shape.FIXED_UPSTREAM, Shape.UNKNOWN
+NEEDS, FIXED, UNKNOWN = CodeShape.NEEDS_PATCH, CodeShape.FIXED_UPSTREAM, CodeShape.UNKNOWN
 QWEN2 = "vllm-qwen2-vl"
 
 CASES = [
@@ -156,7 +156,7 @@ def test_rewrite(patch_id: str, source: str) -> None:
     compile(after, str(golden), "exec")
     ctx = TargetContext(version="0", versions={}, torch=None, related=_gate("never"))
     again = patch.classify(cst.parse_module(after), ctx)
-    assert again.shape is Shape.PATCHED, again
+    assert again.shape is CodeShape.PATCHED, again
     assert patch.classify(patch.parse(after), ctx) == again
     # Nothing left to rewrite: a second pass refuses instead of patching twice.
     with pytest.raises(AnchorNotFoundError):

@@ -11,7 +11,7 @@ import libcst as cst
 import pytest
 from packaging.version import Version
 
-from rocmfix.patch import Patch, Shape, TargetContext, TorchInfo
+from rocmfix.patch import CodeShape, Patch, TargetContext, TorchInfo
 from rocmfix.registry import all_patches
 from rocmfix.rewrite import MARKER
 
@@ -22,7 +22,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 HGNET = "transformers/models/hgnet_v2/modeling_hgnet_v2.py"
 FIRST = "4.52.1"  # the first release on PyPI with hgnet_v2 (4.52.0 has no wheel there)
 CTX = TargetContext(version="0", versions={}, torch=TorchInfo("2.9.1", "7.2.0", None))
-NEEDS, FIXED, UNKNOWN = Shape.NEEDS_PATCH, Shape.FIXED_UPSTREAM, Shape.UNKNOWN
+NEEDS, FIXED, UNKNOWN = CodeShape.NEEDS_PATCH, CodeShape.FIXED_UPSTREAM, CodeShape.UNKNOWN
 
 
 def patch(patch_id: str) -> Patch:
@@ -44,7 +44,7 @@ GOLDEN_CASES = [
 
 
 @pytest.mark.parametrize(("source", "patch_id", "shape", "says"), GOLDEN_CASES)
-def test_golden(source: str, patch_id: str, shape: Shape, says: str) -> None:
+def test_golden(source: str, patch_id: str, shape: CodeShape, says: str) -> None:
     p = patch(patch_id)
     data = (GOLDEN / f"{source}.py").read_bytes()
     found = p.classify(p.parse(data), CTX)
@@ -60,7 +60,7 @@ def test_golden(source: str, patch_id: str, shape: Shape, says: str) -> None:
     assert MARKER in patched
     compile(patched, source, "exec")
     again = p.classify(p.parse(patched.encode()), CTX)
-    assert again.shape is Shape.PATCHED, again
+    assert again.shape is CodeShape.PATCHED, again
     with pytest.raises(Exception, match="already called"):
         p.transform(cst.parse_module(patched))
 
@@ -97,7 +97,7 @@ def test_every_release_with_hgnet_needs_it() -> None:
         assert found.shape is NEEDS, (version, found)
         patched = p.transform(cst.parse_module(data)).code
         compile(patched, f"{version}/{HGNET}", "exec")
-        assert p.classify(p.parse(patched.encode()), CTX).shape is Shape.PATCHED
+        assert p.classify(p.parse(patched.encode()), CTX).shape is CodeShape.PATCHED
         seen.add(version)
     assert {FIRST, releases.PINNED["transformers"]} <= seen
 

@@ -27,7 +27,7 @@ def test_every_unguarded_release_is_rewritten_and_compiles() -> None:
     round trip through the CLI below runs on a spread of them, the compat sample on more)."""
     import libcst as cst
 
-    from rocmfix.patch import Shape, TargetContext
+    from rocmfix.patch import CodeShape, TargetContext
     from rocmfix.registry import all_patches
 
     patch = next(p for p in all_patches() if p.id == PATCH)
@@ -37,11 +37,11 @@ def test_every_unguarded_release_is_rewritten_and_compiles() -> None:
         source = releases.wheel_members("mineru-vl-utils", version, [MINERU_TARGET])[MINERU_TARGET]
         assert source is not None, version
         distinct.add(source)
-        assert patch.classify(patch.parse(source), ctx).shape is Shape.NEEDS_PATCH, version
+        assert patch.classify(patch.parse(source), ctx).shape is CodeShape.NEEDS_PATCH, version
         after = patch.transform(cst.parse_module(source)).bytes
         compile(after, MINERU_TARGET, "exec")
         assert b"except AttributeError:" in after, version
-        assert patch.classify(patch.parse(after), ctx).shape is Shape.PATCHED, version
+        assert patch.classify(patch.parse(after), ctx).shape is CodeShape.PATCHED, version
     assert len(distinct) > 1  # the releases differ: reading one would not stand for all
 
 

@@ -25,7 +25,7 @@ import libcst as cst
 import pytest
 from packaging.version import Version
 
-from rocmfix.patch import Patch, Shape, TargetContext, TorchInfo
+from rocmfix.patch import CodeShape, Patch, TargetContext, TorchInfo
 from rocmfix.registry import all_patches
 
 import releases
@@ -65,12 +65,16 @@ def test_every_mineru_3_and_4_release() -> None:
             if data is None:
                 continue
             found = p.classify(p.parse(data), CTX)
-            assert found.shape in (Shape.NEEDS_PATCH, Shape.FIXED_UPSTREAM), (version, p.id, found)
-            if found.shape is Shape.FIXED_UPSTREAM:
+            assert found.shape in (CodeShape.NEEDS_PATCH, CodeShape.FIXED_UPSTREAM), (
+                version,
+                p.id,
+                found,
+            )
+            if found.shape is CodeShape.FIXED_UPSTREAM:
                 continue
             patched = p.transform(cst.parse_module(data)).code
             compile(patched, f"{version}/{p.path}", "exec")
-            assert p.classify(p.parse(patched.encode()), CTX).shape is Shape.PATCHED
+            assert p.classify(p.parse(patched.encode()), CTX).shape is CodeShape.PATCHED
             needs.setdefault(version, set()).add(p.id)
     assert needs["3.4.5"] == {p.id for p in patches if p.id.startswith("mineru-utils-ocr-")}
     assert needs[releases.PINNED["mineru"]] == {

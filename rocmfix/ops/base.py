@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from rocmfix.guest.protocol import GridSpec, OpSpec, ShapePair
 
-Shape = Mapping[str, Any]
+TensorShape = Mapping[str, Any]
 Config = Mapping[str, Any]
 
 # Short names of the dtypes the shapes use, for tables.
@@ -93,8 +93,8 @@ class Case:
     interpreter."""
 
     id: str
-    gpu: Shape
-    cpu: Shape
+    gpu: TensorShape
+    cpu: TensorShape
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,8 @@ class TuneTarget:
     """One entry ``tune`` searches: a kernel at one of MinerU's shapes."""
 
     id: str
-    gpu: Shape
-    cpu: Shape
+    gpu: TensorShape
+    cpu: TensorShape
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class Op:
     # The module under rocmfix.guest.harness that builds this op's inputs and calls it.
     harness: str
     # How a table row or a progress line names one of this op's shapes.
-    label: Callable[[Shape], str]
+    label: Callable[[TensorShape], str]
     # The function of every scheme's template that the patched code calls.
     function: str = ""
     # The environment variable its kernel templates read a config override from (each

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import DTYPES, Case, Op, Scheme, Shape
+from .base import DTYPES, Case, Op, Scheme, TensorShape
 
 
 def shape(cin: int, cout: int, h: int, w: int, *, k: int = 2, n: int = 1,
@@ -26,7 +26,7 @@ def _case(gpu: dict[str, Any], small: tuple[int, int, int, int]) -> Case:
     )
 
 
-def label(s: Shape) -> str:
+def label(s: TensorShape) -> str:
     k = f"{s['k']}x{s['k']}/{s['k']}"
     return f"{s['cin']}→{s['cout']}ch {k} {s['h']}x{s['w']} {DTYPES.get(s['dtype'], s['dtype'])}"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import DTYPES, TRITON_SUPPORT, Case, GridGroup, Op, Scheme, Shape, TuneTarget
+from .base import DTYPES, TRITON_SUPPORT, Case, GridGroup, Op, Scheme, TensorShape, TuneTarget
 
 
 def shape(
@@ -20,7 +20,7 @@ def shape(
     return {"n": n, "c": c, "kh": kh, "kw": kw, "s": s, "h": h, "w": w, "dtype": dtype, "act": act}
 
 
-def _id(s: Shape) -> str:
+def _id(s: TensorShape) -> str:
     k = f"k{s['kh']}" if s["kh"] == s["kw"] else f"k{s['kh']}x{s['kw']}"
     stride = f"-s{s['s']}" if s["s"] != 1 else ""
     batch = f"-b{s['n']}" if s["n"] != 1 else ""
@@ -117,7 +117,7 @@ GRID = (
 )
 
 
-def label(s: Shape) -> str:
+def label(s: TensorShape) -> str:
     k = f"{s['kh']}x{s['kw']}"
     stride = f" s{s['s']}" if s["s"] != 1 else ""
     batch = f" b{s['n']}" if s["n"] != 1 else ""

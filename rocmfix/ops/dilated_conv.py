@@ -14,7 +14,7 @@ from .base import (
     GridGroup,
     Op,
     Scheme,
-    Shape,
+    TensorShape,
     TuneTarget,
     tile,
 )
@@ -89,7 +89,7 @@ GRID = (
 )
 
 
-def label(s: Shape) -> str:
+def label(s: TensorShape) -> str:
     dilation = f"d={s['d']}" if "d" in s else "d=" + ",".join(map(str, s["dilations"]))
     size = f"{s['h']}x{s['w']}"
     return f"{s['c']}ch {s['k']}x{s['k']} {dilation} {size} {DTYPES.get(s['dtype'], s['dtype'])}"

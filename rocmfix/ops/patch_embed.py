@@ -12,7 +12,7 @@ from .base import (
     GridGroup,
     Op,
     Scheme,
-    Shape,
+    TensorShape,
     TuneTarget,
     tile,
 )
@@ -103,7 +103,7 @@ GRID = (
 )
 
 
-def label(s: Shape) -> str:
+def label(s: TensorShape) -> str:
     k = s["c"] * s["t"] * s["p"] * s["p"]
     return f"{s['m']}x{k}→{s['n']} {DTYPES.get(s['dtype'], s['dtype'])}"
 

@@ -21,7 +21,7 @@ from rocmfix.checks import has_triton
 from rocmfix.environment import Distribution, Environment, compile_errors
 from rocmfix.errors import AnchorNotFoundError, RefusedError
 from rocmfix.manifest import DroppedFile, Manifest, ManifestEntry, now
-from rocmfix.patch import Patch, Shape
+from rocmfix.patch import CodeShape, Patch
 from rocmfix.results import Action, ChangeKind, FileChange, Outcome, PatchStatus, Pristine, Verdict
 from rocmfix.state import StateDir
 from rocmfix.write.verdicts import context, inspect
@@ -64,7 +64,7 @@ def rewrite(env: Environment, patch: Patch, original: bytes, dist: Distribution)
         raise AnchorNotFoundError(f"cannot rewrite {patch.path}: the rewrite changed nothing")
     # Read back the way status reads it (only the focus class, where the patch has one).
     again = patch.classify(patch.parse(result), context(env, patch, dist))
-    if again.shape is not Shape.PATCHED:
+    if again.shape is not CodeShape.PATCHED:
         raise AnchorNotFoundError(
             f"the rewrite of {patch.path} is not recognised as rocmfix's own ({again.reason})"
         )

@@ -25,7 +25,7 @@ from rocmfix.environment import Distribution, Environment
 from rocmfix.errors import ManifestError
 from rocmfix.manifest import Manifest, ManifestEntry, Pending
 from rocmfix.mineru import onnx_note, runs_onnx
-from rocmfix.patch import Patch, Shape, TargetContext
+from rocmfix.patch import CodeShape, Patch, TargetContext
 from rocmfix.results import PatchStatus, Pristine, Verdict
 from rocmfix.rewrite import TooDeepError
 
@@ -355,7 +355,7 @@ class _Inspector:
             return self.done(Verdict.UNSUPPORTED, str(exc))
         found = self.patch.classify(module, context(self.env, self.patch, self.dist))
         notes = found.notes
-        if found.shape is Shape.FIXED_UPSTREAM:
+        if found.shape is CodeShape.FIXED_UPSTREAM:
             reason = found.reason
             if entry is not None:
                 reason += "; `rocmfix revert` removes what the old patch left behind"
@@ -368,9 +368,9 @@ class _Inspector:
             )
             reason = f"{how}, not by rocmfix ({found.reason})"
             return self.done(Verdict.CHANGED, reason, scheme=scheme, notes=notes)
-        if found.shape is Shape.NEEDS_PATCH:
+        if found.shape is CodeShape.NEEDS_PATCH:
             return self._needed(found.reason, notes)
-        if found.shape is Shape.PATCHED:
+        if found.shape is CodeShape.PATCHED:
             reason = "holds a rocmfix rewrite this environment's manifest does not know"
             return self.done(Verdict.CHANGED, reason, scheme=scheme, notes=notes)
         return self.done(Verdict.UNSUPPORTED, found.reason, scheme=scheme, notes=notes)
