@@ -23,5 +23,6 @@ IDS="$IDS --only mineru-ocr-replkfpn --only mineru-ocr-lightsvtr --only mineru-o
 # shellcheck disable=SC2086
 python3 -m rocmfix apply --force --scheme triton $IDS --python "$PY" 2>&1 | tail -12
 timeout "${LIMIT:-420}" python3 bench/models_gpu.py --reps "${REPS:-30}" --out "$OUT/models.json" \
+    --models "${MODELS:-layout,det,rec,formula}" \
     2>&1 | tee "$OUT/models.txt" | tail -120
 python3 -m rocmfix revert --python "$PY" 2>&1 | tail -2

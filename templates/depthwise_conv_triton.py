@@ -282,7 +282,7 @@ def _layout(x: torch.Tensor) -> tuple[Any, ...]:
 
 def _settings(layer: Any, bn: Any) -> tuple[Any, ...]:
     return (layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_mode,
-            None if bn is None else bn.eps)  # fmt: skip
+            getattr(bn, "eps", None))  # fmt: skip
 
 
 def _replay(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:

@@ -173,6 +173,36 @@ def test_unknown_activations_and_bn_run_as_modules(tri: ModuleType) -> None:
     assert seen == ["act", "act", "bn", "bn"]
 
 
+def test_a_frozen_batchnorm_without_eps_runs_after_the_kernel(tri: ModuleType) -> None:
+    """transformers' PP-DocLayoutV2 swaps its BatchNorms for a frozen one with buffers and no
+    ``eps`` attribute; the kernel runs the conv and the module after it, on the first call and
+    on the replayed ones, with no warning (the H100 run of 2026-11-25 fell back on all 27)."""
+
+    class Frozen(torch.nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            for name, fill in (("weight", 1.5), ("bias", 0.25), ("running_mean", 0.1),
+                               ("running_var", 2.0)):  # fmt: skip
+                self.register_buffer(name, torch.full((c,), fill))
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            scale = self.weight * (self.running_var + 1e-5).rsqrt()
+            shift = self.bias - self.running_mean * scale
+            return t * scale[None, :, None, None] + shift[None, :, None, None]
+
+    conv, _, act = _layer(4, (3, 3), 1, torch.float32, "relu")
+    frozen = Frozen(4).eval()
+    tri.clear_config_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            for _ in range(3):
+                x = torch.randn(1, 4, 9, 7)
+                _check(tri.depthwise_conv2d(x, conv, frozen, act), act(frozen(conv(x))),
+                       torch.float32)  # fmt: skip
+    assert any(key[1] == id(conv) for key in list(tri._plans._data)), "the kernel never ran"
+
+
 @pytest.mark.parametrize(
     "why",
     ["not-depthwise", "dilation", "groups", "grad", "cpu-no-interpreter", "padding-mode",
