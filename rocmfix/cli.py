@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -17,6 +17,7 @@ from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, RocmfixErro
 from .ops import OPS
 from .patch import Patch
 from .registry import all_patches, named, scheme_names, select
+from .render import help_hooks
 
 # Choices come from the op registry and the patch list, and --help shows them; the values are
 # checked by the engine (registry.select, registry.check_scheme, doctor.select_ops), whose
@@ -26,26 +27,7 @@ OPS_CHOICE = ", ".join(op.name for op in OPS)
 DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
 
 
-def _flags_show_no_type() -> None:
-    """typer's help shows a ``<bool>`` type beside every flag, its own --help and
-    --install-completion included, where there is no value to give; show none. This patches
-    a private attribute: a typer without it (older, newer, or another tool's) keeps its own
-    help rather than stopping rocmfix at import."""
-    option = getattr(getattr(typer, "core", None), "TyperOption", None)
-    shown = getattr(option, "display_type_rich", None)
-    if option is None or not callable(shown):
-        return
-
-    def display_type_rich(self: Any, ctx: Any) -> Any:
-        return None if getattr(self, "is_flag", False) else shown(self, ctx)
-
-    try:
-        option.display_type_rich = display_type_rich
-    except (AttributeError, TypeError):
-        return
-
-
-_flags_show_no_type()
+help_hooks.flags_show_no_type()
 
 app = typer.Typer(
     name="rocmfix",
