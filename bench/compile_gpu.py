@@ -80,28 +80,6 @@ def _ms(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _graph_ms(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
-    """Median ms per replay of each captured in a CUDA graph: GPU time alone, without the
-    host's launches (which a compiled model still makes one by one in the default mode)."""
-    import torch
-
-    if SMOKE["on"]:
-        return {k: 1.0 for k in fns}
-    graphs = {}
-    for key, fn in fns.items():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), torch.inference_mode():
-            fn()
-        graphs[key] = graph
-    return _ms({k: g.replay for k, g in graphs.items()}, reps)
-
-
 def _frames(model: Callable[..., Any], calls: list[tuple[Any, ...]], dynamic: bool | None) -> int:
     """Frames dynamo compiles for ``model`` over ``calls`` (the first included), whole-graph."""
     import torch
@@ -196,12 +174,6 @@ def _timed(
     if "stock" in times:
         row["ms_stock"] = times["stock"]
         row["ratio"] = times["patched"] / times["stock"]
-        try:
-            graphed = _graph_ms(fns, reps)
-            row["graph_ms"], row["graph_ms_stock"] = graphed["patched"], graphed["stock"]
-            row["graph_ratio"] = graphed["patched"] / graphed["stock"]
-        except Exception as exc:  # noqa: BLE001 - recorded, the row stands
-            row["graph_ratio"] = f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 def _maps(out: Any) -> Any:
