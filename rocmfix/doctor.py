@@ -45,7 +45,7 @@ class Measurement:
     timeout, crashed (the worker died in it), unavailable (cannot run here)."""
 
     impl: str
-    status: str
+    status: protocol.Status
     first_ms: float | None = None
     # Eager: back-to-back Python calls, as MinerU makes them. What doctor's advice compares.
     ms: float | None = None

@@ -33,7 +33,7 @@ DEFAULT_BUDGET_S = 300.0
 class Candidate:
     config: Mapping[str, Any]
     role: str
-    status: str
+    status: protocol.Status
     # What users get on a GPU: eager calls through the patched entry point.
     ms: float | None
     rel_err: float | None
@@ -51,7 +51,7 @@ class KernelResult:
     arch: str
     key: str
     precision: str
-    status: str
+    status: protocol.Status
     message: str | None
     method: str | None
     shipped: Candidate | None

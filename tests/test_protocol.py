@@ -206,6 +206,13 @@ MALFORMED = [
      "hello.device.count must be an integer, got a string"),
     ("a map's value", {**_hello(), "overrides": {"A": 1}},
      "hello.overrides['A'] must be a string, got a number"),
+    ("a status outside the set", {"event": "item", "id": "a/b", "status": "done"},
+     "item.status must be one of ok, failed, error, unavailable, rejected, skipped, timeout, "
+     "crashed, missing, got 'done'"),
+    ("a candidate's status", {"event": "tuned", "id": "t", "status": "ok",
+                              "candidates": [{"config": {}, "role": "grid", "status": 1}]},
+     "tuned.candidates[0].status must be one of ok, failed, error, unavailable, rejected, "
+     "skipped, timeout, crashed, missing, got a number"),
 ]  # fmt: skip
 
 
@@ -287,7 +294,7 @@ def test_stray_lines_that_are_not_events_are_not_the_protocol(tmp_path: Path) ->
     )
     assert answer.hello == EVENTS[0] and isinstance(answer.events[-1], protocol.End)
     bad = [json.dumps(_hello()), '{"event": "item", "id": "a/b", "status": 3}']
-    with pytest.raises(worker.ProtocolRefusal, match=r"item\.status must be a string"):
+    with pytest.raises(worker.ProtocolRefusal, match=r"item\.status must be one of"):
         worker.run(
             _fake_worker(tmp_path, bad), worker.request("measure", OPS), limit_for=lambda _i: 30.0
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union
 
 # Changed whenever a message changes shape: a worker from another rocmfix is refused, not
 # half understood. (2 was the untyped worker's ``hello["worker"]``.)
@@ -42,6 +42,24 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
 }
 _WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}
+# How an item, a candidate or a tune target ended: a closed set, checked where it arrives.
+# timeout, crashed and missing are written by the host for a worker it killed or lost.
+Status = Literal[
+    "ok", "failed", "error", "unavailable", "rejected", "skipped", "timeout", "crashed", "missing"
+]
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "Status": (
+        "ok",
+        "failed",
+        "error",
+        "unavailable",
+        "rejected",
+        "skipped",
+        "timeout",
+        "crashed",
+        "missing",
+    ),
+}
 
 
 def _kind(value: object) -> str:
@@ -70,6 +88,12 @@ def _value(value: object, annotation: str, where: str) -> Any:
         annotation = annotation[: -len(" | None")]
     if annotation == "Any":
         return value
+    choices = _CHOICES.get(annotation)
+    if choices is not None:
+        if isinstance(value, str) and value in choices:
+            return value
+        got = repr(value[:40]) if isinstance(value, str) else _kind(value)
+        raise ProtocolError(f"{where} must be one of {', '.join(choices)}, got {got}")
     scalar = _SCALARS.get(annotation)
     if scalar is not None:
         # bool is an int to Python, never to this protocol.
@@ -326,7 +350,7 @@ class Measured(Event):
 
     EVENT = "item"
     id: str
-    status: str
+    status: Status
     config: dict[str, Any] | None = None
     first_ms: float | None = None
     ms: float | None = None
@@ -380,7 +404,7 @@ class Tried(Event):
     id: str
     index: int
     total: int
-    status: str
+    status: Status
     ms: float | None = None
 
 
@@ -390,7 +414,7 @@ class CandidateRow(Message):
 
     config: dict[str, Any]
     role: str
-    status: str  # ok, failed, error, rejected (compile), skipped (budget)
+    status: Status  # ok, failed, error, rejected (compile), skipped (budget)
     ms: float | None = None
     kernel_ms: float | None = None
     rel_err: float | None = None
@@ -406,7 +430,7 @@ class Tuned(Event):
 
     EVENT = "tuned"
     id: str
-    status: str
+    status: Status
     message: str | None = None
     traceback: str | None = None
     kernel: str = ""
