@@ -5,7 +5,9 @@ rocmfix drops this file, under this name, beside that module; ``rocmfix revert``
 with it. One kernel, :data:`KERNEL`: a tile of [BLOCK_C channels x BLOCK_P output pixels] of
 one image, the weights in registers, an fp32 accumulator, and the folded BatchNorm and the
 activation applied as it stores (``_fold_act``, inlined by Triton). ``VEC`` 2 reads a row's
-window as aligned input pairs (see :func:`prepare_launch` for when it may).
+window as aligned input pairs (see :func:`prepare_launch` for when it may); ``ROWS`` 2 computes
+two output rows at the same columns, each input row loaded once for both. ``BLOCK_P`` counts
+positions (columns of ``ROWS`` rows): a program stores ``ROWS * BLOCK_P`` outputs.
 """
 
 from __future__ import annotations
@@ -53,11 +55,17 @@ if rt.HAS_TRITON:
         KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
         PH: tl.constexpr, PW: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
         ACT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, VEC: tl.constexpr,
+        ROWS: tl.constexpr,
     ):  # fmt: skip
         pid_p = tl.program_id(0)
         pid_c = tl.program_id(1)
         n = tl.program_id(2)
         npix = OH * OW
+        # The tile runs over positions: ROWS output rows (oh, oh + 1) at one column. Row oh + 1
+        # reads input rows SH below row oh's, so the two share KH - SH of them: a program
+        # loads KH + SH rows where two of one row each would load 2 * KH (5x5: 6 for 10).
+        npos = ((OH + ROWS - 1) // ROWS) * OW
+        NROW: tl.constexpr = KH + (ROWS - 1) * SH
         offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         mask_c = offs_c < C
         # A tail channel reads the last one's weights (its outputs are not stored): the weight
@@ -73,19 +81,21 @@ if rt.HAS_TRITON:
             # conversions and address sums of one load per tap and output.
             offs_q = pid_p * (BLOCK_P // 2) + tl.arange(0, BLOCK_P // 2)
             p0 = offs_q * 2
-            mask_q = p0 < npix
-            oh = p0 // OW
-            ow = p0 - oh * OW
+            mask_q = p0 < npos
+            r = p0 // OW
+            ow = p0 - r * OW
+            oh = r * ROWS
             ih0 = oh * SH - PH
             half = tl.arange(0, 2)
             row0 = n * sxn + offs_c[:, None] * sxc + (oh * SH * sxh + ow)[None, :]
             S0: tl.constexpr = -(PW + PW % 2)
             NPAIR: tl.constexpr = (KW - PW - S0) // 2 + 1
             acc = tl.zeros((BLOCK_C, BLOCK_P // 2, 2), dtype=tl.float32)
-            for kh in tl.static_range(KH):
-                ih = ih0 + kh
+            acc1 = tl.zeros((BLOCK_C, BLOCK_P // 2, 2), dtype=tl.float32)
+            for j in tl.static_range(NROW):
+                ih = ih0 + j
                 row_ok = mask_c[:, None] & (mask_q & (ih >= 0) & (ih < H))[None, :]
-                row = row0 + (kh - PH) * sxh
+                row = row0 + (j - PH) * sxh
                 prev = acc
                 for t in tl.static_range(NPAIR):
                     s = S0 + 2 * t
@@ -98,49 +108,82 @@ if rt.HAS_TRITON:
                         other=0.0,
                     ).to(tl.float32)
                     if s + PW >= 0 and s + PW < KW:
-                        wv = tl.load(w_base + (kh * KW + s + PW))
-                        acc += cur * wv.to(tl.float32)[:, None, None]
+                        # Input row j is tap row j of output row oh, j - SH of oh + 1.
+                        if j < KH:
+                            wv = tl.load(w_base + (j * KW + s + PW))
+                            acc += cur * wv.to(tl.float32)[:, None, None]
+                        if ROWS == 2 and j >= SH:
+                            wv = tl.load(w_base + ((j - SH) * KW + s + PW))
+                            acc1 += cur * wv.to(tl.float32)[:, None, None]
                     if t > 0 and s - 1 + PW >= 0 and s - 1 + PW < KW:
                         _, prev_hi = tl.split(prev)
                         cur_lo, _ = tl.split(cur)
-                        wv = tl.load(w_base + (kh * KW + s - 1 + PW))
-                        acc += tl.join(prev_hi, cur_lo) * wv.to(tl.float32)[:, None, None]
+                        mid = tl.join(prev_hi, cur_lo)
+                        if j < KH:
+                            wv = tl.load(w_base + (j * KW + s - 1 + PW))
+                            acc += mid * wv.to(tl.float32)[:, None, None]
+                        if ROWS == 2 and j >= SH:
+                            wv = tl.load(w_base + ((j - SH) * KW + s - 1 + PW))
+                            acc1 += mid * wv.to(tl.float32)[:, None, None]
                     prev = cur
-            acc = _fold_act(acc, scale[:, None, None], shift[:, None, None], HAS_SCALE,
-                            HAS_SHIFT, ACT)  # fmt: skip
             out_off = tl.multiple_of(
-                ((n * C + offs_c[:, None]) * npix + p0[None, :])[:, :, None] + half[None, None, :],
+                ((n * C + offs_c[:, None]) * npix + (oh * OW + ow)[None, :])[:, :, None]
+                + half[None, None, :],
                 [1, 1, 2],
             )
             store_ok = mask_c[:, None] & mask_q[None, :]
+            acc = _fold_act(acc, scale[:, None, None], shift[:, None, None], HAS_SCALE,
+                            HAS_SHIFT, ACT)  # fmt: skip
             tl.store(
                 out_ptr + out_off,
                 acc.to(out_ptr.dtype.element_ty),
                 mask=tl.broadcast_to(store_ok[:, :, None], (BLOCK_C, BLOCK_P // 2, 2)),
             )
+            if ROWS == 2:
+                # The second row of an odd-height plane's last position is not there.
+                acc1 = _fold_act(acc1, scale[:, None, None], shift[:, None, None], HAS_SCALE,
+                                 HAS_SHIFT, ACT)  # fmt: skip
+                store_ok1 = store_ok & (oh + 1 < OH)[None, :]
+                tl.store(
+                    out_ptr + (out_off + OW),
+                    acc1.to(out_ptr.dtype.element_ty),
+                    mask=tl.broadcast_to(store_ok1[:, :, None], (BLOCK_C, BLOCK_P // 2, 2)),
+                )
         else:
             offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-            mask_p = offs_p < npix
-            oh = offs_p // OW
-            ow = offs_p - oh * OW
+            mask_p = offs_p < npos
+            r = offs_p // OW
+            ow = offs_p - r * OW
+            oh = r * ROWS
             ih0 = oh * SH - PH
             iw0 = ow * SW - PW
             # One offset per output, then a uniform one per tap: a tap costs an add, not the
             # products of its row and column with their strides.
             base = n * sxn + offs_c[:, None] * sxc + (ih0 * sxh + iw0 * sxw)[None, :]
             acc2 = tl.zeros((BLOCK_C, BLOCK_P), dtype=tl.float32)
-            for kh in tl.static_range(KH):
-                ih = ih0 + kh
+            acc3 = tl.zeros((BLOCK_C, BLOCK_P), dtype=tl.float32)
+            for j in tl.static_range(NROW):
+                ih = ih0 + j
                 row_ok = mask_c[:, None] & (mask_p & (ih >= 0) & (ih < H))[None, :]
                 for kw in tl.static_range(KW):
                     iw = iw0 + kw
                     ok = row_ok & ((iw >= 0) & (iw < W))[None, :]
-                    xv = tl.load(x_ptr + (base + (kh * sxh + kw * sxw)), mask=ok, other=0.0)
-                    wv = tl.load(w_base + (kh * KW + kw))
-                    acc2 += xv.to(tl.float32) * wv.to(tl.float32)[:, None]
+                    xv = tl.load(x_ptr + (base + (j * sxh + kw * sxw)), mask=ok, other=0.0)
+                    xv = xv.to(tl.float32)
+                    if j < KH:
+                        wv = tl.load(w_base + (j * KW + kw))
+                        acc2 += xv * wv.to(tl.float32)[:, None]
+                    if ROWS == 2 and j >= SH:
+                        wv = tl.load(w_base + ((j - SH) * KW + kw))
+                        acc3 += xv * wv.to(tl.float32)[:, None]
+            out = out_ptr + (n * C + offs_c[:, None]) * npix + (oh * OW + ow)[None, :]
+            store_ok2 = mask_c[:, None] & mask_p[None, :]
             acc2 = _fold_act(acc2, scale[:, None], shift[:, None], HAS_SCALE, HAS_SHIFT, ACT)
-            out = out_ptr + (n * C + offs_c[:, None]) * npix + offs_p[None, :]
-            tl.store(out, acc2.to(out_ptr.dtype.element_ty), mask=mask_c[:, None] & mask_p[None, :])
+            tl.store(out, acc2.to(out_ptr.dtype.element_ty), mask=store_ok2)
+            if ROWS == 2:
+                acc3 = _fold_act(acc3, scale[:, None], shift[:, None], HAS_SCALE, HAS_SHIFT, ACT)
+                tl.store(out + OW, acc3.to(out_ptr.dtype.element_ty),
+                         mask=store_ok2 & (oh + 1 < OH)[None, :])  # fmt: skip
 
     KERNEL = _dw_kernel
 
@@ -196,7 +239,9 @@ def prepare_launch(
         # 128-pixel tile on 4 warps). A wave is 64 lanes on CDNA, 32 on RDNA and NVIDIA.
         lanes = 64 if kc.is_hip() else 32
         block_p = max(block_p, 2 * lanes * int(config["num_warps"]))
-    grid = (_cdiv(oh * ow, block_p), _cdiv(c, block_c), n)
+    # Two output rows a position where the config asks and the plane has them.
+    rows = 2 if int(config.get("ROWS", 1)) == 2 and oh > 1 else 1
+    grid = (_cdiv(_cdiv(oh, rows) * ow, block_p), _cdiv(c, block_c), n)
     sn, sc, sh, sw = x.stride()
     args = (x, wk, wk if scale is None else scale, wk if shift is None else shift, out,
             c, h, w, oh, ow, sn, sc, sh, sw)  # fmt: skip
@@ -213,6 +258,7 @@ def prepare_launch(
         "BLOCK_P": block_p,
         "BLOCK_C": block_c,
         "VEC": vec,
+        "ROWS": rows,
         **kc.launch_options(config),
     }
     return KERNEL, grid, args, kwargs, out
