@@ -46,7 +46,7 @@ SWEEP = [
                        (256, 1, 2, 2), (1024, 1, 8, 2), (2048, 1, 8, 2), (256, 2, 4, 2),
                        (128, 2, 2, 2), (128, 4, 4, 2), (256, 1, 4, 1), (512, 1, 4, 1))
 ]  # fmt: skip
-KEYS = ("BLOCK_P", "BLOCK_C", "num_warps", "num_stages", "VEC")
+KEYS = ("BLOCK_P", "BLOCK_C", "num_warps", "num_stages", "VEC", "ROWS")
 
 
 def graph_ms(fn: Callable[[], Any], calls: int = 10, reps: int = 30) -> float:
@@ -256,7 +256,8 @@ def compiled(results: dict[str, Any]) -> None:
 
 
 def _tile(cfg: dict[str, Any]) -> str:
-    return f"{cfg['BLOCK_P']}x{cfg['BLOCK_C']} w{cfg['num_warps']} v{cfg.get('VEC', 2)}"
+    return (f"{cfg['BLOCK_P']}x{cfg['BLOCK_C']} w{cfg['num_warps']} v{cfg.get('VEC', 2)}"
+            f" r{cfg.get('ROWS', 1)}")  # fmt: skip
 
 
 def table(results: dict[str, Any]) -> str:
@@ -299,11 +300,88 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def ptx_counts(arch: str = "sm_90") -> list[dict[str, Any]]:
+    """PTX instructions per lane, per tap and output, of the kernel at a few MinerU shapes and
+    tiles, compiled for ``arch`` as ``rocmfix kernels`` compiles (no GPU needed): what a tile
+    costs in issue where it is bound by instructions rather than bytes."""
+    import re
+
+    from rocmfix.guest import aot
+
+    tri = _load.template("depthwise_conv_triton")
+    rows = []
+    shapes = {c.id: dict(c.gpu) for c in op("depthwise-conv").cases}
+    for case_id in PTX_SHAPES:
+        s = shapes[case_id]
+        x = torch.zeros(s["n"], s["c"], s["h"], s["w"], dtype=DTYPES[s["dtype"]])
+        w = torch.zeros(s["c"], 1, s["kh"], s["kw"], dtype=x.dtype)
+        for tile in PTX_TILES:
+            kernel, _, args, kwargs = tri.prepare(x, w, s["s"], dict(tile), act=CODES[s["act"]])
+            compiled = aot._compile(kernel, args, kwargs, arch)
+            ptx = compiled.asm["ptx"]
+            body = ptx[ptx.index("{", ptx.index(".entry")) :]
+            lines = [ln.strip() for ln in body.splitlines()]
+            insts = [re.sub(r"^@!?%p\d+\s+", "", ln) for ln in lines
+                     if ln and not ln.startswith(("//", ".", "{", "}", "$"))]  # fmt: skip
+            lanes = 32 * kwargs["num_warps"]
+            outs = kwargs["BLOCK_P"] * kwargs["BLOCK_C"] * kwargs["ROWS"] / lanes
+            taps = outs * s["kh"] * s["kw"]
+            fma = sum(1 for ln in insts if re.match(r"(fma|mad)\.", ln))
+            loads = sum(1 for ln in insts if ln.startswith("ld.global"))
+            row = {"id": case_id, "config": {k: kwargs[k] for k in KEYS[:3] + ("VEC", "ROWS")},
+                   "instructions": len(insts), "fma": fma, "loads": loads,
+                   "per_tap": len(insts) / taps}  # fmt: skip
+            row["sass"] = _sass_count(ptx_cubin := compiled.asm.get("cubin"))
+            row["sass_per_tap"] = row["sass"] / taps if row["sass"] else None
+            rows.append(row)
+            print(f"{case_id} {_tile(row['config'])}: PTX {len(insts)} instructions, {fma} fma, "
+                  f"{loads} ld.global, {row['per_tap']:.2f} a tap; SASS {row['sass']}, "
+                  f"{row['sass_per_tap'] or 0:.2f} a tap", flush=True)  # fmt: skip
+    return rows
+
+
+def _sass_count(cubin: bytes | None) -> int | None:
+    """SASS instructions in a cubin, by the nvdisasm Triton's wheel ships (None without)."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    if cubin is None or not os.path.exists(tool):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as handle:
+            handle.write(cubin)
+        text = subprocess.run([tool, "-c", path], capture_output=True, text=True).stdout
+    # One instruction a line, each behind its /*offset*/; NOPs pad the end.
+    return sum(1 for ln in text.splitlines() if "/*" in ln and "NOP" not in ln and ";" in ln)
+
+
+PTX_SHAPES = ("depthwise-conv-c64-k5-240x168-fp32", "depthwise-conv-c32-k3-240x168-fp32",
+              "depthwise-conv-c384-k5-24x24-b8-fp16", "depthwise-conv-c512-k3-s2-48x48-b8-fp16")  # fmt: skip
+PTX_TILES = [
+    {"BLOCK_P": p, "BLOCK_C": 1, "num_warps": 4, "num_stages": 1, "VEC": v, "ROWS": r}
+    for p, v, r in ((512, 2, 1), (1024, 2, 1), (256, 2, 2), (512, 2, 2), (256, 1, 1),
+                    (512, 1, 1), (256, 1, 2))
+]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--shipped", action="store_true", help="time the shipped tiles only")
+    parser.add_argument("--ptx", action="store_true",
+                        help="count sm_90 PTX instructions per tap (no GPU needed)")  # fmt: skip
     args = parser.parse_args()
+    if args.ptx:
+        counted = ptx_counts()
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                json.dump(counted, handle, indent=1)
+        return 0
     if args.shipped:
         SWEEP.clear()
     if not torch.cuda.is_available():

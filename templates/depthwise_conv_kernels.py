@@ -87,9 +87,13 @@ if rt.HAS_TRITON:
             oh = r * ROWS
             ih0 = oh * SH - PH
             half = tl.arange(0, 2)
-            row0 = n * sxn + offs_c[:, None] * sxc + (oh * SH * sxh + ow)[None, :]
+            # One 64-bit pointer a pair, then a uniform offset a row and a constant one a pair
+            # of taps (folded into the load's immediate): no address sum per load.
+            row0 = x_ptr + (n * sxn + offs_c[:, None] * sxc + (oh * SH * sxh + ow)[None, :])
             S0: tl.constexpr = -(PW + PW % 2)
             NPAIR: tl.constexpr = (KW - PW - S0) // 2 + 1
+            # A pointer's alignment is in bytes.
+            PAIR_BYTES: tl.constexpr = x_ptr.dtype.element_ty.primitive_bitwidth // 4
             acc = tl.zeros((BLOCK_C, BLOCK_P // 2, 2), dtype=tl.float32)
             acc1 = tl.zeros((BLOCK_C, BLOCK_P // 2, 2), dtype=tl.float32)
             for j in tl.static_range(NROW):
@@ -101,9 +105,10 @@ if rt.HAS_TRITON:
                     s = S0 + 2 * t
                     iw = ow + s
                     ok = row_ok & ((iw >= 0) & (iw < W))[None, :]
-                    off = tl.multiple_of((row + s)[:, :, None] + half[None, None, :], [1, 1, 2])
+                    ptr = tl.multiple_of((row + s)[:, :, None] + half[None, None, :],
+                                         [1, 1, PAIR_BYTES])  # fmt: skip
                     cur = tl.load(
-                        x_ptr + off,
+                        ptr,
                         mask=tl.broadcast_to(ok[:, :, None], (BLOCK_C, BLOCK_P // 2, 2)),
                         other=0.0,
                     ).to(tl.float32)
@@ -159,7 +164,7 @@ if rt.HAS_TRITON:
             iw0 = ow * SW - PW
             # One offset per output, then a uniform one per tap: a tap costs an add, not the
             # products of its row and column with their strides.
-            base = n * sxn + offs_c[:, None] * sxc + (ih0 * sxh + iw0 * sxw)[None, :]
+            base = x_ptr + (n * sxn + offs_c[:, None] * sxc + (ih0 * sxh + iw0 * sxw)[None, :])
             acc2 = tl.zeros((BLOCK_C, BLOCK_P), dtype=tl.float32)
             acc3 = tl.zeros((BLOCK_C, BLOCK_P), dtype=tl.float32)
             for j in tl.static_range(NROW):
@@ -168,7 +173,7 @@ if rt.HAS_TRITON:
                 for kw in tl.static_range(KW):
                     iw = iw0 + kw
                     ok = row_ok & ((iw >= 0) & (iw < W))[None, :]
-                    xv = tl.load(x_ptr + (base + (j * sxh + kw * sxw)), mask=ok, other=0.0)
+                    xv = tl.load(base + (j * sxh + kw * sxw), mask=ok, other=0.0)
                     xv = xv.to(tl.float32)
                     if j < KH:
                         wv = tl.load(w_base + (j * KW + kw))
