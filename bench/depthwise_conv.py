@@ -40,16 +40,31 @@ CODES = {"none": 0, "relu": 1, "silu": 2, "gelu": 3, "hardswish": 4}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # (BLOCK_P, BLOCK_C, warps, VEC): VEC 2 reads rows as aligned pairs where the shape allows
 # (stride 1 along rows, even widths), 1 one element per tap and output.
+# ROWS 2: two output rows a position (BLOCK_P positions, 2 * BLOCK_P outputs a program). A
+# pair tile is raised to 64 positions a warp (templates/depthwise_conv_kernels.py).
 SWEEP = [
-    {"BLOCK_P": p, "BLOCK_C": c, "num_warps": w, "num_stages": 1, "VEC": v}
-    for p, c, w, v in ((256, 1, 4, 2), (512, 1, 4, 2), (1024, 1, 4, 2), (512, 1, 2, 2),
-                       (256, 1, 2, 2), (1024, 1, 8, 2), (2048, 1, 8, 2), (256, 2, 4, 2),
-                       (128, 2, 2, 2), (128, 4, 4, 2), (256, 1, 4, 1), (512, 1, 4, 1))
+    {"BLOCK_P": p, "BLOCK_C": c, "num_warps": w, "num_stages": 1, "VEC": v, "ROWS": r}
+    for p, c, w, v, r in (
+        (256, 1, 4, 2, 1), (512, 1, 4, 2, 1), (1024, 1, 8, 2, 1), (128, 2, 2, 2, 1),
+        (256, 1, 2, 2, 1), (128, 1, 4, 2, 2), (256, 1, 4, 2, 2), (512, 1, 4, 2, 2),
+        (512, 1, 8, 2, 2), (64, 1, 2, 2, 2), (128, 1, 2, 2, 2), (256, 1, 2, 2, 2),
+        (128, 2, 2, 2, 2), (64, 4, 2, 2, 2), (256, 2, 4, 2, 2), (256, 1, 4, 1, 1),
+        (128, 1, 4, 1, 2),
+    )
 ]  # fmt: skip
+# --dry: the whole script on the CPU through Triton's interpreter at the op's CPU shapes, each
+# timer one call (checks the script, not the speed, before a GPU run).
+DEV = "cuda"
+DRY = False
+# --budget-s: past this many seconds of depthwise shapes, time the shipped tiles only.
+BUDGET_S = 0.0
 KEYS = ("BLOCK_P", "BLOCK_C", "num_warps", "num_stages", "VEC", "ROWS")
 
 
 def graph_ms(fn: Callable[[], Any], calls: int = 10, reps: int = 30) -> float:
+    if DRY:
+        fn()
+        return 1e-3
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -72,6 +87,9 @@ def graph_ms(fn: Callable[[], Any], calls: int = 10, reps: int = 30) -> float:
 
 
 def eager_ms(fn: Callable[[], Any], calls: int = 100, bursts: int = 7) -> float:
+    if DRY:
+        fn()
+        return 1e-3
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
@@ -86,7 +104,7 @@ def eager_ms(fn: Callable[[], Any], calls: int = 100, bursts: int = 7) -> float:
 
 
 def copy_gbps() -> float:
-    a = torch.empty(256 * 2**20 // 4, device="cuda")
+    a = torch.empty(256 * 2**20 // 4, device=DEV)
     b = torch.empty_like(a)
     ms = graph_ms(lambda: b.copy_(a), calls=5, reps=20)
     return 2 * a.numel() * 4 / ms / 1e6
@@ -99,23 +117,24 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 def layer(s: dict[str, Any], gen: torch.Generator) -> tuple[Any, ...]:
     c, kh, kw, kind = s["c"], s["kh"], s["kw"], DTYPES[s["dtype"]]
     conv = torch.nn.Conv2d(c, c, (kh, kw), s["s"], ((kh - 1) // 2, (kw - 1) // 2), groups=c,
-                           bias=False).cuda()  # fmt: skip
-    bn = torch.nn.BatchNorm2d(c).cuda()
+                           bias=False).to(DEV)  # fmt: skip
+    bn = torch.nn.BatchNorm2d(c).to(DEV)
     with torch.no_grad():
-        conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen, device="cuda") / kh / kw)
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen, device=DEV) / kh / kw)
         for t, lo, hi in ((bn.running_mean, -0.5, 0.5), (bn.running_var, 0.5, 1.5),
                           (bn.weight, 0.5, 1.5), (bn.bias, -0.5, 0.5)):  # fmt: skip
-            t.copy_(torch.rand(c, generator=gen, device="cuda") * (hi - lo) + lo)
+            t.copy_(torch.rand(c, generator=gen, device=DEV) * (hi - lo) + lo)
     make = ACTS[s["act"]]
     act = make() if make is not None else None
-    x = torch.randn(s["n"], c, s["h"], s["w"], generator=gen, device="cuda")
+    x = torch.randn(s["n"], c, s["h"], s["w"], generator=gen, device=DEV)
     return x.to(kind), conv.to(kind).eval(), bn.to(kind).eval(), act
 
 
 def fp64_ref(x: torch.Tensor, conv: Any, bn: Any, act: Any) -> torch.Tensor:
     c64 = torch.nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
-                          conv.padding, groups=conv.groups, bias=False).cuda().double()  # fmt: skip
-    bn64 = torch.nn.BatchNorm2d(bn.num_features).cuda().double().eval()
+                          conv.padding, groups=conv.groups, bias=False)  # fmt: skip
+    c64 = c64.to(DEV).double()
+    bn64 = torch.nn.BatchNorm2d(bn.num_features).to(DEV).double().eval()
     with torch.no_grad():
         c64.weight.copy_(conv.weight.double())
         bn64.load_state_dict({k: v.double() if v.is_floating_point() else v
@@ -124,16 +143,28 @@ def fp64_ref(x: torch.Tensor, conv: Any, bn: Any, act: Any) -> torch.Tensor:
         return act(y) if act is not None else y
 
 
-def depthwise(results: dict[str, Any], copy: float) -> None:
+# Timed first, so that a run cut short still has them: the two shapes below a target.
+FIRST = ("depthwise-conv-c64-k5-240x168-fp32", "depthwise-conv-c512-k3-s2-48x48-b8-fp16")
+
+
+def depthwise(
+    results: dict[str, Any], copy: float, save: Callable[[], None], limit: int | None = None
+) -> None:
     tri = _load.template("depthwise_conv_triton")
     ven = _load.template("depthwise_conv_vendor")
-    gen = torch.Generator(device="cuda")
+    gen = torch.Generator(device=DEV)
     gen.manual_seed(int(time.time() * 1e6) % 2**31)
     rows = results["depthwise"] = []
-    for case in op("depthwise-conv").cases:
-        row = one_depthwise(case.id, dict(case.gpu), tri, ven, gen)
+    cases = sorted(op("depthwise-conv").cases, key=lambda c: c.id not in FIRST)
+    start = time.monotonic()
+    for case in cases[:limit]:
+        if BUDGET_S and time.monotonic() - start > BUDGET_S and SWEEP:
+            print("sweep budget spent: the shipped tiles only from here", flush=True)
+            SWEEP.clear()
+        row = one_depthwise(case.id, dict(case.cpu if DRY else case.gpu), tri, ven, gen)
         row["copy_gbps"] = copy
         rows.append(row)
+        save()
         best = row["best"]
         print(
             f"{case.id}: cudnn {row['cudnn_graph_us']:.1f} us, triton {row['triton_graph_us']:.1f}"
@@ -203,7 +234,7 @@ def one_depthwise(
 
 def transposed(results: dict[str, Any]) -> None:
     ct = _load.template("conv_transpose_linear")
-    gen = torch.Generator(device="cuda")
+    gen = torch.Generator(device=DEV)
     gen.manual_seed(int(time.time() * 1e6) % 2**31)
     rows = results["conv_transpose"] = []
     for case in op("conv-transpose").cases:
@@ -216,9 +247,9 @@ def transposed(results: dict[str, Any]) -> None:
 def one_transposed(
     case_id: str, s: dict[str, Any], ct: Any, gen: torch.Generator
 ) -> dict[str, Any]:
-    d = torch.nn.ConvTranspose2d(s["cin"], s["cout"], s["k"], s["k"]).cuda().eval()
-    x = torch.randn(s["n"], s["cin"], s["h"], s["w"], generator=gen, device="cuda")
-    d64 = torch.nn.ConvTranspose2d(s["cin"], s["cout"], s["k"], s["k"]).cuda().double()
+    d = torch.nn.ConvTranspose2d(s["cin"], s["cout"], s["k"], s["k"]).to(DEV).eval()
+    x = torch.randn(s["n"], s["cin"], s["h"], s["w"], generator=gen, device=DEV)
+    d64 = torch.nn.ConvTranspose2d(s["cin"], s["cout"], s["k"], s["k"]).to(DEV).double()
     d64.load_state_dict({k: v.double() for k, v in d.state_dict().items()})
     ref = d64(x.double())
     row: dict[str, Any] = {"id": case_id, "shape": s}
@@ -241,7 +272,7 @@ def compiled(results: dict[str, Any]) -> None:
     """torch.compile(fullgraph=True) of a patched layer: one rocmfix::depthwise_conv2d node,
     the same output as eager."""
     tri = _load.template("depthwise_conv_triton")
-    gen = torch.Generator(device="cuda")
+    gen = torch.Generator(device=DEV)
     gen.manual_seed(int(time.time() * 1e6) % 2**31)
     x, conv, bn, act = layer(dict(op("depthwise-conv").cases[0].gpu), gen)
 
@@ -328,10 +359,10 @@ def ptx_counts(arch: str = "sm_90") -> list[dict[str, Any]]:
             taps = outs * s["kh"] * s["kw"]
             fma = sum(1 for ln in insts if re.match(r"(fma|mad)\.", ln))
             loads = sum(1 for ln in insts if ln.startswith("ld.global"))
-            row = {"id": case_id, "config": {k: kwargs[k] for k in KEYS[:3] + ("VEC", "ROWS")},
+            row = {"id": case_id, "config": {k: kwargs[k] for k in (*KEYS[:3], "VEC", "ROWS")},
                    "instructions": len(insts), "fma": fma, "loads": loads,
                    "per_tap": len(insts) / taps}  # fmt: skip
-            row["sass"] = _sass_count(ptx_cubin := compiled.asm.get("cubin"))
+            row["sass"] = _sass_count(compiled.asm.get("cubin"))
             row["sass_per_tap"] = row["sass"] / taps if row["sass"] else None
             rows.append(row)
             print(f"{case_id} {_tile(row['config'])}: PTX {len(insts)} instructions, {fma} fma, "
@@ -360,13 +391,17 @@ def _sass_count(cubin: bytes | None) -> int | None:
     return sum(1 for ln in text.splitlines() if "/*" in ln and "NOP" not in ln and ";" in ln)
 
 
-PTX_SHAPES = ("depthwise-conv-c64-k5-240x168-fp32", "depthwise-conv-c32-k3-240x168-fp32",
-              "depthwise-conv-c384-k5-24x24-b8-fp16", "depthwise-conv-c512-k3-s2-48x48-b8-fp16")  # fmt: skip
+PTX_SHAPES = (
+    "depthwise-conv-c64-k5-240x168-fp32",
+    "depthwise-conv-c32-k3-240x168-fp32",
+    "depthwise-conv-c384-k5-24x24-b8-fp16",
+    "depthwise-conv-c512-k3-s2-48x48-b8-fp16",
+)
 PTX_TILES = [
     {"BLOCK_P": p, "BLOCK_C": 1, "num_warps": 4, "num_stages": 1, "VEC": v, "ROWS": r}
     for p, v, r in ((512, 2, 1), (1024, 2, 1), (256, 2, 2), (512, 2, 2), (256, 1, 1),
                     (512, 1, 1), (256, 1, 2))
-]
+]  # fmt: skip
 
 
 def main() -> int:
@@ -375,7 +410,14 @@ def main() -> int:
     parser.add_argument("--shipped", action="store_true", help="time the shipped tiles only")
     parser.add_argument("--ptx", action="store_true",
                         help="count sm_90 PTX instructions per tap (no GPU needed)")  # fmt: skip
+    parser.add_argument("--dry", action="store_true",
+                        help="run on the CPU through Triton's interpreter, untimed")  # fmt: skip
+    parser.add_argument("--limit", type=int, help="the first N depthwise shapes only")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="sweep this many seconds, then the shipped tiles only")  # fmt: skip
     args = parser.parse_args()
+    global BUDGET_S
+    BUDGET_S = args.budget_s
     if args.ptx:
         counted = ptx_counts()
         if args.json:
@@ -384,28 +426,36 @@ def main() -> int:
         return 0
     if args.shipped:
         SWEEP.clear()
-    if not torch.cuda.is_available():
+    if args.dry:
+        global DEV, DRY
+        DEV, DRY = "cpu", True
+    elif not torch.cuda.is_available():
         print("no GPU", file=sys.stderr)
         return 1
     results: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(0),
+        "device": "cpu (dry)" if DRY else torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "cudnn": torch.backends.cudnn.version(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
-    results["copy_gbps"] = copy_gbps()
+    results["copy_gbps"] = 1.0 if DRY else copy_gbps()
     print(f"{results['device']}: copy {results['copy_gbps']:.0f} GB/s", flush=True)
+
+    def save() -> None:
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                json.dump(results, handle, indent=1)
+
     try:
-        depthwise(results, results["copy_gbps"])
+        depthwise(results, results["copy_gbps"], save, args.limit)
     finally:
         try:
             transposed(results)
-            compiled(results)
+            if not DRY:
+                compiled(results)
         finally:
-            if args.json:
-                with open(args.json, "w", encoding="utf-8") as handle:
-                    json.dump(results, handle, indent=1)
+            save()
     print(table(results))
     return 0
 

@@ -84,8 +84,12 @@ CONFIG = kc.KernelConfig(
     KERNEL,
     CONFIG_ENV,
     SHIPPED_CONFIGS,
-    {"BLOCK_P": kc.pow2(16, 4096), "BLOCK_C": kc.pow2(1, 128), "VEC": kc.pow2(1, 2),
-     "ROWS": kc.pow2(1, 2)},
+    {
+        "BLOCK_P": kc.pow2(16, 4096),
+        "BLOCK_C": kc.pow2(1, 128),
+        "VEC": kc.pow2(1, 2),
+        "ROWS": kc.pow2(1, 2),
+    },
 )
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KERNEL = 9
