@@ -68,15 +68,23 @@ SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
     # RDNA (wave32): 256 pixels on 4 warps, a pair per lane. Unmeasured.
     "gfx1100": _arch(),
     "gfx1201": _arch(),
-    # Hopper: from bench/depthwise_conv.py's sweep at MinerU's shapes (H100, torch 2.11,
-    # Triton 3.6, 2026-11-24; docs/performance-depthwise.md). 256 pixels on 4 warps is within
-    # 10% of the best tile at every shape but two: 5x5 planes of 25x25 and 30x21 (odd widths:
-    # one element per tap) want 128 pixels, and the formula encoder's fp16 5x5s at 24x24 and
-    # 12x12 (batch 8) 2 channels of 128 pixels on 2 warps (12.1 and 9.8 us against 14.9 and
-    # 10.3). A pair tile (VEC 2) is at least 64 pixels a warp whatever the entry says.
+    # Hopper: from bench/depthwise_conv.py's sweep at MinerU's 25 shapes (H100, torch 2.11,
+    # Triton 3.6, 2026-11-25; docs/performance-depthwise.md). Two output rows a position
+    # (ROWS 2) on 128 positions and 4 warps (a pair tile: 256) is within 6% of the best of 17
+    # tiles at every fp32 shape of 50x50 and up, stride 1 and 2, and within 0.5 us at the
+    # launch-bound smaller ones (5x5 240x168: 11.4 us, 13.3 with one row). Recognition's fp16 3x3s at 12x80, 6x80 and 3x80 want one row (two
+    # wastes a third of a 3-row plane's tile), as do the formula encoder's fp16 5x5s (10.5
+    # and 8.6 us on 2 channels of 128 pixels, 2 warps, against 11.1 and 7.8 with two rows:
+    # a wash at 36 and 18 calls a page); its fp16 stride-2 3x3s take two rows on 2 channels
+    # (18.1, 14.5 and 10.1 us at 96x96, 48x48 and 24x24, was 21.3, 18.3 and 12.8). Channels-
+    # last keeps one row: unmeasured. A pair tile (VEC 2) is at least 64 positions a warp
+    # whatever the entry says.
     "sm_90": _arch(
-        k5_s1={"BLOCK_P": 128},
-        k5_s1_f16={"BLOCK_P": 128, "BLOCK_C": 2, "num_warps": 2},
+        any=dict(_NCHW, BLOCK_P=128, ROWS=2),
+        nhwc=dict(_NHWC, ROWS=1),
+        k3_s1_f16={"BLOCK_P": 128, "BLOCK_C": 2, "num_warps": 2, "ROWS": 1},
+        k5_s1_f16={"BLOCK_P": 128, "BLOCK_C": 2, "num_warps": 2, "ROWS": 1},
+        k3_s2_f16={"BLOCK_P": 128, "BLOCK_C": 2, "num_warps": 2, "ROWS": 2},
     ),
 }
 

@@ -93,12 +93,13 @@ TUNE = tuple(
 )
 
 
-def _tile(p: int, c: int, warps: int) -> dict[str, Any]:
-    return {"BLOCK_P": p, "BLOCK_C": c, "num_warps": warps, "num_stages": 1}
+def _tile(p: int, c: int, warps: int, rows: int = 1) -> dict[str, Any]:
+    return {"BLOCK_P": p, "BLOCK_C": c, "num_warps": warps, "num_stages": 1, "ROWS": rows}
 
 
 # Tiles both vendors' GPUs try; pair tiles (stride 1, even widths) take at least two pixels a
-# lane whatever BLOCK_P says (templates/depthwise_conv_kernels.py).
+# lane whatever BLOCK_P says, and ROWS 2 computes two output rows a position, each input row
+# loaded once for both (templates/depthwise_conv_kernels.py).
 _TILES = (
     _tile(128, 1, 4),
     _tile(256, 1, 4),
@@ -107,13 +108,20 @@ _TILES = (
     _tile(512, 1, 8),
     _tile(1024, 1, 8),
     _tile(128, 2, 4),
+    _tile(128, 1, 4, 2),
+    _tile(256, 1, 4, 2),
+    _tile(512, 1, 4, 2),
 )
 GRID = (
-    GridGroup(("cpu",), (_tile(64, 1, 4), _tile(32, 2, 4))),
-    GridGroup(("hip",), (*_TILES, _tile(64, 4, 4))),
+    GridGroup(("cpu",), (_tile(64, 1, 4), _tile(32, 2, 4), _tile(32, 2, 4, 2))),
+    GridGroup(("hip",), (*_TILES, _tile(64, 4, 4), _tile(512, 1, 8, 2))),
     GridGroup(("hip", "option:waves_per_eu"), ({"waves_per_eu": 2}, {"waves_per_eu": 4})),
-    # The H100 sweep's winners at the fp16 5x5s and 3x3s (docs/performance-depthwise.md).
-    GridGroup(("cuda",), (*_TILES, _tile(128, 2, 2), _tile(256, 1, 2))),
+    # The H100 sweep's winners (docs/performance-depthwise.md): the fp16 5x5s and 3x3s on 2
+    # warps, the stride-2 fp16 3x3s on two rows of 2 channels.
+    GridGroup(
+        ("cuda",),
+        (*_TILES, _tile(128, 2, 2), _tile(256, 1, 2), _tile(128, 2, 2, 2), _tile(256, 1, 2, 2)),
+    ),
 )
 
 
