@@ -30,7 +30,9 @@ def launch_text(config: Mapping[str, Any]) -> str:
     kernel table (bench/kernels_table.py) writes the same words."""
     if "BLOCK_M" in config:
         return config_text(config)
-    words = [f"{k}={v}" for k, v in config.items() if k.startswith("BLOCK")]
+    words = [
+        f"{k}={v}" for k, v in config.items() if k.startswith("BLOCK") or (k == "ROWS" and v != 1)
+    ]
     return " ".join([*words, f"w{config.get('num_warps', '?')}"]) if config else "-"
 
 
