@@ -70,7 +70,7 @@ SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
     "gfx1201": _arch(),
     # Hopper: from bench/depthwise_conv.py's sweep at MinerU's 25 shapes (H100, torch 2.11,
     # Triton 3.6, 2026-11-25; docs/performance-depthwise.md). Two output rows a position
-    # (ROWS 2) on 128 positions and 4 warps (a pair tile: 256) is within 6% of the best of 17
+    # (ROWS 2) on 128 positions and 4 warps (a pair tile: 256) is within 8% of the best of 17
     # tiles at every fp32 shape of 50x50 and up, stride 1 and 2, and within 0.5 us at the
     # launch-bound smaller ones (5x5 240x168: 11.4 us, 13.3 with one row). Recognition's fp16 3x3s at 12x80, 6x80 and 3x80 want one row (two
     # wastes a third of a 3-row plane's tile), as do the formula encoder's fp16 5x5s (10.5

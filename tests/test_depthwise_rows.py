@@ -67,10 +67,10 @@ def test_two_rows_compute_the_conv_one_row_does(
     c, kh, kw = 3, *k
     weight = torch.randn(c, 1, kh, kw).to(dtype)
     for h, w in ((7, 8), (5, 1), (4, 2), (9, 3), (2, 12)):
+        if h + 2 * pad[0] < kh or w + 2 * pad[1] < kw:
+            continue
         x = torch.randn(2, c, h, w).to(dtype)
         want = F.conv2d(x.float(), weight.float(), None, stride, pad, 1, c)
-        if want.numel() == 0:
-            continue
         for tile in TILES:
             for vec in (1, 2):
                 one = tri.conv(x, weight, stride, pad, config=dict(tile, VEC=vec, ROWS=1))
