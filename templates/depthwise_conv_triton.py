@@ -72,13 +72,13 @@ SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
     # Triton 3.6, 2026-11-25; docs/performance-depthwise.md). Two output rows a position
     # (ROWS 2) on 128 positions and 4 warps (a pair tile: 256) is within 8% of the best of 17
     # tiles at every fp32 shape of 50x50 and up, stride 1 and 2, and within 0.5 us at the
-    # launch-bound smaller ones (5x5 240x168: 11.4 us, 13.3 with one row). Recognition's fp16 3x3s at 12x80, 6x80 and 3x80 want one row (two
-    # wastes a third of a 3-row plane's tile), as do the formula encoder's fp16 5x5s (10.5
-    # and 8.6 us on 2 channels of 128 pixels, 2 warps, against 11.1 and 7.8 with two rows:
-    # a wash at 36 and 18 calls a page); its fp16 stride-2 3x3s take two rows on 2 channels
-    # (18.1, 14.5 and 10.1 us at 96x96, 48x48 and 24x24, was 21.3, 18.3 and 12.8). Channels-
-    # last keeps one row: unmeasured. A pair tile (VEC 2) is at least 64 positions a warp
-    # whatever the entry says.
+    # launch-bound smaller ones (5x5 240x168: 11.4 us, 13.3 with one row). Recognition's
+    # fp16 3x3s at 12x80, 6x80 and 3x80 want one row (two waste a third of a 3-row plane's
+    # tile), as do the formula encoder's fp16 5x5s (10.5 and 8.6 us on 2 channels of 128
+    # pixels, 2 warps, against 11.1 and 7.8 with two rows: a wash at 36 and 18 calls a
+    # page); its fp16 stride-2 3x3s take two rows on 2 channels (18.1, 14.5 and 10.1 us at
+    # 96x96, 48x48 and 24x24, was 21.3, 18.3 and 12.8). Channels-last keeps one row:
+    # unmeasured. A pair tile (VEC 2) is at least 64 positions a warp whatever the entry says.
     "sm_90": _arch(
         any=dict(_NCHW, BLOCK_P=128, ROWS=2),
         nhwc=dict(_NHWC, ROWS=1),
