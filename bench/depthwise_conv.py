@@ -16,7 +16,10 @@ Bandwidth: (input + output bytes) / kernel time, against a measured device-to-de
 Then the DB head's transposed convs against ``nn.ConvTranspose2d``. Results: stdout (a
 markdown table) and ``--json PATH``.
 
-    python bench/depthwise_conv.py --json out.json
+    python bench/depthwise_conv.py --json out.json --budget-s 240   # sweep, then shipped
+    python bench/depthwise_conv.py --shipped --json out.json        # the shipped tiles only
+    python bench/depthwise_conv.py --ptx     # sm_90 PTX/SASS instructions a tap, no GPU
+    TRITON_INTERPRET=1 python bench/depthwise_conv.py --dry --limit 2   # the script on a CPU
 """
 
 from __future__ import annotations
