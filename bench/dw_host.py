@@ -85,7 +85,7 @@ def depthwise_calls(folder: str) -> list[tuple[str, Callable[[], Any]]]:
     torch.manual_seed(0)
     c = 64
     x = torch.randn(1, c, 30, 21)
-    calls = []
+    calls: list[tuple[str, Callable[[], Any]]] = []
     for label, bn, act, stride in (
         ("conv + BN + Hardswish, 3x3", torch.nn.BatchNorm2d(c).eval(), torch.nn.Hardswish(), 1),
         ("conv alone, 3x3", None, None, 1),

@@ -166,7 +166,7 @@ def _plan(deconv: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple
                   None if bias is None else bias.data_ptr())  # fmt: skip
     except RuntimeError:  # inference tensors
         return ()
-    plan = (_settings(deconv), weight, bias, *stamps, *views, None, {})
+    plan: tuple[Any, ...] = (_settings(deconv), weight, bias, *stamps, *views, None, {})
     with _lock:
         if len(_layers) >= _LAYERS_SIZE:
             _layers.clear()

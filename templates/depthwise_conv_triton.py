@@ -133,7 +133,8 @@ def resolve_config(
     return CONFIG.resolve(arch, ("any", layout, prec, shape, f"{shape}_{prec}"))
 
 
-_plans: ks.BoundedCache[tuple[Any, ...], tuple[Any, ...]] = ks.BoundedCache(256)
+# The launch of each key (the layout, the modules and their settings) planned so far.
+_plans: ks.BoundedCache[tuple[Any, ...], rl.Launcher] = ks.BoundedCache(256)
 _broken: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
 # id(conv) -> its last call's plan and what it was planned for (see depthwise_conv2d). The
 # plan holds the layer's weight, so an id is not reused while its entry stands. A plain dict,
@@ -512,11 +513,11 @@ def depthwise_conv2d(
         y = _traced(x, conv, bn, act)
         return ks.stock(x, conv, bn, act) if y is None else y
     try:
-        out = _eager(x, conv, bn, act)
+        done = _eager(x, conv, bn, act)
     except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
         _failed(exc)
-        out = None
-    return ks.stock(x, conv, bn, act) if out is None else out
+        done = None
+    return ks.stock(x, conv, bn, act) if done is None else done
 
 
 def _failed(exc: Exception) -> None:
