@@ -332,6 +332,42 @@ def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
     return rows
 
 
+def entry_split(bursts: int, calls: int) -> list[dict[str, Any]]:
+    """Where a replayed depthwise call's time goes, at one launch-bound shape (64 ch 5x5
+    30x21 fp32, the conv alone): the entry; the entry with the compiled kernel's launcher
+    stubbed (its checks and the output's allocation); that launcher alone on prepared
+    arguments (Triton's own cost of a launch); the allocation alone; F.conv2d."""
+    tri = _load.template("depthwise_conv_triton")
+    c = 64
+    conv = torch.nn.Conv2d(c, c, 5, 1, 2, groups=c, bias=False).to(DEVICE).eval()
+    stubbed = torch.nn.Conv2d(c, c, 5, 1, 2, groups=c, bias=False).to(DEVICE).eval()
+    x = torch.randn(1, c, 30, 21, device=DEVICE)
+    with torch.inference_mode():
+        tri.depthwise_conv2d(x, conv)
+        tri.depthwise_conv2d(x, stubbed)
+    plan = tri._replays[id(conv)]
+    launcher, run, function, meta, g0, g1, g2, wk, scale, shift, rest = plan[15:22] + plan[22:26]
+    fake = list(tri._replays[id(stubbed)])
+    fake[16] = lambda *args: None
+    tri._replays[id(stubbed)] = tuple(fake)
+    out = torch.empty_like(x)
+    stream = launcher.stream()
+
+    def launch() -> None:
+        run(g0, g1, g2, stream, function, meta, None, None, None, x, wk, scale, shift, out, *rest)
+
+    fns = [
+        ("F.conv2d", partial(F.conv2d, x, conv.weight.detach(), None, 1, 2, 1, c)),
+        ("entry conv alone", partial(tri.depthwise_conv2d, x, conv)),
+        ("entry, compiled launcher stubbed", partial(tri.depthwise_conv2d, x, stubbed)),
+        ("torch.empty_like(x) alone", partial(torch.empty_like, x)),
+    ]
+    if run is not None:  # None in the interpreter, which adopts nothing
+        fns += [("compiled launcher alone", launch), ("Launcher.stream() alone", launcher.stream)]
+    with torch.inference_mode():
+        return interleaved("split: c64 k5 30x21 fp32", fns, bursts, calls)
+
+
 def transposed(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
     """The DB head's two transposed convs (rocmfix/ops/conv_transpose.py): the module against
     the GEMM entry (and another tree's, with ``old``)."""
@@ -432,6 +468,7 @@ def main() -> int:
     )
     parser.add_argument("--old", help="another tree's templates folder, measured beside")
     parser.add_argument("--cpu-try", action="store_true", help="--depthwise on the CPU (tiny)")
+    parser.add_argument("--split-only", action="store_true", help="--depthwise: the split alone")
     args = parser.parse_args()
     if args.cpu_try:
         global DEVICE
@@ -472,8 +509,10 @@ def depthwise_main(args: argparse.Namespace) -> int:
         f"{triton.__version__} · Python {platform.python_version()} · median (IQR) of "
         f"{args.bursts} interleaved bursts of {args.calls} calls"
     )
-    rows = depthwise(args.bursts, args.calls, args.old)
-    rows += transposed(args.bursts, args.calls, args.old)
+    rows = entry_split(args.bursts, args.calls)
+    if not args.split_only:
+        rows += depthwise(args.bursts, args.calls, args.old)
+        rows += transposed(args.bursts, args.calls, args.old)
     table = render_interleaved(rows, header)
     print(table)
     out = os.environ.get("OUT")

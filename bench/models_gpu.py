@@ -288,41 +288,105 @@ def breakdown(
     activities = [ProfilerActivity.CPU]
     if DEVICE == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    found: dict[str, Any] = {}
-    for label, patched in (("stock", False), ("patched", True)):
-        use(routes, patched)
-        timed(forward, reps)
+    with profile(activities=activities):  # the profiler's own start-up, on neither side
+        forward()
+        sync()
+    sessions: dict[str, list[Any]] = {"stock": [], "patched": []}
+    # Sessions in the order A B B A, so that a host's drift weighs on both sides alike.
+    for label in ("stock", "patched", "patched", "stock"):
+        use(routes, label == "patched")
+        timed(forward, 2)
         with profile(activities=activities) as prof:
             start = time.perf_counter()
             for _ in range(reps):
                 forward()
             sync()
             wall = (time.perf_counter() - start) * 1e3 / reps
-        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-        ops = []
-        for avg in prof.key_averages():
-            self_cpu = avg.self_cpu_time_total
-            if self_cpu > 0:
-                ops.append({"op": avg.key, "calls": avg.count / reps,
-                            "self_cpu_us": self_cpu / reps})  # fmt: skip
-        ops.sort(key=lambda o: -o["self_cpu_us"])
+        sessions[label].append((prof, wall))
+    found: dict[str, Any] = {}
+    for label, runs in sessions.items():
+        n = reps * len(runs)
+        ops_us: dict[str, float] = {}
+        ops_calls: dict[str, float] = {}
         by_kernel: dict[str, list[float]] = {}
-        for e in kernels:
-            by_kernel.setdefault(e.name[:80], []).append(e.time_range.elapsed_us())
+        for prof, _wall in runs:
+            for avg in prof.key_averages():
+                if avg.self_cpu_time_total > 0:
+                    ops_us[avg.key] = ops_us.get(avg.key, 0.0) + avg.self_cpu_time_total / n
+                    ops_calls[avg.key] = ops_calls.get(avg.key, 0.0) + avg.count / n
+            for e in prof.events():
+                if e.device_type == DeviceType.CUDA:
+                    by_kernel.setdefault(e.name[:80], []).append(e.time_range.elapsed_us())
+        ops = sorted(
+            ({"op": k, "calls": ops_calls[k], "self_cpu_us": v} for k, v in ops_us.items()),
+            key=lambda o: -float(o["self_cpu_us"]),
+        )
         found[label] = {
-            "wall_ms_profiled": wall,
-            "self_cpu_ms": sum(o["self_cpu_us"] for o in ops) / 1e3,
-            "kernels": len(kernels) / reps,
-            "gpu_kernel_ms": sum(e.time_range.elapsed_us() for e in kernels) / reps / 1e3,
+            "wall_ms_profiled": statistics.mean(w for _p, w in runs),
+            "self_cpu_ms": sum(ops_us.values()) / 1e3,
+            "kernels": sum(len(v) for v in by_kernel.values()) / n,
+            "gpu_kernel_ms": sum(sum(v) for v in by_kernel.values()) / n / 1e3,
             "ops": ops[:25],
             "kernels_by_name": sorted(
-                ({"kernel": k, "count": len(v) / reps, "us": sum(v) / reps}
+                ({"kernel": k, "count": len(v) / n, "us": sum(v) / n}
                  for k, v in by_kernel.items()),
                 key=lambda k: -float(k["us"]),
             )[:25],
         }  # fmt: skip
+    found["in_situ"] = in_situ(forward, routes, reps)
     use(routes, True)
     return found
+
+
+def in_situ(
+    forward: Callable[[], Any], routes: dict[tuple[types.ModuleType, str], Any], reps: int
+) -> dict[str, Any]:
+    """Over ``reps`` patched forwards: each entry's calls, the host time they took inside the
+    forward (perf_counter around each; the kernels are asynchronous), and how many of them
+    missed the replay (went to the depthwise entry's ``_eager`` or the transposed one's
+    ``_first``)."""
+    calls: dict[str, list[float]] = {}
+    misses: dict[str, int] = {}
+    saved: list[tuple[Any, str, Any]] = []
+    for (mod, attr), entry in routes.items():
+        label = f"{mod.__name__.rsplit('.', 1)[1]}.{attr}"
+        home = sys.modules.get(getattr(entry, "__module__", ""), None)
+        for name in ("_eager", "_first"):
+            inner = getattr(home, name, None)
+            if inner is not None and not hasattr(inner, "_counted"):
+
+                def counted(
+                    *a: Any, _inner: Any = inner, _key: str = home.__name__, **kw: Any
+                ) -> Any:
+                    misses[_key] = misses.get(_key, 0) + 1
+                    return _inner(*a, **kw)
+
+                counted._counted = True  # type: ignore[attr-defined]
+                saved.append((home, name, inner))
+                setattr(home, name, counted)
+
+        def timed_entry(*a: Any, _entry: Any = entry, _label: str = label, **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _entry(*a, **kw)
+            finally:
+                calls.setdefault(_label, []).append(time.perf_counter() - start)
+
+        saved.append((mod, attr, entry))
+        setattr(mod, attr, timed_entry)
+    try:
+        for _ in range(reps):
+            forward()
+        sync()
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+    return {
+        "per_forward": {k: {"calls": len(v) / reps, "host_us": sum(v) * 1e6 / reps,
+                            "median_call_us": statistics.median(v) * 1e6}
+                        for k, v in calls.items()},
+        "misses": misses,
+    }  # fmt: skip
 
 
 def summary(split: dict[str, Any]) -> str:
@@ -341,6 +405,7 @@ def summary(split: dict[str, Any]) -> str:
                 f"{o['self_cpu_us']:9.1f} ({o['calls']:5.1f})"
             )
     lines += [f"{op:44s} {a:>18s} {b:>18s}" for op, (a, b) in rows.items()]
+    lines.append(f"in situ: {json.dumps(split.get('in_situ'))}")
     return "\n".join(lines)
 
 

@@ -159,9 +159,13 @@ def _plan(deconv: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple
     share them) and, where the [Cin, Cout*k*k] matrix is a copy (a strided weight), the
     weight's version, the views, the last input layout's Spec and the Specs by layout; ()
     for inference tensors, which have no version to see an update by (prepared each call)."""
+    views: Any
     try:
         views = _views(weight, bias)
-        copied = views[0].data_ptr() != weight.data_ptr()
+    except RuntimeError:  # not a transposed conv's weight and bias: no layout of it runs
+        views = (None, None, None)
+    try:
+        copied = views[0] is not None and views[0].data_ptr() != weight.data_ptr()
         stamps = (weight.data_ptr(), weight._version if copied else None,
                   None if bias is None else bias.data_ptr())  # fmt: skip
     except RuntimeError:  # inference tensors
@@ -220,6 +224,7 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
         plan = _layers.get(id(deconv))
         if plan:
             settings, weight, bias, wptr, wversion, bptr, wm, wt, bias6, last, _specs = plan
+            run: Any
             try:
                 params = deconv._parameters
                 if (
@@ -240,7 +245,10 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
                     and not (_grad_enabled() and (x.requires_grad or weight.requires_grad
                              or (bias is not None and bias.requires_grad)))
                 ):  # fmt: skip
-                    return _run(x, wm, wt, bias6, last[4])
+                    run = last[4]
+                    if run is None:  # a layer (or layout) the GEMM does not compute
+                        return deconv(x)  # type: ignore[no-any-return]
+                    return _run(x, wm, wt, bias6, run)
             except Exception as exc:  # noqa: BLE001 - never take the model down
                 with _lock:
                     _layers.pop(id(deconv), None)
@@ -277,12 +285,16 @@ def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
         specs = plan[-1] if plan else {}
         run = specs.get(layout, False)
         if run is False:
-            run = _prepared(_spec(x, weight)) if handled(x, deconv) else None
+            viewed = not plan or plan[6] is not None
+            run = _prepared(_spec(x, weight)) if viewed and handled(x, deconv) else None
             if plan:
                 with _lock:
                     if len(specs) >= _SPECS_SIZE:  # a page size each: start afresh
                         specs.clear()
                     specs[layout] = run
+        if plan and run is None:
+            with _lock:  # the replay runs the module itself for this layout from now on
+                _layers[id(deconv)] = (*plan[:-2], (*layout, None), plan[-1])
         if not (
             run is None or deconv._forward_hooks or deconv._forward_pre_hooks or ks.global_hooks()
         ):

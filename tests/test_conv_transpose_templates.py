@@ -247,6 +247,39 @@ def test_a_layers_next_calls_prepare_nothing(
     assert made[5:] == ([] if contiguous else ["_views", "handled", "_spec"])
 
 
+@pytest.mark.parametrize("kind", ["conv2d", "kernel-3-stride-2"])
+def test_a_layer_the_gemm_does_not_compute_replays_the_module(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A call site that passes a layer the GEMM does not compute (OCR det's head passes one
+    every forward) runs the module, and from its second call on without the first call's
+    preparation; a hook added later is still honoured."""
+    module = load_template("conv_transpose_linear")
+    layer: Any = (
+        torch.nn.Conv2d(6, 4, 3, padding=1)
+        if kind == "conv2d"
+        else torch.nn.ConvTranspose2d(6, 4, 3, 2)
+    )
+    made: list[int] = []
+    real = module._first
+
+    def spy(*args: Any) -> Any:
+        made.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(module, "_first", spy)
+    x = torch.randn(1, 6, 5, 4)
+    seen: list[int] = []
+    with torch.no_grad():
+        for _ in range(3):
+            got = module.conv_transpose2d(x.as_subclass(_FakeCuda), layer)
+            torch.testing.assert_close(got.as_subclass(torch.Tensor), layer(x))
+        assert made == [1]
+        layer.register_forward_hook(lambda *_: seen.append(1))
+        module.conv_transpose2d(x.as_subclass(_FakeCuda), layer)
+    assert seen == [1] and made == [1, 1]
+
+
 def test_under_torch_compile_the_gemm_is_traced_fullgraph(monkeypatch: pytest.MonkeyPatch) -> None:
     """No address or version reads in a graph: a traced call runs :func:`gemm` as graph ops."""
     module = load_template("conv_transpose_linear")
