@@ -157,8 +157,9 @@ def _blocks(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def _plan(deconv: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Any, ...]:
     """The layer's plan: its settings, the weight and bias with their addresses (the views
     share them) and, where the [Cin, Cout*k*k] matrix is a copy (a strided weight), the
-    weight's version, the views, the last input layout's Spec and the Specs by layout; ()
-    for inference tensors, which have no version to see an update by (prepared each call)."""
+    weight's version, the views, the last input layout with its prepared run (None: the
+    module runs it) and the prepared runs by layout; () for inference tensors, which have
+    no version to see an update by (prepared each call)."""
     views: Any
     try:
         views = _views(weight, bias)
