@@ -24,6 +24,11 @@ Rows:
   modules (the Triton kernel applies them as it stores).
 
     python bench/eager_host.py [--bursts 21] [--calls 50]
+    python bench/eager_host.py --depthwise [--old OLD/templates] --bursts 21 --calls 100
+
+``--depthwise``: every MinerU depthwise shape and the DB head's transposed convs instead, the
+dropped-in entries against ``F.conv2d`` (the module for the transposed ones) in strictly
+interleaved bursts, median and interquartile range.
 
 Prints a markdown table; with ``$OUT`` set also writes ``eager_host.md`` and ``.json`` there.
 """
@@ -60,13 +65,21 @@ DILATED = (
 )
 
 
+DEVICE = "cuda"  # --cpu-try: "cpu", the depthwise rows at the interpreter's shapes
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def _burst(fn: Callable[[], Any], calls: int) -> tuple[float, float]:
-    torch.cuda.synchronize()
+    _sync()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
     issued = time.perf_counter()
-    torch.cuda.synchronize()
+    _sync()
     done = time.perf_counter()
     return (issued - start) / calls * 1e6, (done - start) / calls * 1e6
 
@@ -226,6 +239,175 @@ def dilated(bursts: int, calls: int) -> list[dict[str, Any]]:
     return rows
 
 
+def interleaved(
+    name: str, fns: list[tuple[str, Callable[[], Any]]], bursts: int, calls: int
+) -> list[dict[str, Any]]:
+    """Bursts of ``calls`` back-to-back calls of each of ``fns`` strictly in turn (A, B, A, B
+    ...), so that a lent host's drift weighs on all alike: per call, the median and
+    interquartile range of ``wall`` (synchronised at the burst's end) and of ``host``."""
+    for _label, fn in fns:
+        for _ in range(10):
+            fn()
+    host: dict[str, list[float]] = {label: [] for label, _ in fns}
+    wall: dict[str, list[float]] = {label: [] for label, _ in fns}
+    for _ in range(bursts):
+        for label, fn in fns:
+            h, w = _burst(fn, calls)
+            host[label].append(h)
+            wall[label].append(w)
+    rows = []
+    for label, _ in fns:
+        q1, _q2, q3 = statistics.quantiles(wall[label], n=4)
+        row = {"group": name, "label": label, "host_us": statistics.median(host[label]),
+               "wall_us": statistics.median(wall[label]), "wall_q1": q1, "wall_q3": q3}  # fmt: skip
+        print(f"{name:44s} {label:30s} wall {row['wall_us']:7.1f} ({q1:.1f}-{q3:.1f})  "
+              f"host {row['host_us']:7.1f}", file=sys.stderr, flush=True)  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+_ACTS: dict[str, Any] = {"none": None, "relu": torch.nn.ReLU, "silu": torch.nn.SiLU,
+                         "gelu": torch.nn.GELU, "hardswish": torch.nn.Hardswish}  # fmt: skip
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
+    """Every MinerU depthwise shape (rocmfix/ops/depthwise_conv.py): ``F.conv2d`` alone (what
+    the issue's target compares with), the entry with the layer's BatchNorm and activation
+    (as PPLCNetV4 and HGNetV2 call it) and with the conv alone (as RepLKFPN and the token
+    conv call it), the stock line it replaces, and with ``old`` the same entry from another
+    tree's templates; under ``torch.inference_mode`` as MinerU's forwards run."""
+    from rocmfix.guest.templates import load
+    from rocmfix.ops import op
+
+    tri = _load.template("depthwise_conv_triton")
+    before = load(old, "depthwise_conv_triton", fresh=True) if old else None
+    rows = []
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    cases = op("depthwise-conv").cases
+    for case in cases if DEVICE == "cuda" else cases[:2]:
+        s = case.gpu if DEVICE == "cuda" else case.cpu
+        c, kh, kw = s["c"], s["kh"], s["kw"]
+        dtype = torch.float16 if s["dtype"] == "float16" else torch.float32
+        conv = torch.nn.Conv2d(c, c, (kh, kw), s["s"], ((kh - 1) // 2, (kw - 1) // 2),
+                               groups=c, bias=False).to(DEVICE)  # fmt: skip
+        bn = torch.nn.BatchNorm2d(c).to(DEVICE)
+        with torch.no_grad():
+            conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen, device=DEVICE) / kh)
+            bn.running_var.copy_(torch.rand(c, generator=gen, device=DEVICE) + 0.5)
+        if DEVICE == "cpu":
+            dtype = torch.float32  # the interpreter's fp16 is slow and proves nothing more
+        conv, bn = conv.to(dtype).eval(), bn.to(dtype).eval()
+        make = _ACTS[s["act"]]
+        act = make() if make is not None else None
+        x = torch.randn(s["n"], c, s["h"], s["w"], generator=gen, device=DEVICE).to(dtype)
+        w, stride, pad = conv.weight.detach(), conv.stride, conv.padding
+
+        def stock(x: Any = x, conv: Any = conv, bn: Any = bn, act: Any = act) -> Any:
+            y = bn(conv(x))
+            return act(y) if act is not None else y
+
+        fns = [
+            ("F.conv2d", partial(F.conv2d, x, w, None, stride, pad, 1, c)),
+            ("entry conv+BN+act", partial(tri.depthwise_conv2d, x, conv, bn, act)),
+            ("entry conv alone", partial(tri.depthwise_conv2d, x, conv)),
+            ("stock conv, BN, act", stock),
+        ]
+        if before is not None:
+            fns.append(
+                ("old entry conv+BN+act", partial(before.depthwise_conv2d, x, conv, bn, act))
+            )
+        with torch.inference_mode():
+            err = _rel(tri.depthwise_conv2d(x, conv, bn, act), stock())
+            err_alone = _rel(tri.depthwise_conv2d(x, conv), conv(x))
+            group_rows = interleaved(case.id, fns, bursts, calls)
+        plan = tri._replays.get(id(conv))
+        for row in group_rows:
+            row.update(rel_err=err, rel_err_alone=err_alone,
+                       direct=plan is not None and plan[16] is not None)  # fmt: skip
+        rows += group_rows
+    return rows
+
+
+def entry_split(bursts: int, calls: int) -> list[dict[str, Any]]:
+    """Where a replayed depthwise call's time goes, at one launch-bound shape (64 ch 5x5
+    30x21 fp32, the conv alone): the entry; the entry with the compiled kernel's launcher
+    stubbed (its checks and the output's allocation); that launcher alone on prepared
+    arguments (Triton's own cost of a launch); the allocation alone; F.conv2d."""
+    tri = _load.template("depthwise_conv_triton")
+    c = 64
+    conv = torch.nn.Conv2d(c, c, 5, 1, 2, groups=c, bias=False).to(DEVICE).eval()
+    stubbed = torch.nn.Conv2d(c, c, 5, 1, 2, groups=c, bias=False).to(DEVICE).eval()
+    x = torch.randn(1, c, 30, 21, device=DEVICE)
+    with torch.inference_mode():
+        tri.depthwise_conv2d(x, conv)
+        tri.depthwise_conv2d(x, stubbed)
+    plan = tri._replays[id(conv)]
+    launcher, run, function, meta, g0, g1, g2, wk, scale, shift, rest = plan[15:22] + plan[22:26]
+    fake = list(tri._replays[id(stubbed)])
+    fake[16] = lambda *args: None
+    tri._replays[id(stubbed)] = tuple(fake)
+    out = torch.empty_like(x)
+    stream = launcher.stream()
+
+    def launch() -> None:
+        run(g0, g1, g2, stream, function, meta, None, None, None, x, wk, scale, shift, out, *rest)
+
+    fns = [
+        ("F.conv2d", partial(F.conv2d, x, conv.weight.detach(), None, 1, 2, 1, c)),
+        ("entry conv alone", partial(tri.depthwise_conv2d, x, conv)),
+        ("entry, compiled launcher stubbed", partial(tri.depthwise_conv2d, x, stubbed)),
+        ("torch.empty_like(x) alone", partial(torch.empty_like, x)),
+    ]
+    if run is not None:  # None in the interpreter, which adopts nothing
+        fns += [("compiled launcher alone", launch), ("Launcher.stream() alone", launcher.stream)]
+    with torch.inference_mode():
+        return interleaved("split: c64 k5 30x21 fp32", fns, bursts, calls)
+
+
+def transposed(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
+    """The DB head's two transposed convs (rocmfix/ops/conv_transpose.py): the module against
+    the GEMM entry (and another tree's, with ``old``)."""
+    from rocmfix.guest.templates import load
+    from rocmfix.ops import op
+
+    ct = _load.template("conv_transpose_linear")
+    before = load(old, "conv_transpose_linear", fresh=True) if old else None
+    rows = []
+    for case in op("conv-transpose").cases:
+        s = case.gpu if DEVICE == "cuda" else case.cpu
+        d = torch.nn.ConvTranspose2d(s["cin"], s["cout"], s["k"], s["k"]).to(DEVICE).eval()
+        x = torch.randn(s["n"], s["cin"], s["h"], s["w"], device=DEVICE)
+        fns = [
+            ("module (cuDNN)", partial(d, x)),
+            ("entry (GEMM)", partial(ct.conv_transpose2d, x, d)),
+        ]
+        if before is not None:
+            fns.append(("old entry (GEMM)", partial(before.conv_transpose2d, x, d)))
+        with torch.inference_mode():
+            err = _rel(ct.conv_transpose2d(x, d), d(x))
+            group_rows = interleaved(case.id, fns, bursts, calls)
+        for row in group_rows:
+            row["rel_err"] = err
+        rows += group_rows
+    return rows
+
+
+def render_interleaved(rows: list[dict[str, Any]], header: str) -> str:
+    out = [header, "", "| case | call | wall µs/call (IQR) | host µs/call | vs first row |",
+           "|---|---|---:|---:|---:|"]  # fmt: skip
+    base: dict[str, float] = {}
+    for r in rows:
+        first = base.setdefault(r["group"], r["wall_us"])
+        wall = f"{r['wall_us']:.1f} ({r['wall_q1']:.1f}-{r['wall_q3']:.1f})"
+        ratio = r["wall_us"] / first
+        out.append(f"| {r['group']} | {r['label']} | {wall} | {r['host_us']:.1f} | {ratio:.2f}x |")
+    return "\n".join(out) + "\n"
+
+
 def profile() -> int:
     """Where the host time of one entry point goes: cProfile over many calls."""
     import cProfile
@@ -281,9 +463,21 @@ def main() -> int:
     parser.add_argument("--bursts", type=int, default=21)
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--profile", action="store_true", help="cProfile the entry points")
+    parser.add_argument(
+        "--depthwise", action="store_true", help="the depthwise and transposed entries only"
+    )
+    parser.add_argument("--old", help="another tree's templates folder, measured beside")
+    parser.add_argument("--cpu-try", action="store_true", help="--depthwise on the CPU (tiny)")
+    parser.add_argument("--split-only", action="store_true", help="--depthwise: the split alone")
     args = parser.parse_args()
+    if args.cpu_try:
+        global DEVICE
+        DEVICE = "cpu"
+        os.environ["TRITON_INTERPRET"] = "1"  # before the first template imports triton
     if args.profile:
         return profile()
+    if args.depthwise:
+        return depthwise_main(args)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     import triton
@@ -302,6 +496,30 @@ def main() -> int:
         Path(out, "eager_host.md").write_text(table)
         doc = {"header": header, "rows": rows}
         Path(out, "eager_host.json").write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+def depthwise_main(args: argparse.Namespace) -> int:
+    import triton
+
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)"
+    header = (
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC · "
+        f"{name} · torch {torch.__version__} · triton "
+        f"{triton.__version__} · Python {platform.python_version()} · median (IQR) of "
+        f"{args.bursts} interleaved bursts of {args.calls} calls"
+    )
+    rows = entry_split(args.bursts, args.calls)
+    if not args.split_only:
+        rows += depthwise(args.bursts, args.calls, args.old)
+        rows += transposed(args.bursts, args.calls, args.old)
+    table = render_interleaved(rows, header)
+    print(table)
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "eager_depthwise.md").write_text(table)
+        doc = {"header": header, "rows": rows}
+        Path(out, "eager_depthwise.json").write_text(json.dumps(doc, indent=1))
     return 0
 
 

@@ -18,6 +18,8 @@ so one model gives both paths. IEEE fp32 (TF32 off), so a difference is the kern
 
 ``--shapes`` prints every depthwise and transposed conv each stock forward runs (channels,
 kernel, stride, input size, dtype, the activation after it) without timing anything.
+``--breakdown`` adds torch.profiler's view of five stock and five patched forwards: self CPU
+time per op, GPU kernels and their time, per forward.
 ``--device cpu --small`` runs the same checks through Triton's interpreter at small inputs
 (the patched files' GPU guard read as true), to try the script where there is no GPU.
 """
@@ -274,6 +276,139 @@ def profiled(run: Callable[[], Any]) -> dict[str, Any]:
             "has_concrete_inputs": scalars_seen}  # fmt: skip
 
 
+def breakdown(
+    forward: Callable[[], Any], routes: dict[tuple[types.ModuleType, str], Any], reps: int = 5
+) -> dict[str, Any]:
+    """Where a forward's time goes, stock against patched: torch.profiler over ``reps``
+    forwards of each, per forward: each op's self CPU time and calls (the 25 costliest), the
+    GPU kernels launched and their summed time, and the wall time under the profiler."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if DEVICE == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities):  # the profiler's own start-up, on neither side
+        forward()
+        sync()
+    sessions: dict[str, list[Any]] = {"stock": [], "patched": []}
+    # Sessions in the order A B B A, so that a host's drift weighs on both sides alike.
+    for label in ("stock", "patched", "patched", "stock"):
+        use(routes, label == "patched")
+        timed(forward, 2)
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            for _ in range(reps):
+                forward()
+            sync()
+            wall = (time.perf_counter() - start) * 1e3 / reps
+        sessions[label].append((prof, wall))
+    found: dict[str, Any] = {}
+    for label, runs in sessions.items():
+        n = reps * len(runs)
+        ops_us: dict[str, float] = {}
+        ops_calls: dict[str, float] = {}
+        by_kernel: dict[str, list[float]] = {}
+        for prof, _wall in runs:
+            for avg in prof.key_averages():
+                if avg.self_cpu_time_total > 0:
+                    ops_us[avg.key] = ops_us.get(avg.key, 0.0) + avg.self_cpu_time_total / n
+                    ops_calls[avg.key] = ops_calls.get(avg.key, 0.0) + avg.count / n
+            for e in prof.events():
+                if e.device_type == DeviceType.CUDA:
+                    by_kernel.setdefault(e.name[:80], []).append(e.time_range.elapsed_us())
+        ops = sorted(
+            ({"op": k, "calls": ops_calls[k], "self_cpu_us": v} for k, v in ops_us.items()),
+            key=lambda o: -float(o["self_cpu_us"]),
+        )
+        found[label] = {
+            "wall_ms_profiled": statistics.mean(w for _p, w in runs),
+            "self_cpu_ms": sum(ops_us.values()) / 1e3,
+            "kernels": sum(len(v) for v in by_kernel.values()) / n,
+            "gpu_kernel_ms": sum(sum(v) for v in by_kernel.values()) / n / 1e3,
+            "ops": ops[:25],
+            "kernels_by_name": sorted(
+                ({"kernel": k, "count": len(v) / n, "us": sum(v) / n}
+                 for k, v in by_kernel.items()),
+                key=lambda k: -float(k["us"]),
+            )[:25],
+        }  # fmt: skip
+    found["in_situ"] = in_situ(forward, routes, reps)
+    use(routes, True)
+    return found
+
+
+def in_situ(
+    forward: Callable[[], Any], routes: dict[tuple[types.ModuleType, str], Any], reps: int
+) -> dict[str, Any]:
+    """Over ``reps`` patched forwards: each entry's calls, the host time they took inside the
+    forward (perf_counter around each; the kernels are asynchronous), and how many of them
+    missed the replay (went to the depthwise entry's ``_eager`` or the transposed one's
+    ``_first``)."""
+    calls: dict[str, list[float]] = {}
+    misses: dict[str, int] = {}
+    saved: list[tuple[Any, str, Any]] = []
+    for (mod, attr), entry in routes.items():
+        label = f"{mod.__name__.rsplit('.', 1)[1]}.{attr}"
+        home = sys.modules.get(getattr(entry, "__module__", ""), None)
+        for name in ("_eager", "_first"):
+            inner = getattr(home, name, None)
+            if inner is not None and not hasattr(inner, "_counted"):
+
+                def counted(
+                    *a: Any, _inner: Any = inner, _key: str = home.__name__, **kw: Any
+                ) -> Any:
+                    misses[_key] = misses.get(_key, 0) + 1
+                    return _inner(*a, **kw)
+
+                counted._counted = True  # type: ignore[attr-defined]
+                saved.append((home, name, inner))
+                setattr(home, name, counted)
+
+        def timed_entry(*a: Any, _entry: Any = entry, _label: str = label, **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _entry(*a, **kw)
+            finally:
+                calls.setdefault(_label, []).append(time.perf_counter() - start)
+
+        saved.append((mod, attr, entry))
+        setattr(mod, attr, timed_entry)
+    try:
+        for _ in range(reps):
+            forward()
+        sync()
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+    return {
+        "per_forward": {k: {"calls": len(v) / reps, "host_us": sum(v) * 1e6 / reps,
+                            "median_call_us": statistics.median(v) * 1e6}
+                        for k, v in calls.items()},
+        "misses": misses,
+    }  # fmt: skip
+
+
+def summary(split: dict[str, Any]) -> str:
+    """The breakdown as lines: totals, then the costliest ops side by side."""
+    stock, patched = split["stock"], split["patched"]
+    lines = [
+        f"{'per forward':44s} {'stock':>18s} {'patched':>18s}",
+        *(f"{key:44s} {stock[key]:18.3f} {patched[key]:18.3f}"
+          for key in ("wall_ms_profiled", "self_cpu_ms", "kernels", "gpu_kernel_ms")),
+        f"{'op (self CPU us, calls)':44s}",
+    ]  # fmt: skip
+    rows: dict[str, list[str]] = {}
+    for col, side in enumerate((stock, patched)):
+        for o in side["ops"][:16]:
+            rows.setdefault(o["op"][:44], ["", ""])[col] = (
+                f"{o['self_cpu_us']:9.1f} ({o['calls']:5.1f})"
+            )
+    lines += [f"{op:44s} {a:>18s} {b:>18s}" for op, (a, b) in rows.items()]
+    lines.append(f"in situ: {json.dumps(split.get('in_situ'))}")
+    return "\n".join(lines)
+
+
 def activation_after(model: torch.nn.Module) -> dict[int, str]:
     """id(conv) -> the activation module its layer applies after it (by attribute name)."""
     acts = {}
@@ -409,6 +544,8 @@ def bench(name: str, reps: int) -> dict[str, Any]:
                       stock_min_ms=min(stock_ms), patched_min_ms=min(patched_ms),
                       stock_host_ms=statistics.median(stock_cpu),
                       patched_host_ms=statistics.median(patched_cpu))  # fmt: skip
+    if BREAKDOWN:
+        result["breakdown"] = breakdown(forward, routes, 1 if DEVICE == "cpu" else 5)
     # On a CPU the routed forward runs in Triton's interpreter, which the profiler makes a
     # hundred times slower: there the profiler reads a stock forward, which tries its parsing.
     use(routes, DEVICE == "cuda")
@@ -419,16 +556,18 @@ def bench(name: str, reps: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    global DEVICE, SMALL
+    global DEVICE, SMALL, BREAKDOWN
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="layout,det,rec,formula")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--small", action="store_true", help="small inputs (for a CPU try)")
     parser.add_argument("--reps", type=int, default=30, help="timed forwards each (0: none)")
     parser.add_argument("--shapes", action="store_true", help="list the stock convs only")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="torch.profiler per op, stock against patched")  # fmt: skip
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    DEVICE, SMALL = args.device, args.small
+    DEVICE, SMALL, BREAKDOWN = args.device, args.small, args.breakdown
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     if DEVICE == "cpu" and not args.shapes:
@@ -457,7 +596,12 @@ def main() -> int:
             report["models"][name] = bench(name, args.reps)
         except Exception as e:  # noqa: BLE001 - one model's failure (no PP-DocLayoutV2 here, say) is a row
             report["models"][name] = {"error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(report["models"][name], indent=1)[:3000], file=sys.stderr, flush=True)
+        found = report["models"][name]
+        split = found.pop("breakdown", None)
+        print(json.dumps(found, indent=1)[:3000], file=sys.stderr, flush=True)
+        if split is not None:
+            found["breakdown"] = split
+            print(summary(split), file=sys.stderr, flush=True)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     return 0
@@ -477,7 +621,7 @@ def _cpu_transpose(name: str) -> None:
     )
 
 
-DEVICE, SMALL = "cuda", False
+DEVICE, SMALL, BREAKDOWN = "cuda", False, False
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@
 # and mineru 4.0.12 (installed --no-deps) rewritten by `rocmfix apply --force`, stock against
 # patched eager forwards in one process, the profiler's view, then `rocmfix revert`.
 # Needs $WHL (default .whl) with libcst-*.whl and mineru/mineru-4.0.12-py3-none-any.whl;
-# results land in $OUT (models.json, models.txt).
+# results land in $OUT (models.json, models.txt). BREAKDOWN=1: torch.profiler per op as well.
 set -u
 W=${WHL:-.whl}
 OUT=${OUT:-/tmp/out}
@@ -23,6 +23,6 @@ IDS="$IDS --only mineru-ocr-replkfpn --only mineru-ocr-lightsvtr --only mineru-o
 # shellcheck disable=SC2086
 python3 -m rocmfix apply --force --scheme triton $IDS --python "$PY" 2>&1 | tail -12
 timeout "${LIMIT:-420}" python3 bench/models_gpu.py --reps "${REPS:-30}" --out "$OUT/models.json" \
-    --models "${MODELS:-layout,det,rec,formula}" \
+    --models "${MODELS:-layout,det,rec,formula}" ${BREAKDOWN:+--breakdown} \
     2>&1 | tee "$OUT/models.txt" | tail -120
 python3 -m rocmfix revert --python "$PY" 2>&1 | tail -2

@@ -121,11 +121,10 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     return _shuffle(x, _views(weight, bias), _spec(x, weight))
 
 
-# id(layer) -> (its settings, weight and bias with their addresses and versions, their views,
-# and by input layout the Spec, or None where handled() said no). A model calls each layer
-# once a forward with the same input layout: every call but a layer's first reads this and
-# prepares nothing. The entry holds the weight, so the id is not reused while it stands; a
-# plain dict, read without a lock (a BoundedCache's get costs 180 ns more a call).
+# id(layer) -> its plan (see :func:`_plan`). A model calls each layer once a forward with the
+# same input layout: every call but a layer's first reads this and prepares nothing. The plan
+# holds the weight, so the id is not reused while it stands; a plain dict, read without a lock
+# (a BoundedCache's get costs 180 ns more a call).
 _layers: dict[int, tuple[Any, ...]] = {}
 _LAYERS_SIZE = 256
 _compiler = getattr(torch, "compiler", None)
@@ -135,6 +134,9 @@ else:  # torch < 2.3
     _is_compiling = torch._dynamo.is_compiling
 _SPECS_SIZE = 64  # input layouts a layer keeps
 _lock = threading.Lock()
+_grad_enabled = torch.is_grad_enabled
+_modules = torch.nn.modules.module
+_mm, _matmul, _add = torch.mm, torch.matmul, torch.add
 
 
 def _settings(deconv: Any) -> tuple[Any, ...]:
@@ -142,29 +144,34 @@ def _settings(deconv: Any) -> tuple[Any, ...]:
             deconv.dilation, deconv.groups, deconv.padding_mode)  # fmt: skip
 
 
+def _blocks(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The size and strides of ``y.view(y6).permute(perm)`` for a contiguous ``y``: one
+    ``as_strided`` a call where the view and the permute are two."""
+    _path, _xv, y6, perm, _out, _target = spec
+    strides = [1] * len(y6)
+    for i in range(len(y6) - 2, -1, -1):
+        strides[i] = strides[i + 1] * y6[i + 1]
+    return tuple(y6[p] for p in perm), tuple(strides[p] for p in perm)
+
+
 def _plan(deconv: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Any, ...]:
-    """The layer's entry in :data:`_layers`: the current one, or a new one where the settings
-    or a tensor changed (replaced, moved, or updated in place: its version); () for inference
-    tensors, which have no version to see an update by (such calls prepare anew)."""
-    settings = _settings(deconv)
-    plan = _layers.get(id(deconv))
+    """The layer's plan: its settings, the weight and bias with their addresses (the views
+    share them) and, where the [Cin, Cout*k*k] matrix is a copy (a strided weight), the
+    weight's version, the views, the last input layout with its prepared run (None: the
+    module runs it) and the prepared runs by layout; () for inference tensors, which have
+    no version to see an update by (prepared each call)."""
+    views: Any
     try:
-        if (
-            plan is not None
-            and plan[1] is weight
-            and plan[4] is bias
-            and plan[2] == weight.data_ptr()
-            and plan[3] == weight._version
-            and (bias is None or (plan[5] == bias.data_ptr() and plan[6] == bias._version))
-            and plan[0] == settings
-        ):
-            return plan
-        stamps = (weight.data_ptr(), weight._version, bias,
-                  None if bias is None else bias.data_ptr(),
-                  None if bias is None else bias._version)  # fmt: skip
+        views = _views(weight, bias)
+    except RuntimeError:  # not a transposed conv's weight and bias: no layout of it runs
+        views = (None, None, None)
+    try:
+        copied = views[0] is not None and views[0].data_ptr() != weight.data_ptr()
+        stamps = (weight.data_ptr(), weight._version if copied else None,
+                  None if bias is None else bias.data_ptr())  # fmt: skip
     except RuntimeError:  # inference tensors
         return ()
-    plan = (settings, weight, *stamps, _views(weight, bias), {})
+    plan: tuple[Any, ...] = (_settings(deconv), weight, bias, *stamps, *views, None, {})
     with _lock:
         if len(_layers) >= _LAYERS_SIZE:
             _layers.clear()
@@ -172,10 +179,91 @@ def _plan(deconv: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple
     return plan
 
 
+def _layout(x: torch.Tensor) -> tuple[Any, ...]:
+    return (x.shape, x.stride(), x.dtype, x.get_device())
+
+
+def _run(
+    x: torch.Tensor, wm: torch.Tensor, wt: torch.Tensor, bias6: Any, run: tuple[Any, ...]
+) -> torch.Tensor:
+    """One call's GEMM and shuffle, everything but the tensors prepared (``run`` is
+    :func:`_prepared`'s): the GEMM, one strided view of its blocks, the output and one
+    ``add`` (or ``copy_``) that writes each block to its place."""
+    path, xv, size, stride, out_shape, target, y6, perm = run
+    if path == 0:
+        y = _mm(wt, x.view(xv))
+    elif path == 1:
+        y = _matmul(wt, x.view(xv))
+    else:
+        y = _matmul(x.permute(0, 2, 3, 1).reshape(xv), wm)
+    # A GEMM's result is a fresh contiguous tensor; the view and permute are the fallback.
+    blocks = y.as_strided(size, stride) if y.is_contiguous() else y.view(y6).permute(perm)
+    out = x.new_empty(target)
+    if bias6 is None:
+        out.copy_(blocks)
+    else:
+        _add(blocks, bias6, out=out)
+    return out.view(out_shape)
+
+
+def _prepared(spec: Spec) -> tuple[Any, ...]:
+    path, xv, y6, perm, out_shape, target = spec
+    size, stride = _blocks(spec)
+    return (path, xv, size, stride, out_shape, target, y6, perm)
+
+
 def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
     """``deconv(x)`` for any input: a kernel == stride ``nn.ConvTranspose2d`` on GPU tensors
     (outside autograd) runs as one GEMM and a pixel shuffle; anything else, and any error, calls
     the module itself."""
+    # The replay, first and inline: a layer's every call but its first (in its input layout)
+    # checks, at one attribute read or C call each, what its plan was made for (the same
+    # weight and bias objects at the same addresses, the weight's version where the plan
+    # holds a copy of it, the settings, the input's shape, strides, dtype and device, no
+    # forward hooks on the layer or global ones) and runs the prepared GEMM and shuffle.
+    if not _is_compiling():
+        plan = _layers.get(id(deconv))
+        if plan:
+            settings, weight, bias, wptr, wversion, bptr, wm, wt, bias6, last, _specs = plan
+            run: Any
+            try:
+                params = deconv._parameters
+                if (
+                    last is not None
+                    and x.shape == last[0]
+                    and x.stride() == last[1]
+                    and x.dtype is last[2]
+                    and x.get_device() == last[3]
+                    and params["weight"] is weight
+                    and params.get("bias") is bias
+                    and weight.data_ptr() == wptr
+                    and (wversion is None or weight._version == wversion)
+                    and (bias is None or bias.data_ptr() == bptr)
+                    and (type(deconv), deconv.stride, deconv.padding, deconv.output_padding,
+                         deconv.dilation, deconv.groups, deconv.padding_mode) == settings
+                    and not (deconv._forward_hooks or deconv._forward_pre_hooks)
+                    and not (_modules._global_forward_hooks or _modules._global_forward_pre_hooks)
+                    and not (_grad_enabled() and (x.requires_grad or weight.requires_grad
+                             or (bias is not None and bias.requires_grad)))
+                ):  # fmt: skip
+                    run = last[4]
+                    if run is None:  # a layer (or layout) the GEMM does not compute
+                        return deconv(x)  # type: ignore[no-any-return]
+                    return _run(x, wm, wt, bias6, run)
+            except Exception as exc:  # noqa: BLE001 - never take the model down
+                with _lock:
+                    _layers.pop(id(deconv), None)
+                _warn_once(
+                    f"rocmfix: the transposed conv as a GEMM failed ({type(exc).__name__}: "
+                    f"{exc}); running the module",
+                )
+                return deconv(x)  # type: ignore[no-any-return]
+    return _first(x, deconv)
+
+
+def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
+    """A call the replay did not take: checks, prepares (the layer's plan, and the input
+    layout's shapes) and runs; the module itself where the GEMM does not compute it."""
     params = getattr(deconv, "_parameters", None)
     if not x.is_cuda or params is None:
         return deconv(x)  # type: ignore[no-any-return]
@@ -191,24 +279,49 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
             return gemm(x, weight, bias)
         return deconv(x)  # type: ignore[no-any-return]
     try:
-        plan = _plan(deconv, weight, bias)
-        layout = (x.shape, x.stride(), x.dtype, x.get_device())
+        plan = _layers.get(id(deconv))
+        if not (plan and _current(plan, deconv, weight, bias)):
+            plan = _plan(deconv, weight, bias)
+        layout = _layout(x)
         specs = plan[-1] if plan else {}
-        spec = specs.get(layout, False)
-        if spec is False:
-            spec = _spec(x, weight) if handled(x, deconv) else None
+        run = specs.get(layout, False)
+        if run is False:
+            viewed = not plan or plan[6] is not None
+            run = _prepared(_spec(x, weight)) if viewed and handled(x, deconv) else None
             if plan:
                 with _lock:
                     if len(specs) >= _SPECS_SIZE:  # a page size each: start afresh
                         specs.clear()
-                    specs[layout] = spec
+                    specs[layout] = run
+        if plan and run is None:
+            with _lock:  # the replay runs the module itself for this layout from now on
+                _layers[id(deconv)] = (*plan[:-2], (*layout, None), plan[-1])
         if not (
-            spec is None or deconv._forward_hooks or deconv._forward_pre_hooks or ks.global_hooks()
+            run is None or deconv._forward_hooks or deconv._forward_pre_hooks or ks.global_hooks()
         ):
-            return _shuffle(x, plan[-2] if plan else _views(weight, bias), spec)
+            if plan:
+                with _lock:  # the replay's layout from now on
+                    _layers[id(deconv)] = (*plan[:-2], (*layout, run), plan[-1])
+                wm, wt, bias6 = plan[6:9]
+            else:
+                wm, wt, bias6 = _views(weight, bias)
+            return _run(x, wm, wt, bias6, run)
     except Exception as exc:  # noqa: BLE001 - never take the model down
         _warn_once(
             f"rocmfix: the transposed conv as a GEMM failed ({type(exc).__name__}: {exc}); "
             "running the module",
         )
     return deconv(x)  # type: ignore[no-any-return]
+
+
+def _current(plan: tuple[Any, ...], deconv: Any, weight: torch.Tensor, bias: Any) -> bool:
+    """Whether ``plan`` was made from the layer's current settings, weight and bias."""
+    settings, w0, b0, wptr, wversion, bptr = plan[:6]
+    return (
+        w0 is weight
+        and b0 is bias
+        and weight.data_ptr() == wptr
+        and (wversion is None or weight._version == wversion)
+        and (bias is None or bias.data_ptr() == bptr)
+        and _settings(deconv) == settings
+    )

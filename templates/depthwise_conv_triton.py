@@ -146,15 +146,23 @@ def resolve_config(
     return CONFIG.resolve(arch, ("any", layout, prec, shape, f"{shape}_{prec}"))
 
 
-_plans: ks.BoundedCache[tuple[Any, ...], tuple[Any, ...]] = ks.BoundedCache(256)
+# The launch of each key (the layout, the modules and their settings) planned so far.
+_plans: ks.BoundedCache[tuple[Any, ...], rl.Launcher] = ks.BoundedCache(256)
 _broken: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
-# id(layer) -> its last call's plan and what it was planned for (see _replay). The plan holds
-# the layer's weight, so an id is not reused while its entry stands. A plain dict, not a
-# BoundedCache: every call but a layer's first reads it, and a dict's get costs 36 ns where
-# BoundedCache.get's recency update makes it 218 (CPython 3.12). Writes take rt.LOCK; a model
-# with more layers than it holds starts it afresh.
+# id(conv) -> its last call's plan and what it was planned for (see depthwise_conv2d). The
+# plan holds the layer's weight, so an id is not reused while its entry stands. A plain dict,
+# not a BoundedCache: every call but a layer's first reads it, and a dict's get costs 36 ns
+# where BoundedCache.get's recency update makes it 218 (CPython 3.12). Writes take rt.LOCK; a
+# model with more layers than it holds starts it afresh.
 _replays: dict[int, tuple[Any, ...]] = {}
 _REPLAYS_SIZE = 256
+# What the replay calls every time, bound once (a module attribute read each is ~20 ns).
+_is_compiling = rop.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_empty_like = torch.empty_like
+_CONTIGUOUS = torch.contiguous_format
+_modules = torch.nn.modules.module
+_GELU = torch.nn.GELU
 
 
 def clear_config_cache() -> None:
@@ -288,75 +296,75 @@ def _epilogue(layer: Any, bn: Any, act: Any) -> tuple[Any, Any, int, bool, bool]
     return plain[0], plain[1], code if fuse_act and code is not None else 0, bn is None, fuse_act
 
 
-def _layout(x: torch.Tensor) -> tuple[Any, ...]:
-    # What Triton specialises on for the input but its address (rl.layout_key, inlined).
-    return (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15)
+def _allocation(x: torch.Tensor, out_shape: tuple[int, ...]) -> int:
+    """How a replay allocates the (NCHW-contiguous) output, cheapest first (CPython 3.11, torch
+    2.14 on a CPU: 0.9, 1.1 and 1.5 us, bench/dw_host.py): 0 ``empty_like(x)`` for a
+    contiguous input of the output's shape (it keeps that layout), 1 ``empty_like`` in the
+    contiguous format for any other input of that shape, 2 ``new_empty``."""
+    if tuple(x.shape) != out_shape:
+        return 2
+    return 0 if x.is_contiguous() else 1
 
 
-def _settings(layer: Any, bn: Any) -> tuple[Any, ...]:
-    return (layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_mode,
-            getattr(bn, "eps", None))  # fmt: skip
-
-
-def _replay(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
-    """The launch planned for this layer at its last call, where nothing it depends on has
-    changed since; else None. A model calls each layer once a forward with the same shapes:
-    this is the path of every call but a layer's first, checked inline at the fewest checks
-    that stay correct (a hook, training mode, a replaced or updated tensor, a new layout or
-    setting send the call to the full path, which plans it anew)."""
-    plan = _replays.get(id(layer))
-    if plan is None:
-        return None
-    bn0, act0, settings, layout, tensors, stamps, launch, out_shape, bn_done, act_done = plan
-    if (
-        bn is not bn0
-        or act is not act0
-        or _layout(x) != layout
-        or _settings(layer, bn) != settings
-        or layer._forward_hooks
-        or layer._forward_pre_hooks
-        or ks.global_hooks()
-    ):
-        return None
+def _plan(
+    x: torch.Tensor,
+    layer: Any,
+    bn: Any,
+    act: Any,
+    launcher: rl.Launcher,
+    args: tuple[Any, ...],
+    out_shape: tuple[int, ...],
+    epilogue: tuple[Any, Any, int, bool, bool],
+) -> tuple[Any, ...] | None:
+    """What :func:`depthwise_conv2d` replays for ``layer``'s next calls, with everything the
+    launch was made from: None where a tensor has no version (inference tensors)."""
+    _scale, _shift, _code, bn_done, act_done = epilogue
     params = layer._parameters
-    if params["weight"] is not tensors[0] or params.get("bias") is not tensors[1]:
-        return None
-    if bn is not None:
-        if bn.training or bn._forward_hooks or bn._forward_pre_hooks:
-            return None
+    weight, bias, wk = params["weight"], params.get("bias"), args[1]
+    folded = None
+    sources = [bias]  # what the scale and shift were computed from: copies
+    if bn_done and bn is not None:
         buffers, affine = bn._buffers, bn._parameters
-        if (
-            buffers.get("running_mean") is not tensors[2]
-            or buffers.get("running_var") is not tensors[3]
-            or affine.get("weight") is not tensors[4]
-            or affine.get("bias") is not tensors[5]
-        ):
-            return None
-    if act is not None and ks.hooked(act):
+        folded = (buffers.get("running_mean"), buffers.get("running_var"),
+                  affine.get("weight"), affine.get("bias"), bn.eps)  # fmt: skip
+        sources += folded[:4]
+    try:
+        # The kernel reads the weight through a view where it can (the live values); a copy
+        # (a non-contiguous weight) goes stale when the weight is updated in place.
+        if wk.data_ptr() != weight.data_ptr():
+            sources.append(weight)
+        stamps = tuple((t, t.data_ptr(), t._version) for t in sources if t is not None)
+        wptr = weight.data_ptr()
+    except RuntimeError:
         return None
-    # In-place updates (load_state_dict, a fused-BN rewrite) bump a version or move the data.
-    for t, ptr, version in stamps:
-        if t._version != version or t.data_ptr() != ptr:
-            return None
-    launcher, wk, scale, shift, tail = launch
-    out = x.new_empty(out_shape)
-    launcher(x, wk, scale, shift, out, *tail)
-    if not bn_done and bn is not None:
-        out = bn(out)
-    if not act_done and act is not None:
-        out = act(out)
-    return out
+    compiled = launcher.compiled
+    run, function, meta = (
+        (None, None, None)
+        if compiled is None
+        else (compiled.run, compiled.function, compiled.packed_metadata)
+    )
+    return (
+        bn, act,
+        x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15,
+        (layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_mode),
+        weight, wptr, bias, folded, stamps,
+        _allocation(x, out_shape), out_shape,
+        launcher, run, function, meta, *launcher.grid,
+        args[1], args[2], args[3], args[5:] + launcher.tail, args[5:],
+        bn_done, act_done,
+        act_done and type(act) is _GELU,
+        tuple(t for t in (weight, *sources) if t is not None),
+    )  # fmt: skip
 
 
 def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
+    """A layer's first call (or the first since what it was planned for changed): checks,
+    plans, launches, and keeps the plan for the replay in :func:`depthwise_conv2d`."""
     weight = layer._parameters.get("weight") if isinstance(layer, torch.nn.Module) else None
     if weight is None:
         return None
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return None
-    out = _replay(x, layer, bn, act)
-    if out is not None:
-        return out
     # Everything a launch depends on but the tensors: their layout, the modules and their
     # settings. A layer that failed once at a key runs its modules from then on.
     key = (rl.layout_key(x), id(layer), layer.stride, layer.padding, layer.dilation,
@@ -382,22 +390,9 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
     except Exception:
         _broken.put(key, True)
         raise
-    stamps = ks.layer_stamps(layer, bn)
-    if stamps is not None:
-        _plans.put(key, (launcher, args))
-        plan = (
-            bn,
-            act,
-            _settings(layer, bn),
-            _layout(x),
-            stamps[0::3],
-            tuple((t, ptr, v) for t, ptr, v in zip(stamps[0::3], stamps[1::3], stamps[2::3])
-                  if t is not None),
-            (launcher, args[1], args[2], args[3], args[5:]),
-            tuple(out.shape),
-            bn_done,
-            act_done,
-        )  # fmt: skip
+    plan = _plan(x, layer, bn, act, launcher, args, tuple(out.shape), epilogue)
+    if plan is not None:
+        _plans.put(key, launcher)
         with rt.LOCK:
             if len(_replays) >= _REPLAYS_SIZE:
                 _replays.clear()
@@ -441,6 +436,85 @@ def depthwise_conv2d(
     ``Hardswish``/``Identity`` without hooks in its store; any other module is called on its
     output. Everything else runs the modules themselves, as does any error (warned once).
     """
+    # The replay, first and inline: a model calls each layer once a forward with the same
+    # input layout, so every call but a layer's first lands here, where the F.conv2d it
+    # replaces pays one C++ dispatch. It checks, at one attribute read or C call each, what
+    # the launch was planned for: the same BatchNorm and activation objects; the input's
+    # shape, strides, dtype, device and 16-byte alignment; the conv's settings; its weight
+    # and bias the same objects (the weight at the same address: the kernel reads it through
+    # a view); no forward hooks on the conv or global ones; every tensor the scale and shift
+    # were folded from the same object at the same address and version; a folded
+    # BatchNorm's eps, eval mode and hooks, a fused activation's hooks. Anything else goes
+    # to _eager, which plans anew or runs the modules.
+    if not _is_compiling():
+        plan = _replays.get(id(conv))
+        if plan is not None:
+            (bn0, act0, shape, strides, dtype, device, align, settings, weight, wptr, bias,
+             folded, stamps, alloc, out_shape, launcher, run, function, meta, g0, g1, g2,
+             wk, scale, shift, rest, tail, bn_done, act_done, gelu, grads) = plan  # fmt: skip
+            try:
+                params = conv._parameters
+                fresh = (
+                    bn is bn0
+                    and act is act0
+                    and x.shape == shape
+                    and x.stride() == strides
+                    and x.dtype is dtype
+                    and x.get_device() == device
+                    and x.data_ptr() & 15 == align
+                    and (conv.stride, conv.padding, conv.dilation, conv.groups,
+                         conv.padding_mode) == settings
+                    and params["weight"] is weight
+                    and weight.data_ptr() == wptr
+                    and params.get("bias") is bias
+                    and not (conv._forward_hooks or conv._forward_pre_hooks)
+                    and not (_modules._global_forward_hooks or _modules._global_forward_pre_hooks)
+                    and not (_grad_enabled()
+                             and (x.requires_grad or any(t.requires_grad for t in grads)))
+                )  # fmt: skip
+                if fresh and folded is not None:
+                    buffers, affine = bn._buffers, bn._parameters  # type: ignore[union-attr]
+                    fresh = (
+                        buffers.get("running_mean") is folded[0]
+                        and buffers.get("running_var") is folded[1]
+                        and affine.get("weight") is folded[2]
+                        and affine.get("bias") is folded[3]
+                        and bn.eps == folded[4]  # type: ignore[union-attr]
+                        and not bn.training  # type: ignore[union-attr]
+                        and not (bn._forward_hooks or bn._forward_pre_hooks)  # type: ignore[union-attr]
+                    )
+                if fresh and act_done and act is not None:
+                    fresh = not (act._forward_hooks or act._forward_pre_hooks)  # type: ignore[attr-defined]
+                    if gelu and act.approximate != "none":  # type: ignore[attr-defined]
+                        fresh = False
+                if fresh:
+                    for t, ptr, version in stamps:
+                        if t._version != version or t.data_ptr() != ptr:
+                            fresh = False
+                            break
+                if fresh:
+                    if alloc == 0:
+                        out = _empty_like(x)
+                    elif alloc == 1:
+                        out = _empty_like(x, memory_format=_CONTIGUOUS)
+                    else:
+                        out = x.new_empty(out_shape)
+                    stream = None if run is None else launcher.stream()
+                    if stream is not None:
+                        run(g0, g1, g2, stream, function, meta, None, None, None,
+                            x, wk, scale, shift, out, *rest)  # fmt: skip
+                    else:
+                        launcher(x, wk, scale, shift, out, *tail)
+                    if not bn_done and bn is not None:
+                        out = bn(out)
+                    if not act_done and act is not None:
+                        out = act(out)
+                    return out
+            except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
+                with rt.LOCK:
+                    _replays.pop(id(conv), None)  # the next call plans anew, or marks it broken
+                _failed(exc)
+                return ks.stock(x, conv, bn, act)
     if triton is None:
         if x.is_cuda:
             kc.warn_once("no-triton", "rocmfix: triton is not importable; depthwise convs run "
@@ -448,19 +522,23 @@ def depthwise_conv2d(
         return ks.stock(x, conv, bn, act)
     if not (x.is_cuda or INTERPRETING):
         return ks.stock(x, conv, bn, act)
-    if rop.is_compiling():
+    if _is_compiling():
         y = _traced(x, conv, bn, act)
         return ks.stock(x, conv, bn, act) if y is None else y
     try:
-        out = _eager(x, conv, bn, act)
+        done = _eager(x, conv, bn, act)
     except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
-        kc.warn_once(
-            "depthwise:" + type(exc).__name__,
-            f"rocmfix: the depthwise conv kernel failed ({type(exc).__name__}: {exc}); "
-            "running the stock modules",
-        )
-        out = None
-    return ks.stock(x, conv, bn, act) if out is None else out
+        _failed(exc)
+        done = None
+    return ks.stock(x, conv, bn, act) if done is None else done
+
+
+def _failed(exc: Exception) -> None:
+    kc.warn_once(
+        "depthwise:" + type(exc).__name__,
+        f"rocmfix: the depthwise conv kernel failed ({type(exc).__name__}: {exc}); "
+        "running the stock modules",
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -60,9 +60,17 @@ def device_index(t: torch.Tensor) -> int | None:
     return index if index >= 0 else None
 
 
-def _no_hooks(chain: Any) -> bool:
-    # Triton >= 3.5 keeps launch hooks in a HookChain, empty unless a profiler added one.
-    return chain is None or (type(chain).__name__ == "HookChain" and not chain.calls)
+def _current_getters(active: Any) -> tuple[Any, Any]:
+    """Triton's active driver's getters of the current device and stream. Under torch, Triton
+    asks ``torch.cuda.current_device``, which runs torch's lazy-init check before the C call
+    ``torch._C._cuda_getDevice``; a kernel adopted here has run, so CUDA is initialised and
+    the C call alone gives the same answer. The stream getter is already torch's C call
+    (``_cuda_getCurrentRawStream``, HIP's under ROCm)."""
+    device = active.get_current_device
+    fast = getattr(torch._C, "_cuda_getDevice", None)
+    if fast is not None and device is getattr(torch.cuda, "current_device", None):
+        device = fast
+    return device, active.get_current_stream
 
 
 class Launcher:
@@ -84,8 +92,8 @@ class Launcher:
     device guard, as torch's own ops switch device for their inputs.
     """
 
-    __slots__ = ("compiled", "debug", "device", "grid", "kernel", "kwargs", "launched_on",
-                 "tail")  # fmt: skip
+    __slots__ = ("compiled", "current_device", "current_stream", "debug", "device", "enter",
+                 "grid", "kernel", "kwargs", "launched_on", "leave", "runtime", "tail")  # fmt: skip
 
     def __init__(
         self,
@@ -103,32 +111,21 @@ class Launcher:
         self.device = device
         self.launched_on: Any = None  # the current device when the compiled kernel was adopted
         self.debug: Any = None
+        # Set when a compiled kernel is adopted: Triton's runtime knobs, the launch hook chains
+        # seen then, and the current device's and stream's getters.
+        self.runtime: Any = None
+        self.enter: Any = None
+        self.leave: Any = None
+        self.current_device: Any = None
+        self.current_stream: Any = None
 
     def __call__(self, *args: Any) -> None:
         compiled = self.compiled
         if compiled is not None:
-            knobs, driver = _launch_path[0]
-            runtime = knobs.runtime
-            device = driver.active.get_current_device()
-            if (
-                device == self.launched_on
-                and _no_hooks(runtime.launch_enter_hook)
-                and _no_hooks(runtime.launch_exit_hook)
-                and runtime.debug == self.debug
-                and getattr(runtime, "add_stages_inspection_hook", None) is None
-                and not getattr(self.kernel, "pre_run_hooks", None)
-            ):
-                compiled.run(
-                    *self.grid,
-                    driver.active.get_current_stream(device),
-                    compiled.function,
-                    compiled.packed_metadata,
-                    None,
-                    None,
-                    None,
-                    *args,
-                    *self.tail,
-                )
+            stream = self.stream()
+            if stream is not None:
+                compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata,
+                             None, None, None, *args, *self.tail)  # fmt: skip
                 return
         if self.device is not None and torch.cuda.current_device() != self.device:
             self.launch_once(*args)
@@ -136,6 +133,28 @@ class Launcher:
         result = self.kernel[self.grid](*args, **self.kwargs)
         if compiled is None and result is not None and _direct_launch_path() is not None:
             self._adopt(result, args)
+
+    def stream(self) -> Any:
+        """The stream a direct launch of the adopted kernel goes on now, or None where the
+        call must go through ``kernel[grid]``: nothing adopted, another current device, a
+        launch hook (a profiler), a changed debug setting, a stages hook or a pre-run hook.
+        A caller that keeps ``compiled.run``'s arguments itself launches with this (the
+        depthwise conv's replay); every check costs one attribute read or C call."""
+        if self.compiled is None:
+            return None
+        runtime = self.runtime
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        device = self.current_device()
+        if (
+            device == self.launched_on
+            and (enter is None or (enter is self.enter and not enter.calls))
+            and (leave is None or (leave is self.leave and not leave.calls))
+            and runtime.debug == self.debug
+            and getattr(runtime, "add_stages_inspection_hook", None) is None
+            and not getattr(self.kernel, "pre_run_hooks", None)
+        ):
+            return self.current_stream(device)
+        return None
 
     def launch_once(self, *args: Any) -> None:
         """``kernel[grid](*args, **kwargs)`` on the tensors' device, adopting nothing: for a
@@ -164,6 +183,15 @@ class Launcher:
             else:
                 return
         self.tail = tuple(tail)
-        self.launched_on = driver.active.get_current_device()
-        self.debug = knobs.runtime.debug
+        active = driver.active
+        self.current_device, self.current_stream = _current_getters(active)
+        self.launched_on = self.current_device()
+        runtime = knobs.runtime
+        self.runtime, self.debug = runtime, runtime.debug
+        # Triton >= 3.5 keeps launch hooks in a HookChain, empty unless a profiler added one;
+        # a chain that is not the one seen here (replaced, or a plain hook) is not known quiet.
+        self.enter, self.leave = (
+            chain if type(chain).__name__ == "HookChain" else None
+            for chain in (runtime.launch_enter_hook, runtime.launch_exit_hook)
+        )
         self.compiled = compiled

@@ -7,6 +7,7 @@ depthwise_conv.py) scaled down, and odd sizes. The GPU proof is bench/depthwise_
 
 from __future__ import annotations
 
+import inspect
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -353,6 +354,7 @@ MUTATIONS = [
     "weight-inplace", "weight-replaced", "weight-data", "bias-added", "bn-stat-inplace",
     "bn-buffer-replaced", "bn-affine-replaced", "bn-eps", "bn-train", "padding", "stride",
     "channels-last", "other-bn", "conv-hook", "bn-hook", "act-hook", "global-hook",
+    "strided-weight-inplace", "gelu-tanh", "grad-input", "grad-bn-affine",
 ]  # fmt: skip
 
 
@@ -361,7 +363,11 @@ def test_a_replayed_plan_sees_every_change_it_depends_on(tri: ModuleType, change
     """After a layer's plan replays, each change of what it was planned for gives the stock
     layer's result (replanned or the modules themselves), never the stale launch."""
     c = 4
-    conv, bn, act = _layer(c, (3, 3), 1, torch.float32, "relu")
+    conv, bn, act = _layer(c, (3, 3), 1, torch.float32, "gelu" if change == "gelu-tanh" else "relu")
+    if change == "strided-weight-inplace":  # the kernel reads a contiguous copy of it
+        conv.weight = torch.nn.Parameter(torch.randn(c, 1, 3, 3).transpose(2, 3))
+    if change == "grad-bn-affine":  # only the folded BatchNorm's affine parameters need grad
+        conv.weight.requires_grad_(False)
     x = torch.randn(1, c, 8, 6)
     seen: list[str] = []
     tri.clear_config_cache()
@@ -402,19 +408,29 @@ def test_a_replayed_plan_sees_every_change_it_depends_on(tri: ModuleType, change
             bn.register_forward_hook(lambda *_: seen.append("bn"))
         elif change == "act-hook":
             act.register_forward_hook(lambda *_: seen.append("act"))
+        elif change == "strided-weight-inplace":
+            conv.weight.mul_(-2.0)
+        elif change == "gelu-tanh":
+            act.approximate = "tanh"
+        elif change == "grad-input":
+            x.requires_grad_(True)
         global_hook = None
         if change == "global-hook":
             global_hook = torch.nn.modules.module.register_module_forward_hook(
                 lambda *_: seen.append("global")
             )
         try:
-            got = tri.depthwise_conv2d(x, conv, bn, act)
+            with torch.set_grad_enabled(change.startswith("grad")):
+                got = tri.depthwise_conv2d(x, conv, bn, act)
         finally:
             if global_hook is not None:
                 global_hook.remove()
-        want = _want(x, conv, bn, act) if change != "bn-train" else act(bn(conv(x)))
+        stock = change in ("bn-train", "gelu-tanh") or change.startswith("grad")
+        with torch.set_grad_enabled(change.startswith("grad")):
+            want = act(bn(conv(x))) if stock else _want(x, conv, bn, act)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert bool(seen) == change.endswith("-hook")
+    assert got.requires_grad == change.startswith("grad")
 
 
 @pytest.mark.parametrize(
@@ -451,3 +467,97 @@ def test_pairs_and_elements_compute_the_same_conv(
             _check(tri.conv(shifted, weight, 1, pad, config=cfg), want, dtype)
             want_odd = F.conv2d(odd.float(), weight.float(), None, 1, pad, 1, c)
             _check(tri.conv(odd, weight, 1, pad, config=cfg), want_odd, dtype)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels-last", "stride-2"])
+def test_a_replay_allocates_an_nchw_output_however_its_input_is_laid_out(
+    tri: ModuleType, layout: str
+) -> None:
+    """The replay's output comes from ``empty_like`` where the shapes match (in the contiguous
+    format for a channels-last input) and ``new_empty`` otherwise: NCHW-contiguous each way,
+    as the kernel writes it."""
+    stride = 2 if layout == "stride-2" else 1
+    conv, bn, act = _layer(4, (3, 3), stride, torch.float32, "silu")
+    tri.clear_config_cache()
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 4, 8, 6)
+            if layout == "channels-last":
+                x = x.contiguous(memory_format=torch.channels_last)
+            got = tri.depthwise_conv2d(x, conv, bn, act)
+            assert got.is_contiguous()
+            _check(got, _want(x, conv, bn, act), torch.float32)
+    assert tri._replays[id(conv)][13] == {"nchw": 0, "channels-last": 1, "stride-2": 2}[layout]
+
+
+class _Compiled:
+    """What Triton's ``kernel[grid](...)`` returns: a compiled kernel whose launcher records."""
+
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def run(self, *args: Any) -> None:
+        self.calls.append(args)
+
+
+class _Compiling:
+    """A JITFunction stand-in with the real kernel's signature: each launch is recorded and
+    returns one compiled kernel, which the Launcher adopts as it adopts Triton's."""
+
+    def __init__(self, real: Any) -> None:
+        self.fn = real.fn
+        self.compiled = _Compiled()
+        self.launches: list[tuple[Any, ...]] = []
+        self.pre_run_hooks: list[Any] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> _Compiled:
+            self.launches.append((grid, args, kwargs))
+            return self.compiled
+
+        return launch
+
+
+def test_a_replay_launches_the_adopted_kernel_straight_with_the_calls_tensors() -> None:
+    """Triton's interpreter adopts nothing, so on the CPU the direct launch is checked with a
+    stand-in kernel and driver: a replay passes the compiled kernel's launcher the grid, the
+    current stream and every argument Triton's first launch got, this call's input and output
+    in their places; a launch hook sends it through ``kernel[grid]`` again."""
+    import types
+
+    import triton as real_triton
+
+    module = load_template("depthwise_conv_triton")
+    launcher_module = module.rl
+    kernel = _Compiling(module.dk.KERNEL)
+    active = types.SimpleNamespace(get_current_device=lambda: 0,
+                                   get_current_stream=lambda device: f"stream{device}")  # fmt: skip
+    saved = list(launcher_module._launch_path)
+    launcher_module._launch_path[:] = [(real_triton.knobs, types.SimpleNamespace(active=active))]
+    module.dk.KERNEL = kernel
+    conv, bn, act = _layer(4, (3, 3), 1, torch.float32, "hardswish")
+    try:
+        with torch.no_grad():
+            first = torch.randn(1, 4, 8, 6)
+            module.depthwise_conv2d(first, conv, bn, act)
+            x = torch.randn(1, 4, 8, 6)
+            out = module.depthwise_conv2d(x, conv, bn, act)
+            assert len(kernel.launches) == 1 and len(kernel.compiled.calls) == 1
+            grid, args, kwargs = kernel.launches[0]
+            call = kernel.compiled.calls[0]
+            assert call[:9] == (*grid, "stream0", "function", "metadata", None, None, None)
+            assert call[9] is x and call[13] is out and out.shape == x.shape
+            assert call[10:13] == args[1:4] and call[14:23] == args[5:]
+            names = list(inspect.signature(kernel.fn).parameters)[len(args) :]
+            assert call[23:] == tuple(kwargs[name] for name in names)
+            hooks = real_triton.knobs.runtime.launch_enter_hook
+            hooks.calls.append(lambda *_: None)
+            try:
+                module.depthwise_conv2d(x, conv, bn, act)
+            finally:
+                hooks.calls.pop()
+            assert len(kernel.launches) == 2 and len(kernel.compiled.calls) == 1
+    finally:
+        launcher_module._launch_path[:] = saved

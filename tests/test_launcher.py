@@ -108,8 +108,9 @@ def test_the_first_call_goes_through_triton_and_the_rest_straight_to_its_launche
 
 @pytest.mark.parametrize(
     "change",
-    ["enter-hook", "exit-hook", "debug", "device", "pre-run-hook", "unknown-triton"],
-)
+    ["enter-hook", "exit-hook", "replaced-chain", "debug", "device", "pre-run-hook",
+     "unknown-triton"],
+)  # fmt: skip
 def test_anything_triton_would_see_otherwise_goes_through_triton(
     kc: types.ModuleType, change: str
 ) -> None:
@@ -122,6 +123,8 @@ def test_anything_triton_would_see_otherwise_goes_through_triton(
         knobs.runtime.launch_enter_hook.calls.append(print)
     elif change == "exit-hook":
         knobs.runtime.launch_exit_hook = print
+    elif change == "replaced-chain":  # empty, but not the chain seen: not known quiet
+        knobs.runtime.launch_enter_hook = HookChain()
     elif change == "debug":
         knobs.runtime.debug = True
     elif change == "device":
@@ -138,6 +141,33 @@ def test_anything_triton_would_see_otherwise_goes_through_triton(
         assert len(fresh.runs) == 2 and fresh.compiled.calls == []
         return
     assert len(kernel.runs) == 2 and kernel.compiled.calls == []
+
+
+def test_stream_says_when_a_caller_may_launch_the_adopted_kernel_itself(
+    kc: types.ModuleType,
+) -> None:
+    kernel = Kernel()
+    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True})
+    assert launcher.stream() is None  # nothing adopted yet
+    launcher(*_args())
+    assert launcher.stream() == "stream0"
+    kernel.pre_run_hooks.append(print)
+    assert launcher.stream() is None
+
+
+def test_the_current_device_is_torchs_c_call_where_triton_asks_torch(
+    kc: types.ModuleType,
+) -> None:
+    """Triton under torch asks ``torch.cuda.current_device`` (a lazy-init check, then the C
+    call); an adopted kernel has run, so the Launcher asks the C call alone. Any other
+    driver's getters are kept as they are."""
+    torch = pytest.importorskip("torch")
+    active = types.SimpleNamespace(
+        get_current_device=torch.cuda.current_device, get_current_stream=print
+    )
+    assert kc._current_getters(active) == (torch._C._cuda_getDevice, print)
+    other = types.SimpleNamespace(get_current_device=len, get_current_stream=print)
+    assert kc._current_getters(other) == (len, print)
 
 
 def test_parameters_passed_by_keyword_reach_the_launcher_in_signature_order(
