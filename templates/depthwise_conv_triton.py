@@ -401,13 +401,20 @@ def _traced(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | No
     if torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad):
         return None  # the op has no backward
     geometry = _conv_geometry(x, layer)
-    if geometry is None or (bn is not None and not ks.foldable_bn(bn)):
+    if geometry is None:
         return None
     code = ks.act_code(act)
+    if bn is not None and not ks.foldable_bn(bn):
+        # As _epilogue: a BatchNorm the kernel cannot fold (RT-DETR's frozen one in
+        # PP-DocLayoutV2's backbone) is called on the op's output, then the activation.
+        scale, shift = ks.fold_traced(None, layer.bias)
+        y: torch.Tensor = _OP(x, layer.weight, scale, shift, list(geometry[0]),
+                              list(geometry[1]), 0)  # fmt: skip
+        y = bn(y)
+        return y if act is None else act(y)
     scale, shift = ks.fold_traced(bn, layer.bias)
     fused_act = code if code is not None else 0
-    y: torch.Tensor = _OP(x, layer.weight, scale, shift, list(geometry[0]), list(geometry[1]),
-                          fused_act)  # fmt: skip
+    y = _OP(x, layer.weight, scale, shift, list(geometry[0]), list(geometry[1]), fused_act)
     if code is None and act is not None:
         y = act(y)
     return y
