@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_hgnet import HGNET
+from test_mineru_ocr import NEW, PRELUDE, _rocm_mineru, fake_dist, only_ocr
 
 import releases
 from conftest import InstalledEnv, fake_torch, install_release
-from test_hgnet import HGNET
-from test_mineru_ocr import NEW, PRELUDE, _rocm_mineru, fake_dist, only_ocr
 
 pytestmark = pytest.mark.network
 
