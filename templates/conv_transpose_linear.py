@@ -121,9 +121,7 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     return _shuffle(x, _views(weight, bias), _spec(x, weight))
 
 
-def gemm_traced(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
+def gemm_traced(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """:func:`gemm` for ``torch.compile`` to trace: the shuffle as a value, not written through
     ``out=`` into a view of the output, which AOTAutograd's functionalization cannot invert
     (fullgraph compiles failed on PP-OCRv6 det's head: "Cannot view a tensor ...")."""

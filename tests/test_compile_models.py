@@ -333,3 +333,40 @@ def test_the_transposed_gemm_compiles_through_aot(layout: str, bias: bool) -> No
             if layout == "channels-last":
                 x = x.to(memory_format=torch.channels_last)
             torch.testing.assert_close(fn(x), deconv(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_depthwise_op_launches_from_a_plan_after_its_first_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compiled model calls the op with the same weight and layouts each forward: the
+    second call prepares nothing, takes the new scale and shift tensors (recomputed by the
+    graph each forward) and the new input, and an in-place update of the weight plans anew."""
+    import torch
+
+    from conftest import load_template
+
+    dw = load_template("depthwise_conv_triton")
+    prepared: list[int] = []
+    real = dw.prepare_launch
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        prepared.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dw, "prepare_launch", spy)
+    g = torch.Generator().manual_seed(6)
+    weight = torch.nn.Parameter(torch.randn(6, 1, 3, 3, generator=g), requires_grad=False)
+
+    def check(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> None:
+        got = dw._OP(x, weight, scale, shift, [1, 1], [1, 1], 1)
+        want = dw._reference(x, weight, scale, shift, [1, 1], [1, 1], 1)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(2, 6, 7, 9, generator=g)
+            check(x, torch.rand(6, generator=g) + 0.5, torch.randn(6, generator=g))
+        assert prepared == [1]
+        weight.mul_(-2.0)
+        check(torch.randn(2, 6, 7, 9, generator=g), torch.ones(6), torch.zeros(6))
+        assert prepared == [1, 1]
