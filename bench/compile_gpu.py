@@ -157,6 +157,7 @@ def _timed(
     route: Callable[[bool], None] | None = None,
     fullgraph: bool = True,
     deep: bool = False,
+    probe: tuple[Any, list[str]] | None = None,
 ) -> None:
     """Compile ``ours`` (``fullgraph``) and ``stock`` (if given) in this process, check,
     replay a graph of the compiled one on a fresh input, time both. ``deep``: also the
@@ -207,6 +208,11 @@ def _timed(
         row["graph_ratio"] = graphed["patched"] / graphed["stock"]
     except Exception as exc:  # noqa: BLE001 - recorded, the row stands
         row["graph_ratio"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if probe is not None:
+        try:
+            row["op_calls"] = timing.count_calls(probe[0], probe[1], fns["patched"])
+        except Exception as exc:  # noqa: BLE001
+            row["op_calls"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     try:
         row["kernels"] = {
             k: timing.kernels(fns[k], smoke=SMOKE["on"]) for k in ("patched", "stock")
@@ -262,7 +268,8 @@ def doclayout(scheme: str, dtype: Any, reps: int, frames: bool) -> dict[str, Any
     if scheme != "stock":
         ours = copy.deepcopy(stock)
         name = {"gemm": "dilated_conv_triton", "linear": "dilated_conv_phase"}[scheme]
-        _patch_blocks(ours, _load.template(name).dilated_conv2d)
+        template = _load.template(name)
+        _patch_blocks(ours, template.dilated_conv2d)
     g = torch.Generator(device=_dev()).manual_seed(0)
     sizes = SMALL_PAGES if SMOKE["on"] else PAGES
     pages = [torch.rand(n, 3, h, w, device=_dev(), generator=g, dtype=dtype) for n, h, w in sizes]
@@ -285,7 +292,9 @@ def doclayout(scheme: str, dtype: Any, reps: int, frames: bool) -> dict[str, Any
     if scheme == "stock":  # its compiled time is each patched row's ms_stock, same process
         return row
     _print_row(row, partial=True)
-    _timed(row, ours, stock, (x,), fresh, ref, ref_fresh, _maps, reps, deep=scheme == "gemm")
+    probe = (template, ["_conv", "_replay", "_plan_key"]) if scheme == "gemm" else None
+    _timed(row, ours, stock, (x,), fresh, ref, ref_fresh, _maps, reps, deep=scheme == "gemm",
+           probe=probe)  # fmt: skip
     return row
 
 
@@ -403,6 +412,9 @@ def _smoke_routes(name: str) -> None:
     head._rocmfix_conv_transpose2d = entry
 
 
+_ROUTES: dict[Any, Any] = {}
+
+
 def depthwise(name: str, reps: int) -> dict[str, Any]:
     """One of the depthwise work's models (bench/models_gpu.py's builders and inputs, the
     files ``rocmfix apply`` rewrote): stock and patched from one model by setting the
@@ -416,10 +428,14 @@ def depthwise(name: str, reps: int) -> dict[str, Any]:
     if SMOKE["on"]:
         dtype = torch.float32
     model = mg.build(name).to(_dev(), dtype)
-    routes = mg.entries(name)
     if SMOKE["on"]:
+        mg.use(_ROUTES, True)
         _smoke_routes(name)
-        routes = mg.entries(name)
+    # An earlier part left the entries it shares with this one None (its stock timing last):
+    # every entry seen in this process, those of this model's package.
+    _ROUTES.update(mg.entries(name))
+    prefix = "transformers.models." if name == "layout" else "mineru."
+    routes = {k: v for k, v in _ROUTES.items() if k[0].__name__.startswith(prefix)}
     if not routes:
         raise RuntimeError("no rewritten file with a _rocmfix_ entry: run rocmfix apply first")
 
@@ -453,9 +469,10 @@ def depthwise(name: str, reps: int) -> dict[str, Any]:
     row.update(_explain(forward, x))
     row["trace_s"] = round(time.perf_counter() - t0, 1)
     _print_row(row, partial=True)
+    dropped = next(m for n, m in sys.modules.items() if n.endswith(".rocmfix_depthwise_conv"))
     _timed(row, forward, forward, (x,), fresh, ref, ref_fresh, _floats, reps, route=route,
-           fullgraph=row["breaks"] == 0 and row["stock_trace"]["breaks"] == 0,
-           deep=True)  # fmt: skip
+           fullgraph=row["breaks"] == 0 and row["stock_trace"]["breaks"] == 0, deep=True,
+           probe=(dropped, ["_op_conv", "prepare_launch", "conv"]))  # fmt: skip
     return row
 
 
@@ -486,11 +503,14 @@ def _print_row(r: dict[str, Any], partial: bool = False) -> None:
               f"{r['graph_ratio']:.3f}x (GPU time alone)", flush=True)  # fmt: skip
     elif "graph_ratio" in r:
         print(f"{'':18} graph replay: {r['graph_ratio']}", flush=True)
+    if "op_calls" in r:
+        print(f"{'':18} op calls/fwd: {r['op_calls']}", flush=True)
     for label, k in (r.get("kernels") or {}).items() if isinstance(r.get("kernels"), dict) else ():
         if k:
             groups = " ".join(f"{g} {us:.0f}" for g, us in k["us_per_forward"].items())
             print(f"{'':18} {label} kernels us/fwd: {groups} (total {k['total_us']:.0f}, "
                   f"{k['kernels_per_forward']:.0f} kernels)", flush=True)  # fmt: skip
+            print(f"{'':18} {label} host ops [calls, cpu us]/fwd: {k['host_ops']}", flush=True)
 
 
 def main() -> int:

@@ -54,6 +54,10 @@ def graph_ms(fns: dict[str, Callable[[], Any]], reps: int, smoke: bool = False) 
     return ms({k: g.replay for k, g in graphs.items()}, reps)
 
 
+HOST_OPS = ("aten::convolution", "aten::cudnn_convolution", "aten::copy_", "aten::empty",
+            "aten::empty_strided")  # fmt: skip
+
+
 def kind(kernel: str) -> str:
     """A GPU kernel's group by its name: rocmfix's Triton kernels, the vendor's convolutions
     (cuDNN's names: xmma/implicit-GEMM fprop, grouped direct, winograd), the rest."""
@@ -82,14 +86,19 @@ def kernels(fn: Callable[[], Any], forwards: int = 5, smoke: bool = False) -> di
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(forwards):
                 fn()
             torch.cuda.synchronize()
     by_kernel: dict[str, float] = {}
+    host: dict[str, list[float]] = {}  # the host's ops that launch convolutions: calls, us
     count = 0
     for e in prof.events():
         if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            if e.name.startswith("rocmfix::") or e.name in HOST_OPS:
+                seen = host.setdefault(e.name, [0.0, 0.0])
+                seen[0] += 1 / forwards
+                seen[1] += e.cpu_time_total / forwards
             continue
         if e.name.startswith(("Memcpy", "Memset")) or "cudaGraph" in e.name:
             continue
@@ -105,4 +114,46 @@ def kernels(fn: Callable[[], Any], forwards: int = 5, smoke: bool = False) -> di
         "total_us": round(sum(groups.values()), 1),
         "kernels_per_forward": count / forwards,
         "top": [[name[:90], round(us, 1)] for name, us in top],
+        # Per forward, under the profiler (which adds a few us an op): calls, CPU us.
+        "host_ops": {k: [round(c, 1), round(us, 1)] for k, (c, us) in sorted(host.items())},
+    }
+
+
+def count_calls(
+    module: Any, names: list[str], fn: Callable[[], Any], forwards: int = 5
+) -> dict[str, dict[str, float]]:
+    """Calls of ``module``'s functions ``names`` per forward of ``fn`` and the host time spent
+    in them (perf_counter, no sync): whether an op's implementation takes its cached launch
+    plan in a compiled model, and what its Python costs there. The functions are looked up
+    as module globals by their callers, so wrapping the attribute sees every call."""
+    import time
+
+    import torch
+
+    counts = {n: [0, 0.0] for n in names if hasattr(module, n)}
+    saved = {n: getattr(module, n) for n in counts}
+
+    def wrap(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                counts[name][0] += 1
+                counts[name][1] += time.perf_counter() - start
+
+        return call
+
+    try:
+        for name, real in saved.items():
+            setattr(module, name, wrap(name, real))
+        with torch.inference_mode():
+            for _ in range(forwards):
+                fn()
+    finally:
+        for name, real in saved.items():
+            setattr(module, name, real)
+    return {
+        n: {"calls": c / forwards, "host_us": round(s / forwards * 1e6, 1)}
+        for n, (c, s) in counts.items()
     }
