@@ -1,6 +1,7 @@
 """Graph mode on a GPU: the patched models under ``torch.compile`` against the compiled stock.
 
-Parts, each independent (``--parts``, comma-separated, default all, in this order), each
+Parts, each independent (``--parts``, comma-separated, default all but ``dw-*``, which need
+``rocmfix apply``: bench/compile_gpu.sh), in this order, each
 printing its row as soon as it is done and rewriting the JSON:
 
 * ``doclayout-stock``, ``doclayout-gemm``, ``doclayout-linear``: DocLayout-YOLO (the released
@@ -515,7 +516,7 @@ def _print_row(r: dict[str, Any], partial: bool = False) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--parts", default=",".join(p for p in PARTS if not p.startswith("dw-")))
     parser.add_argument("--out", type=Path, default=Path("compile_gpu.json"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--reps", type=int, default=30)
