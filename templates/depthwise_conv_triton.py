@@ -542,7 +542,9 @@ def _impl(
                 f"rocmfix: the depthwise conv kernel failed ({type(exc).__name__}: {exc}); "
                 "running F.conv2d",
             )
-    return _reference(x, weight, scale, shift, stride, padding, act)
+    # NCHW-contiguous, as the fake says: Inductor reads the result by the fake's strides, and
+    # F.conv2d keeps a channels-last input's layout (Inductor on the CPU runs convs so).
+    return _reference(x, weight, scale, shift, stride, padding, act).contiguous()
 
 
 def _impl_fake(

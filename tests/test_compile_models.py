@@ -370,3 +370,21 @@ def test_the_depthwise_op_launches_from_a_plan_after_its_first_call(
         weight.mul_(-2.0)
         check(torch.randn(2, 6, 7, 9, generator=g), torch.ones(6), torch.zeros(6))
         assert prepared == [1, 1]
+
+
+def test_the_depthwise_op_gives_the_layout_its_fake_says() -> None:
+    """Inductor lays out what follows the op by the fake's strides (NCHW-contiguous): the CPU
+    implementation keeps to them for a channels-last input too."""
+    import torch
+
+    from conftest import load_template
+
+    dw = load_template("depthwise_conv_triton")
+    dw.dk.KERNEL, kernel = None, dw.dk.KERNEL  # the reference, as without the interpreter
+    try:
+        x = torch.randn(1, 6, 8, 8).to(memory_format=torch.channels_last)
+        y = dw._impl(x, torch.randn(6, 1, 3, 3), torch.ones(6), torch.zeros(6), [1, 1], [1, 1], 1)
+    finally:
+        dw.dk.KERNEL = kernel
+    fake = dw._impl_fake(x, torch.randn(6, 1, 3, 3), None, None, [1, 1], [1, 1], 1)
+    assert y.shape == fake.shape and y.stride() == fake.stride()
