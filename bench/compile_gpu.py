@@ -1,12 +1,18 @@
 """Graph mode on a GPU: the patched models under ``torch.compile`` against the compiled stock.
 
-Parts, each independent (``--parts``, comma-separated, default all, in this order), each
+Parts, each independent (``--parts``, comma-separated, default all but ``dw-*``, which need
+``rocmfix apply``: bench/compile_gpu.sh), in this order, each
 printing its row as soon as it is done and rewriting the JSON:
 
 * ``doclayout-stock``, ``doclayout-gemm``, ``doclayout-linear``: DocLayout-YOLO (the released
   yolov10m-doclayout architecture, random weights, the installed ``doclayout-yolo``), stock or
   with ``DilatedBlock.dilated_conv`` routed through a scheme's template (``gemm``: the Triton
   kernel as ``rocmfix::dilated_conv2d``; ``linear``: the phase split, aten ops);
+* ``dw-layout``, ``dw-det``, ``dw-rec``, ``dw-formula``: the depthwise work's models as
+  bench/models_gpu.py builds and feeds them (PP-DocLayoutV2, PP-OCRv6 det tiny and rec small,
+  the PP-FormulaNet_plus-M encoder), through the files ``rocmfix apply`` rewrote (run
+  bench/compile_gpu.sh, which applies and reverts): stock and patched from one model by
+  setting the rewritten files' entries; ``fullgraph`` where neither trace breaks;
 * ``qwen``: a Qwen2-VL vision tower (Qwen2-VL-2B's patch embed, 3 -> 1280, 2x14x14; ``--depth``
   blocks) in the installed transformers, its ``PatchEmbed`` rewritten by rocmfix's own
   transform (``rocmfix::patch_embed_gemm``).
@@ -18,6 +24,11 @@ patched model compiled ``fullgraph=True`` (Inductor, default mode) against the s
 compiled in the same process (CUDA events, alternating, median) and their ratio; the relative
 error against stock eager; a CUDA graph captured (``torch.cuda.graph``) from the compiled model
 and from the eager patched model, replayed on a fresh input, against stock eager on it.
+
+DocLayout-YOLO ``gemm`` and the ``dw-*`` parts go deeper, to tell host time from kernel
+time: the eager models timed too, each compiled model captured as a CUDA graph and its replay
+timed (GPU time alone, no host launches: ``graph_ms``), and torch.profiler's GPU kernel time
+per forward by group (rocmfix's kernels, the vendor's convolutions, Inductor's, the rest).
 
 Compiled code persists in ``--cache`` (TORCHINDUCTOR_CACHE_DIR, default a folder beside the
 checkout), so a second call on the same machine skips Inductor's code generation.
@@ -31,7 +42,6 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -43,7 +53,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ((1, 1280, 928), (1, 1024, 768), (2, 1024, 1024))  # the timed page first
 IMAGES = ((2, 36, 52), (1, 36, 52), (3, 52, 36))  # (images, grid h, grid w) of 14-px patches
-PARTS = ("doclayout-stock", "doclayout-gemm", "qwen", "doclayout-linear")
+PARTS = (
+    "doclayout-stock",
+    "doclayout-gemm",
+    "qwen",
+    "doclayout-linear",
+    "dw-layout",
+    "dw-det",
+    "dw-rec",
+    "dw-formula",
+)
 # --smoke: the same code on the CPU with tiny inputs and the aot_eager backend (no timing, no
 # graph capture), to catch a typo before a GPU call.
 SMOKE = {"on": False}
@@ -57,27 +76,6 @@ def _dev() -> str:
 
 def _rel(a: Any, b: Any) -> float:
     return float(((a.double() - b.double()).norm() / b.double().norm()).item())
-
-
-def _ms(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
-    """Median ms per call of each, alternating so clocks and neighbours hit all alike."""
-    import torch
-
-    if SMOKE["on"]:
-        return {k: 1.0 for k in fns}
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():
-        for _ in range(3):
-            fn()
-    for _ in range(reps):
-        for key, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times[key].append(start.elapsed_time(end))
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _frames(model: Callable[..., Any], calls: list[tuple[Any, ...]], dynamic: bool | None) -> int:
@@ -134,6 +132,19 @@ def _explain(model: Callable[..., Any], *args: Any) -> dict[str, Any]:
     return {"breaks": e.graph_break_count, "graphs": e.graph_count, "ops": ops, "why": reasons}
 
 
+def _routed(route: Callable[[bool], None] | None, on: bool, fn: Callable[..., Any]) -> Any:
+    """``fn`` with the rewritten files' entries set (``on``) or None before each call: stock
+    and patched from one model (dynamo guards on the entry, so each has its own graph)."""
+    if route is None:
+        return fn
+
+    def call(*args: Any) -> Any:
+        route(on)
+        return fn(*args)
+
+    return call
+
+
 def _timed(
     row: dict[str, Any],
     ours: Callable[..., Any],
@@ -144,22 +155,30 @@ def _timed(
     ref_fresh: Any,
     out: Callable[[Any], Any],
     reps: int,
+    route: Callable[[bool], None] | None = None,
+    fullgraph: bool = True,
+    deep: bool = False,
+    probe: tuple[Any, list[str]] | None = None,
 ) -> None:
-    """Compile ``ours`` with fullgraph=True and ``stock`` (if given) in this process, check,
-    replay a graph of the compiled one on a fresh input, time both."""
+    """Compile ``ours`` (``fullgraph``) and ``stock`` (if given) in this process, check,
+    replay a graph of the compiled one on a fresh input, time both. ``deep``: also the
+    eager models, each compiled one as a CUDA graph replay (GPU time alone) and
+    torch.profiler's kernel time by group, to tell host time from kernel time."""
+    import compile_timing as timing  # bench/compile_timing.py
     import torch
 
     torch._dynamo.reset()
     t0 = time.perf_counter()
     backend = "aot_eager" if SMOKE["on"] else "inductor"
-    ours_c = torch.compile(ours, fullgraph=True, backend=backend)
+    ours_c = _routed(route, True, torch.compile(ours, fullgraph=fullgraph, backend=backend))
     with torch.inference_mode():
         row["rel_err"] = _rel(out(ours_c(*args)), ref)
     row["compile_s"] = round(time.perf_counter() - t0, 1)
     fns = {"patched": lambda: ours_c(*args)}
     if stock is not None:
         t0 = time.perf_counter()
-        stock_c = torch.compile(stock, backend=backend)
+        stock_c = _routed(route, False, torch.compile(stock, fullgraph=fullgraph,
+                                                      backend=backend))  # fmt: skip
         with torch.inference_mode():
             row["stock_compiled_rel_err"] = _rel(out(stock_c(*args)), ref)
         row["compile_s_stock"] = round(time.perf_counter() - t0, 1)
@@ -168,12 +187,39 @@ def _timed(
         row["replay_compiled_rel_err"] = _rel(out(_replay(ours_c, args, fresh)), ref_fresh)
     except Exception as exc:  # noqa: BLE001 - recorded, the timing still runs
         row["replay_compiled_rel_err"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    timed = dict(fns)
+    if deep and stock is not None:
+        eager_ours, eager_stock = _routed(route, True, ours), _routed(route, False, stock)
+        timed["eager_patched"] = lambda: eager_ours(*args)
+        timed["eager_stock"] = lambda: eager_stock(*args)
     with torch.inference_mode():
-        times = _ms(fns, reps)
+        times = timing.ms(timed, reps, SMOKE["on"])
     row["ms"] = times["patched"]
     if "stock" in times:
         row["ms_stock"] = times["stock"]
         row["ratio"] = times["patched"] / times["stock"]
+    if "eager_stock" in times:
+        row["eager_ms"], row["eager_ms_stock"] = times["eager_patched"], times["eager_stock"]
+        row["eager_ratio"] = times["eager_patched"] / times["eager_stock"]
+    if not deep or stock is None:
+        return
+    try:
+        graphed = timing.graph_ms(fns, reps, SMOKE["on"])
+        row["graph_ms"], row["graph_ms_stock"] = graphed["patched"], graphed["stock"]
+        row["graph_ratio"] = graphed["patched"] / graphed["stock"]
+    except Exception as exc:  # noqa: BLE001 - recorded, the row stands
+        row["graph_ratio"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if probe is not None:
+        try:
+            row["op_calls"] = timing.count_calls(probe[0], probe[1], fns["patched"])
+        except Exception as exc:  # noqa: BLE001
+            row["op_calls"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    try:
+        row["kernels"] = {
+            k: timing.kernels(fns[k], smoke=SMOKE["on"]) for k in ("patched", "stock")
+        }
+    except Exception as exc:  # noqa: BLE001
+        row["kernels"] = f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 def _maps(out: Any) -> Any:
@@ -223,7 +269,8 @@ def doclayout(scheme: str, dtype: Any, reps: int, frames: bool) -> dict[str, Any
     if scheme != "stock":
         ours = copy.deepcopy(stock)
         name = {"gemm": "dilated_conv_triton", "linear": "dilated_conv_phase"}[scheme]
-        _patch_blocks(ours, _load.template(name).dilated_conv2d)
+        template = _load.template(name)
+        _patch_blocks(ours, template.dilated_conv2d)
     g = torch.Generator(device=_dev()).manual_seed(0)
     sizes = SMALL_PAGES if SMOKE["on"] else PAGES
     pages = [torch.rand(n, 3, h, w, device=_dev(), generator=g, dtype=dtype) for n, h, w in sizes]
@@ -234,7 +281,7 @@ def doclayout(scheme: str, dtype: Any, reps: int, frames: bool) -> dict[str, Any
     with torch.inference_mode():
         ref, ref_fresh = _maps(stock(x)), _maps(stock(fresh))
         row["fresh_vs_x"] = _rel(ref_fresh, ref)  # what a stale replay would score
-        if row["fresh_vs_x"] < 1e-2:
+        if row["fresh_vs_x"] < 1e-2 and not SMOKE["on"]:  # tiny smoke pages: 4e-3
             raise RuntimeError(f"fresh input too close to x: {row['fresh_vs_x']:.1e}")
         if scheme != "stock":
             row["replay_eager_rel_err"] = _rel(_maps(_replay(ours, (x,), fresh)), ref_fresh)
@@ -246,7 +293,9 @@ def doclayout(scheme: str, dtype: Any, reps: int, frames: bool) -> dict[str, Any
     if scheme == "stock":  # its compiled time is each patched row's ms_stock, same process
         return row
     _print_row(row, partial=True)
-    _timed(row, ours, stock, (x,), fresh, ref, ref_fresh, _maps, reps)
+    probe = (template, ["_conv", "_replay", "_plan_key"]) if scheme == "gemm" else None
+    _timed(row, ours, stock, (x,), fresh, ref, ref_fresh, _maps, reps, deep=scheme == "gemm",
+           probe=probe)  # fmt: skip
     return row
 
 
@@ -325,6 +374,109 @@ def qwen(depth: int, reps: int) -> dict[str, Any]:
     return row
 
 
+def _floats(out: Any) -> Any:
+    """A model's floating outputs, flat, as one fp32 vector (models_gpu.flat's order), its
+    non-finite values as 0: random fp16 weights overflow in places and RT-DETR's logits are
+    -inf where masked; where stock and patched disagree on one, the error shows."""
+    import models_gpu as mg
+    import torch
+
+    flat = [t.float().flatten() for t in mg.flat(out) if t.is_floating_point()]
+    return torch.nan_to_num(torch.cat(flat), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _smoke_routes(name: str) -> None:
+    """On the CPU (smoke) the transposed-conv entry keeps the stock op: the GEMM runs here,
+    the traced one while compiling, as the entry does for GPU tensors."""
+    import importlib
+
+    import models_gpu as mg
+    import torch
+
+    # The interpreted kernel takes minutes a forward: the op's reference runs instead.
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__name__", "").endswith(".rocmfix_depthwise_conv"):
+            mod.dk.KERNEL = None
+    if name != "det":
+        return
+    head = importlib.import_module(mg.OCR + ".modeling.heads.det_db_head")
+    if getattr(head, "_rocmfix_conv_transpose2d", None) is None:
+        return
+    ct = importlib.import_module(mg.OCR + ".modeling.rocmfix_conv_transpose")
+
+    def entry(x: Any, d: Any) -> Any:
+        if not ct.handled(x, d):
+            return d(x)
+        gemm = ct.gemm_traced if torch.compiler.is_compiling() else ct.gemm
+        return gemm(x, d.weight, d.bias)
+
+    head._rocmfix_conv_transpose2d = entry
+
+
+_ROUTES: dict[Any, Any] = {}
+
+
+def depthwise(name: str, reps: int) -> dict[str, Any]:
+    """One of the depthwise work's models (bench/models_gpu.py's builders and inputs, the
+    files ``rocmfix apply`` rewrote): stock and patched from one model by setting the
+    rewritten files' entries, traced, compiled (``fullgraph`` where the patched trace has no
+    break), timed against stock compiled, replayed on a fresh input."""
+    import models_gpu as mg
+    import torch
+
+    mg.DEVICE, mg.SMALL = _dev(), SMOKE["on"]
+    dtype, full, small = mg.MODELS[name]
+    if SMOKE["on"]:
+        dtype = torch.float32
+    model = mg.build(name).to(_dev(), dtype)
+    if SMOKE["on"]:
+        mg.use(_ROUTES, True)
+        _smoke_routes(name)
+    # An earlier part left the entries it shares with this one None (its stock timing last):
+    # every entry seen in this process, those of this model's package.
+    _ROUTES.update(mg.entries(name))
+    prefix = "transformers.models." if name == "layout" else "mineru."
+    routes = {k: v for k, v in _ROUTES.items() if k[0].__name__.startswith(prefix)}
+    if not routes:
+        raise RuntimeError("no rewritten file with a _rocmfix_ entry: run rocmfix apply first")
+
+    def route(on: bool) -> None:
+        mg.use(routes, on)
+
+    key = "pixel_values" if name == "layout" else "input_data" if name == "formula" else "x"
+
+    def forward(x: Any) -> Any:
+        return model(**{key: x})
+
+    g = torch.Generator(device=_dev()).manual_seed(0)
+    shape = small if SMOKE["on"] else full
+    x = torch.randn(shape, device=_dev(), generator=g, dtype=dtype)
+    fresh = torch.randn(shape, device=_dev(), generator=g, dtype=dtype)
+    row: dict[str, Any] = {"part": f"dw-{name}", "dtype": str(dtype), "input": list(shape)}
+    row["routes"] = sorted(f"{m.__name__.rsplit('.', 1)[1]}.{a}" for m, a in routes)
+    with torch.inference_mode():
+        route(False)
+        ref, ref_fresh = _floats(forward(x)), _floats(forward(fresh))
+        row["fresh_vs_x"] = _rel(ref_fresh, ref)  # what a stale replay would score
+        try:
+            eager = _routed(route, True, forward)
+            row["replay_eager_rel_err"] = _rel(_floats(_replay(eager, (x,), fresh)), ref_fresh)
+        except Exception as exc:  # noqa: BLE001 - recorded, the compiled rows still run
+            row["replay_eager_rel_err"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    t0 = time.perf_counter()
+    route(False)
+    row["stock_trace"] = _explain(forward, x)
+    route(True)
+    row.update(_explain(forward, x))
+    row["trace_s"] = round(time.perf_counter() - t0, 1)
+    _print_row(row, partial=True)
+    dropped = next(m for n, m in sys.modules.items() if n.endswith(".rocmfix_depthwise_conv"))
+    _timed(row, forward, forward, (x,), fresh, ref, ref_fresh, _floats, reps, route=route,
+           fullgraph=row["breaks"] == 0 and row["stock_trace"]["breaks"] == 0, deep=True,
+           probe=(dropped, ["_op_conv", "prepare_launch", "conv"]))  # fmt: skip
+    return row
+
+
 def _print_row(r: dict[str, Any], partial: bool = False) -> None:
     if "error" in r:
         print(f"{r['part']:18} ERROR: {r['error'].splitlines()[-1][:60]}", flush=True)
@@ -344,11 +496,27 @@ def _print_row(r: dict[str, Any], partial: bool = False) -> None:
     replay = r.get("replay_compiled_rel_err")
     replay = f"{replay:.1e}" if isinstance(replay, float) else replay
     print(f"{line} {ms} err {r['rel_err']:.1e} replay {replay}", flush=True)
+    if "eager_ratio" in r:
+        print(f"{'':18} eager {r['eager_ms']:.3f} vs {r['eager_ms_stock']:.3f} = "
+              f"{r['eager_ratio']:.3f}x", flush=True)  # fmt: skip
+    if isinstance(r.get("graph_ratio"), float):
+        print(f"{'':18} graph replay {r['graph_ms']:.3f} vs {r['graph_ms_stock']:.3f} = "
+              f"{r['graph_ratio']:.3f}x (GPU time alone)", flush=True)  # fmt: skip
+    elif "graph_ratio" in r:
+        print(f"{'':18} graph replay: {r['graph_ratio']}", flush=True)
+    if "op_calls" in r:
+        print(f"{'':18} op calls/fwd: {r['op_calls']}", flush=True)
+    for label, k in (r.get("kernels") or {}).items() if isinstance(r.get("kernels"), dict) else ():
+        if k:
+            groups = " ".join(f"{g} {us:.0f}" for g, us in k["us_per_forward"].items())
+            print(f"{'':18} {label} kernels us/fwd: {groups} (total {k['total_us']:.0f}, "
+                  f"{k['kernels_per_forward']:.0f} kernels)", flush=True)  # fmt: skip
+            print(f"{'':18} {label} host ops [calls, cpu us]/fwd: {k['host_ops']}", flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--parts", default=",".join(p for p in PARTS if not p.startswith("dw-")))
     parser.add_argument("--out", type=Path, default=Path("compile_gpu.json"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--reps", type=int, default=30)
@@ -356,10 +524,13 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, default=ROOT.parent / "compile_gpu-inductor-cache")
     parser.add_argument("--no-frames-for", default="", help="parts not to count frames of")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny inputs, aot_eager")
+    parser.add_argument("--site", type=Path, help="smoke: a patched site-packages, searched last")
     args = parser.parse_args()
     SMOKE["on"] = args.smoke
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
+        if args.site:  # last: a test env's site holds a fake torch's metadata
+            sys.path.append(str(args.site))
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
@@ -367,6 +538,10 @@ def main() -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(args.cache))
     sys.path.insert(0, str(ROOT / "bench"))
     sys.path.insert(0, str(ROOT))
+    if args.smoke and any(p.startswith("dw-") for p in parts):
+        import models_gpu as mg
+
+        sys.meta_path.insert(0, mg.Finder())  # the rewritten files' GPU guard read as true
     import torch
 
     cfg = torch._dynamo.config
@@ -392,6 +567,8 @@ def main() -> int:
         try:
             if part == "qwen":
                 row = qwen(args.depth, args.reps)
+            elif part.startswith("dw-"):
+                row = depthwise(part.removeprefix("dw-"), args.reps)
             else:
                 frames = part not in args.no_frames_for.split(",")
                 row = doclayout(part.removeprefix("doclayout-"), dtype, args.reps, frames)

@@ -121,6 +121,24 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     return _shuffle(x, _views(weight, bias), _spec(x, weight))
 
 
+def gemm_traced(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """:func:`gemm` for ``torch.compile`` to trace: the shuffle as a value, not written through
+    ``out=`` into a view of the output, which AOTAutograd's functionalization cannot invert
+    (fullgraph compiles failed on PP-OCRv6 det's head: "Cannot view a tensor ...")."""
+    path, xv, y6, perm, out_shape, _target = _spec(x, weight)
+    wm, wt, bias6 = _views(weight, bias)
+    if path == 0:
+        y = torch.mm(wt, x.reshape(xv))
+    elif path == 1:
+        y = torch.matmul(wt, x.reshape(xv))
+    else:
+        y = torch.matmul(x.permute(0, 2, 3, 1).reshape(xv), wm)
+    blocks = y.view(y6).permute(perm)
+    if bias6 is not None:
+        blocks = blocks + bias6
+    return blocks.reshape(out_shape)
+
+
 # id(layer) -> its plan (see :func:`_plan`). A model calls each layer once a forward with the
 # same input layout: every call but a layer's first reads this and prepares nothing. The plan
 # holds the weight, so the id is not reused while it stands; a plain dict, read without a lock
@@ -276,7 +294,7 @@ def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
     if _is_compiling():
         # Traced: the views are graph ops, and addresses and versions no graph can read.
         if handled(x, deconv) and not (deconv._forward_hooks or deconv._forward_pre_hooks):
-            return gemm(x, weight, bias)
+            return gemm_traced(x, weight, bias)
         return deconv(x)  # type: ignore[no-any-return]
     try:
         plan = _layers.get(id(deconv))

@@ -281,16 +281,17 @@ def test_a_layer_the_gemm_does_not_compute_replays_the_module(
 
 
 def test_under_torch_compile_the_gemm_is_traced_fullgraph(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No address or version reads in a graph: a traced call runs :func:`gemm` as graph ops."""
+    """No address or version reads in a graph: a traced call runs :func:`gemm_traced` as graph
+    ops."""
     module = load_template("conv_transpose_linear")
     used: list[int] = []
-    real = module.gemm
+    real = module.gemm_traced
 
     def spy(*args: Any) -> torch.Tensor:
         used.append(1)
         return real(*args)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(module, "gemm", spy)
+    monkeypatch.setattr(module, "gemm_traced", spy)
     deconv = torch.nn.ConvTranspose2d(8, 4, 2, 2).eval()
     x = torch.randn(1, 8, 6, 5)
     compiled = torch.compile(lambda t: module.conv_transpose2d(t, deconv), backend="eager",
