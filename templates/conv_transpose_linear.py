@@ -97,22 +97,27 @@ def _spec(x: torch.Tensor, weight: torch.Tensor) -> Spec:
     return 2, (n, h * w, cin), (n, h, w, cout, kh, kw), (0, 3, 1, 4, 2, 5), out, target
 
 
-def _shuffle(x: torch.Tensor, views: Views, spec: Spec) -> torch.Tensor:
-    """The GEMM and the pixel shuffle of one call, everything but the tensors prepared."""
-    path, xv, y6, perm, out_shape, target = spec
-    wm, wt, bias6 = views
+def _gemm_blocks(x: torch.Tensor, views: Views, spec: Spec) -> torch.Tensor:
+    """The GEMM's result as the output's k x k blocks: a 6-D view, not yet in place."""
+    path, xv, y6, perm = spec[:4]
+    wm, wt, _bias6 = views
     if path == 0:
-        y = torch.mm(wt, x.view(xv))
+        y = torch.mm(wt, x.reshape(xv))
     elif path == 1:
-        y = torch.matmul(wt, x.view(xv))
+        y = torch.matmul(wt, x.reshape(xv))
     else:
         y = torch.matmul(x.permute(0, 2, 3, 1).reshape(xv), wm)
-    blocks = y.view(y6).permute(perm)
-    out = x.new_empty(out_shape)
+    return y.view(y6).permute(perm)
+
+
+def _shuffle(x: torch.Tensor, views: Views, spec: Spec) -> torch.Tensor:
+    """The GEMM and the pixel shuffle of one call, everything but the tensors prepared."""
+    blocks, bias6 = _gemm_blocks(x, views, spec), views[2]
+    out = x.new_empty(spec[4])
     if bias6 is None:
-        out.view(target).copy_(blocks)
+        out.view(spec[5]).copy_(blocks)
     else:
-        torch.add(blocks, bias6, out=out.view(target))
+        torch.add(blocks, bias6, out=out.view(spec[5]))
     return out
 
 
@@ -125,18 +130,11 @@ def gemm_traced(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """:func:`gemm` for ``torch.compile`` to trace: the shuffle as a value, not written through
     ``out=`` into a view of the output, which AOTAutograd's functionalization cannot invert
     (fullgraph compiles failed on PP-OCRv6 det's head: "Cannot view a tensor ...")."""
-    path, xv, y6, perm, out_shape, _target = _spec(x, weight)
-    wm, wt, bias6 = _views(weight, bias)
-    if path == 0:
-        y = torch.mm(wt, x.reshape(xv))
-    elif path == 1:
-        y = torch.matmul(wt, x.reshape(xv))
-    else:
-        y = torch.matmul(x.permute(0, 2, 3, 1).reshape(xv), wm)
-    blocks = y.view(y6).permute(perm)
-    if bias6 is not None:
-        blocks = blocks + bias6
-    return blocks.reshape(out_shape)
+    spec, views = _spec(x, weight), _views(weight, bias)
+    blocks = _gemm_blocks(x, views, spec)
+    if views[2] is not None:
+        blocks = blocks + views[2]
+    return blocks.reshape(spec[4])
 
 
 # id(layer) -> its plan (see :func:`_plan`). A model calls each layer once a forward with the
