@@ -42,7 +42,8 @@ def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     assert got.dtype == dtype and got.shape == want.shape
-    err = float((got.float() - want).norm() / want.norm().clamp_min(1e-12))
+    # Floored as in test_depthwise_templates: a ReLU may leave a near-zero output.
+    err = float((got.float() - want).norm() / want.norm().clamp_min(0.1 * want.numel() ** 0.5))
     assert err < TOL[dtype], err
 
 

@@ -83,7 +83,10 @@ def _want(x: torch.Tensor, conv: Any, bn: Any, act: Any) -> torch.Tensor:
 
 def _check(y: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     assert y.dtype == dtype and y.shape == want.shape and y.is_contiguous()
-    err = float((y.float() - want).norm() / want.norm().clamp_min(1e-12))
+    # A ReLU can zero nearly all of a small random output (CI drew 7 zeros of 8 and a 3e-4
+    # survivor), so the norm is floored at an RMS of 0.1: these layers' outputs run near 0.5.
+    floor = 0.1 * want.numel() ** 0.5
+    err = float((y.float() - want).norm() / want.norm().clamp_min(floor))
     assert err < TOL[dtype], err
 
 
