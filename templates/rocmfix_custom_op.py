@@ -90,7 +90,14 @@ def register_triton_op(
         if getattr(holder, name, None) is None:
             defined = _triton_op(name, schema, body, cuda, cpu) if triton_ops_available() else None
             if defined is None:
-                defined = _library_op(name, schema, cuda, cpu, fake)
+                try:
+                    defined = _library_op(name, schema, cuda, cpu, fake)
+                except RuntimeError:
+                    # triton_op failed past defining the op: that op stands, its body the
+                    # implementation and the fake (custom_op registered both first).
+                    if not hasattr(getattr(torch.ops, OP_NAMESPACE), name):
+                        raise
+                    defined = _PARTIAL
             setattr(holder, name, defined)
     return getattr(getattr(torch.ops, OP_NAMESPACE), name).default
 
@@ -111,11 +118,14 @@ def _triton_op(name: str, schema: str, body: Impl, cuda: Impl, cpu: Impl) -> Any
     return op
 
 
+_PARTIAL = "partial"
+
+
 def is_triton_op(op: Any) -> bool:
     """Whether ``op`` (an overload :func:`register_triton_op` returned) is a triton op."""
     holder = rt.process_holder()
     name = getattr(getattr(op, "_schema", None), "name", "").rpartition("::")[2]
-    return not isinstance(getattr(holder, name, None), (torch.library.Library, type(None)))
+    return type(getattr(holder, name, None)).__name__ == "CustomOpDef"
 
 
 def wrap_triton(kernel: Any) -> Any:
