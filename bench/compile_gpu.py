@@ -278,6 +278,8 @@ def doclayout(scheme: str, dtype: Any, reps: int, frames: bool) -> dict[str, Any
     # with 0, so a *_like draw on the GPU repeated x exactly (run of 2026-11-24).
     x, fresh = pages[0], torch.rand(pages[0].shape, device=_dev(), generator=g, dtype=dtype)
     row: dict[str, Any] = {"part": f"doclayout-{scheme}", "dtype": str(dtype), "page": sizes[0]}
+    if scheme == "gemm":
+        row["triton_op"] = _triton_op(template)
     with torch.inference_mode():
         ref, ref_fresh = _maps(stock(x)), _maps(stock(fresh))
         row["fresh_vs_x"] = _rel(ref_fresh, ref)  # what a stale replay would score
@@ -471,10 +473,20 @@ def depthwise(name: str, reps: int) -> dict[str, Any]:
     row["trace_s"] = round(time.perf_counter() - t0, 1)
     _print_row(row, partial=True)
     dropped = next(m for n, m in sys.modules.items() if n.endswith(".rocmfix_depthwise_conv"))
+    row["triton_op"] = _triton_op(dropped)
     _timed(row, forward, forward, (x,), fresh, ref, ref_fresh, _floats, reps, route=route,
            fullgraph=row["breaks"] == 0 and row["stock_trace"]["breaks"] == 0, deep=True,
            probe=(dropped, ["_op_conv", "prepare_launch", "conv"]))  # fmt: skip
     return row
+
+
+def _triton_op(template: Any) -> bool | None:
+    """Whether the template's op is a triton op (Inductor launches its kernel: issue 33) or
+    the opaque one (``ROCMFIX_TRITON_OP=0``, torch < 2.6); None for a template without."""
+    rop, op = getattr(template, "rop", None), getattr(template, "_OP", None)
+    if rop is None or op is None or not hasattr(rop, "is_triton_op"):
+        return None
+    return bool(rop.is_triton_op(op))
 
 
 def _print_row(r: dict[str, Any], partial: bool = False) -> None:
@@ -483,6 +495,8 @@ def _print_row(r: dict[str, Any], partial: bool = False) -> None:
         return
     frames = "/".join(str(v) for v in r.get("frames", {}).values())
     line = f"{r['part']:18} brk {r.get('breaks')} ops {r.get('ops')} frames {frames}"
+    if "triton_op" in r:
+        line += f" triton_op {r['triton_op']}"
     if "frames_stock" in r:
         line += " (stock " + "/".join(str(v) for v in r["frames_stock"].values()) + ")"
     if "tower_stock" in r:

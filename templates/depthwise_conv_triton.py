@@ -30,10 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from . import depthwise_conv_config as dc
 from . import depthwise_conv_kernels as dk
+from . import depthwise_conv_op as dop
 from . import rocmfix_custom_op as rop
 from . import rocmfix_kernel_config as kc
 from . import rocmfix_kernel_support as ks
@@ -468,21 +468,7 @@ def _failed(exc: Exception) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _reference(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    shift: torch.Tensor | None,
-    stride: list[int],
-    padding: list[int],
-    act: int,
-) -> torch.Tensor:
-    y = F.conv2d(x, weight, None, stride, padding, 1, x.shape[1]).float()
-    if scale is not None:
-        y = y * scale.view(1, -1, 1, 1)
-    if shift is not None:
-        y = y + shift.view(1, -1, 1, 1)
-    return ks.apply_act(y, act).to(x.dtype)
+_reference = dop.reference
 
 
 # The op's launches under torch.compile, by everything a launch depends on but the addresses:
@@ -567,10 +553,13 @@ def _impl_fake(
     return x.new_empty((n, c, oh, ow))
 
 
-_OP = rop.register_op(
+# A triton op where torch has them (its graph body in depthwise_conv_op), else opaque; eager
+# calls of it run _impl either way.
+_OP = rop.register_triton_op(
     OP_NAME,
     "(Tensor x, Tensor weight, Tensor? scale, Tensor? shift, int[] stride, int[] padding, "
     "int act) -> Tensor",
+    dop.graph,
     _impl,
     _impl,
     _impl_fake,

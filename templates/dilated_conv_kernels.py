@@ -361,7 +361,6 @@ def prepare_launch(
     if fma:
         bk = 1  # no dot: no channel padding needed
     c_pad, co_pad = _cdiv(c, bk) * bk, _cdiv(co, bn) * bn
-    interp_low = rt.INTERPRETING and x.dtype != torch.float32
     nhwc = not fma and bool(config.get("nhwc", True))
     if nhwc and not x.is_contiguous(memory_format=torch.channels_last):
         # One copy to channels-last buys vector loads of whole channel runs (see kernel).
@@ -378,20 +377,90 @@ def prepare_launch(
     scale, shift, code = epilogue if epilogue is not None else (packed, packed, 0)
     args = (x, packed, out, scale, shift,
             n, h, w, oh, ow, m, sxn, sxc, sxh, sxw, pad_h, pad_w, dilation)  # fmt: skip
-    kwargs: dict[str, Any] = dict(
-        C=c, CO=co, C_PAD=c_pad, CO_PAD=co_pad, KH=kh, KW=kw,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=max(bk, 16),
-        X_W_UNIT=sxw == 1, X_C_UNIT=sxc == 1,
-        DOT_PRECISION=config["input_precision"], UPCAST=interp_low,
-        TAPS_INNER=bool(config.get("taps_inner", False)), NHWC=nhwc, W_KMAJOR=kmajor,
-        EPILOGUE=code, **kc.launch_options(config),
-    )  # fmt: skip
+    kwargs = _constexprs(x, weight, config, (c_pad, co_pad, bk), nhwc, kmajor, code)
+    kwargs.update(kc.launch_options(config))
     if tma and _tma_ok(x, packed, c):
         _ensure_allocator()
         grid = (n * oh * _cdiv(ow, bm) * _cdiv(co, bn),)
         return KERNELS["tma"], grid, args, kwargs, out
     grid = (_cdiv(m, bm) * _cdiv(co, bn),)
     return KERNELS["fma" if fma else "dot"], grid, args, kwargs, out
+
+
+def _constexprs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    config: dict[str, Any],
+    pads: tuple[int, int, int],
+    nhwc: bool,
+    kmajor: bool,
+    code: int,
+) -> dict[str, Any]:
+    # The kernels' constexpr arguments for x as the kernel reads it (its channels-last copy).
+    co, c, kh, kw = weight.shape
+    c_pad, co_pad, bk = pads
+    _sxn, sxc, _sxh, sxw = x.stride()
+    return dict(
+        C=c, CO=co, C_PAD=c_pad, CO_PAD=co_pad, KH=kh, KW=kw,
+        BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=max(bk, 16),
+        # bool(): under torch.compile a stride may be symbolic; the comparison guards on it.
+        X_W_UNIT=bool(sxw == 1), X_C_UNIT=bool(sxc == 1),
+        DOT_PRECISION=config["input_precision"],
+        UPCAST=rt.INTERPRETING and x.dtype != torch.float32,
+        TAPS_INNER=bool(config.get("taps_inner", False)), NHWC=nhwc, W_KMAJOR=kmajor,
+        EPILOGUE=code,
+    )  # fmt: skip
+
+
+def graph_launch(
+    wrap: Any,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: int,
+    padding: tuple[int, int],
+    config: dict[str, Any],
+    epilogue: Epilogue | None,
+) -> torch.Tensor:
+    """:func:`prepare_launch` and the launch, in torch ops and one ``wrap(kernel)`` launch that
+    ``torch.compile`` traces (``wrap`` is ``torch.library.wrap_triton``): on fake tensors,
+    whose sizes may be symbolic and whose addresses are unknown. So no weight-pack cache (the
+    graph packs the weight with torch ops, once per weight: Inductor's CSE merges the three
+    dilations of one weight), no tensor descriptors (the ``tma`` config runs the ``dot``
+    kernel over the same channels-last copy: the descriptor route needs Triton's allocator at
+    run time and addresses checked per call), and of the launch options only warps and stages,
+    which Inductor takes for a user kernel; the tile and the flags are the eager plan's."""
+    n, c, h, w = x.shape
+    co, _, kh, kw = weight.shape
+    pad_h, pad_w = padding
+    oh = h + 2 * pad_h - dilation * (kh - 1)
+    ow = w + 2 * pad_w - dilation * (kw - 1)
+    fma = config.get("kernel") == "fma"
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], 1 if fma else config["BLOCK_K"]
+    c_pad, co_pad = _cdiv(c, bk) * bk, _cdiv(co, bn) * bn
+    nhwc = not fma and bool(config.get("nhwc", True))
+    if nhwc:
+        # Said in torch, the copy is a node Inductor may fuse into the producer of x.
+        x = x.contiguous(memory_format=torch.channels_last)
+    kmajor = bool(config.get("w_kmajor", True)) or (nhwc and bool(config.get("tma", False)))
+    if kmajor:
+        wt = weight.permute(2, 3, 0, 1).reshape(kh * kw, co, c)
+        packed = torch.nn.functional.pad(wt, (0, c_pad - c, 0, co_pad - co))
+    else:
+        wt = weight.permute(2, 3, 1, 0).reshape(kh * kw, c, co)
+        packed = torch.nn.functional.pad(wt, (0, co_pad - co, 0, c_pad - c))
+    packed = packed.to(x.dtype).contiguous()
+    out = torch.empty((n, co, oh, ow), dtype=x.dtype, device=x.device)
+    m = n * oh * ow
+    sxn, sxc, sxh, sxw = x.stride()
+    scale, shift, code = epilogue if epilogue is not None else (packed, packed, 0)
+    kwargs = _constexprs(x, weight, config, (c_pad, co_pad, bk), nhwc, kmajor, code)
+    grid = (_cdiv(m, bm) * _cdiv(co, bn),)
+    wrap(KERNELS["fma" if fma else "dot"])[grid](
+        x, packed, out, scale, shift, n, h, w, oh, ow, m, sxn, sxc, sxh, sxw,
+        pad_h, pad_w, dilation, num_warps=config["num_warps"], num_stages=config["num_stages"],
+        **kwargs,
+    )  # fmt: skip
+    return out
 
 
 def _tma_ok(x: torch.Tensor, packed: torch.Tensor, c: int) -> bool:

@@ -404,9 +404,66 @@ def _fake(
     return x.new_empty((n, co, oh, ow))
 
 
-# The CPU implementation is the same function: it runs the interpreted kernel under
-# TRITON_INTERPRET=1 and F.conv2d otherwise (_triton_usable decides, as in eager mode).
-_OP = rop.register_op(OP_NAME, OP_SCHEMA, _impl, _impl, _fake)
+def _graph(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: int,
+    padding: list[int],
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    act: int,
+) -> torch.Tensor:
+    """The op as Inductor sees it (a triton op's body, see rocmfix_custom_op): the kernel
+    launched through ``wrap_triton`` with the config the eager plan resolves, everything around
+    it torch ops the compiler schedules: the channels-last copy of x (fused into its producer
+    where Inductor can), the packed weight, the output. A call the kernel does not take is
+    F.conv2d and the fold in torch, as :func:`_conv` falls back."""
+    launch = _graph_launch(x, weight, dilation, padding)
+    if launch is None:
+        y = F.conv2d(x, weight, None, 1, padding, dilation)
+        if act and scale is not None and shift is not None:
+            y = _apply_fold(y, scale, shift, act)
+        return y.contiguous()
+    return dk.graph_launch(
+        rop.wrap_triton, x, weight, dilation, (padding[0], padding[1]), launch,
+        (scale, shift, act) if act and scale is not None and shift is not None else None,
+    )  # fmt: skip
+
+
+def _graph_launch(
+    x: torch.Tensor, weight: torch.Tensor, dilation: int, padding: list[int]
+) -> dict[str, Any] | None:
+    """The resolved config of a call the kernel takes in the graph, else None: the checks of
+    :func:`_conv` on what a fake tensor knows (sizes may be symbolic: a comparison guards)."""
+    if x.device.type != "cuda" or INTERPRETING:
+        # The interpreter's kernels are no JITFunctions: wrap_triton cannot trace them, so a
+        # CPU graph (and any graph under TRITON_INTERPRET=1) holds F.conv2d.
+        return None
+    if (
+        not rt.HAS_TRITON
+        or x.dtype not in _SUPPORTED_DTYPES
+        or weight.dtype != x.dtype
+        or weight.device != x.device
+        or weight.shape[1] != x.shape[1]
+    ):
+        return None
+    n, c, h, w = x.shape
+    co, _, kh, kw = weight.shape
+    oh = h + 2 * padding[0] - dilation * (kh - 1)
+    ow = w + 2 * padding[1] - dilation * (kw - 1)
+    (sn, sc, sh, sw) = x.stride()
+    # The kernel reads x, or its dense channels-last copy, through 32-bit offsets.
+    span = max(1 + (n - 1) * sn + (c - 1) * sc + (h - 1) * sh + (w - 1) * sw, n * c * h * w)
+    if bool(oh < 1) or bool(ow < 1) or bool(span > _INT32_MAX):
+        return None  # F.conv2d raises its own error, or handles what 32 bits cannot
+    if bool(n * co * oh * ow > _INT32_MAX):
+        return None
+    return resolve_config(x.device, c, co, max(kh, kw), x.dtype)
+
+
+# Eager calls of the op (real tensors) run _impl: the cached launcher, or under
+# TRITON_INTERPRET=1 the interpreted kernel on CPU tensors, and F.conv2d otherwise.
+_OP = rop.register_triton_op(OP_NAME, OP_SCHEMA, _graph, _impl, _impl, _fake)
 
 
 def _traced_fold(bn: Any, act: Any) -> tuple[torch.Tensor, torch.Tensor, int] | None:

@@ -6,11 +6,20 @@ rocmfix drops this file, under this name, beside every Triton kernel module it d
 
 An entry runs its eager path (the kernel through a cached launch, host-side state and all)
 unless ``torch.compile`` is tracing it, where it must be one graph node: the op that
-:func:`register_op` defines. :data:`is_compiling` tells the two apart.
+:func:`register_op` or :func:`register_triton_op` defines. :data:`is_compiling` tells the two
+apart.
+
+Where torch has ``torch.library.triton_op`` (2.6 and later), :func:`register_triton_op` makes
+the op a triton op: AOTAutograd decomposes its node into the op's graph body, whose kernel
+launches go through :func:`wrap_triton`, so Inductor sees the Triton kernel and launches it
+from its own generated code (and captures it in a CUDA graph) instead of calling back into
+rocmfix's Python per node. Anywhere that cannot be defined, the op is the opaque
+``torch.library.Library`` op of :func:`register_op`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -34,19 +43,95 @@ def register_op(name: str, schema: str, cuda: Impl, cpu: Impl, fake: Impl) -> An
     with rt.LOCK:
         holder = rt.process_holder()
         if getattr(holder, name, None) is None:
-            lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
-            lib.define(f"{name}{schema}")
-            lib.impl(name, cuda, "CUDA")
-            lib.impl(name, cpu, "CPU")
-            qualname = f"{OP_NAMESPACE}::{name}"
-            if hasattr(torch.library, "register_fake"):  # torch >= 2.4
-                torch.library.register_fake(qualname, fake, lib=lib)
-            elif hasattr(torch.library, "impl_abstract"):
-                torch.library.impl_abstract(qualname, fake, lib=lib)
-            else:
-                lib.impl(name, fake, "Meta")
-            setattr(holder, name, lib)
+            setattr(holder, name, _library_op(name, schema, cuda, cpu, fake))
     return getattr(getattr(torch.ops, OP_NAMESPACE), name).default
+
+
+def _library_op(name: str, schema: str, cuda: Impl, cpu: Impl, fake: Impl) -> Any:
+    lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+    lib.define(f"{name}{schema}")
+    lib.impl(name, cuda, "CUDA")
+    lib.impl(name, cpu, "CPU")
+    qualname = f"{OP_NAMESPACE}::{name}"
+    if hasattr(torch.library, "register_fake"):  # torch >= 2.4
+        torch.library.register_fake(qualname, fake, lib=lib)
+    elif hasattr(torch.library, "impl_abstract"):
+        torch.library.impl_abstract(qualname, fake, lib=lib)
+    else:
+        lib.impl(name, fake, "Meta")
+    return lib
+
+
+def triton_ops_available() -> bool:
+    """Whether :func:`register_triton_op` defines triton ops here: Triton importable and
+    torch's ``triton_op``/``wrap_triton`` there (torch >= 2.6). ``ROCMFIX_TRITON_OP=0`` keeps
+    the opaque op (for comparing the two; only that exact value is read)."""
+    return (
+        rt.HAS_TRITON
+        and hasattr(torch.library, "triton_op")
+        and hasattr(torch.library, "wrap_triton")
+        and os.environ.get("ROCMFIX_TRITON_OP") != "0"
+    )
+
+
+def register_triton_op(
+    name: str, schema: str, body: Impl, cuda: Impl, cpu: Impl, fake: Impl
+) -> Any:
+    """Define ``rocmfix::name`` once per process as a triton op (see the module docstring),
+    else as :func:`register_op`'s opaque op; its default overload.
+
+    ``body`` is the op as the compiler sees it: torch ops and :func:`wrap_triton` launches
+    only, traceable on fake tensors (no addresses, no host-side caches), and it is the op's
+    fake implementation too. Eager calls of the op on real tensors run ``cuda`` and ``cpu``, as
+    the opaque op does. Any failure to define the triton op, before it was defined, leaves the
+    opaque op, without a warning: the two compute the same."""
+    with rt.LOCK:
+        holder = rt.process_holder()
+        if getattr(holder, name, None) is None:
+            defined = _triton_op(name, schema, body, cuda, cpu) if triton_ops_available() else None
+            if defined is None:
+                try:
+                    defined = _library_op(name, schema, cuda, cpu, fake)
+                except RuntimeError:
+                    # triton_op failed past defining the op: that op stands, its body the
+                    # implementation and the fake (custom_op registered both first).
+                    if not hasattr(getattr(torch.ops, OP_NAMESPACE), name):
+                        raise
+                    defined = _PARTIAL
+            setattr(holder, name, defined)
+    return getattr(getattr(torch.ops, OP_NAMESPACE), name).default
+
+
+def _triton_op(name: str, schema: str, body: Impl, cuda: Impl, cpu: Impl) -> Any:
+    qualname = f"{OP_NAMESPACE}::{name}"
+    try:
+        op: Any = torch.library.triton_op(qualname, body, mutates_args=(), schema=schema)
+    except Exception:  # noqa: BLE001 - an older or newer torch's API: the opaque op serves
+        return None
+    # Defined from here on: a failure below cannot fall back to a second definition, and the
+    # body alone computes the op right on every device (it is what the compiler runs).
+    for device, impl in (("cuda", cuda), ("cpu", cpu)):
+        try:
+            op.register_kernel(device, impl)
+        except Exception:  # noqa: BLE001 - the body serves that device's eager calls
+            continue
+    return op
+
+
+_PARTIAL = "partial"
+
+
+def is_triton_op(op: Any) -> bool:
+    """Whether ``op`` (an overload :func:`register_triton_op` returned) is a triton op."""
+    holder = rt.process_holder()
+    name = getattr(getattr(op, "_schema", None), "name", "").rpartition("::")[2]
+    return type(getattr(holder, name, None)).__name__ == "CustomOpDef"
+
+
+def wrap_triton(kernel: Any) -> Any:
+    """``torch.library.wrap_triton(kernel)``: a launch the op's body makes through it is a node
+    the compiler sees (the kernel launched directly on real tensors outside tracing)."""
+    return torch.library.wrap_triton(kernel)
 
 
 _compiler = getattr(torch, "compiler", None)

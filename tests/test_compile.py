@@ -6,7 +6,11 @@ GPU inputs (here CPU inputs: the Triton kernel runs in the interpreter, TRITON_I
 compiled with ``fullgraph=True``: zero graph breaks, the gemm scheme's 16 dilated convs as 16
 ``rocmfix::dilated_conv2d`` nodes, no more recompiles than the stock model across page sizes
 and batch sizes, and the stock output. Compiles are slow on a small CPU: one Inductor compile
-per scheme, the recompile counts through dynamo alone (the ``eager`` backend).
+per scheme, the recompile counts through dynamo alone (the ``eager`` backend). Where the op is
+a triton op (torch >= 2.6), AOTAutograd replaces each node by the op's graph body, which on
+CPU tensors is the torch reference (the interpreter's kernels cannot be traced): the compiled
+CPU model checks the trace and the op's arguments; tests/test_triton_op.py checks the GPU
+body's kernel launches on fake CUDA tensors.
 
 A transformers Qwen2-VL whole model (a real release in a venv, patched by the real CLI): no
 graph break of rocmfix's, the patch embed one ``rocmfix::patch_embed_gemm`` node, and the

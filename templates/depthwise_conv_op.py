@@ -1,0 +1,110 @@
+"""The depthwise conv's op as ``torch.compile`` sees it (rocmfix template; the entry point is
+``depthwise_conv_triton``, which rocmfix drops beside a conv-norm-act layer).
+
+rocmfix drops this file, under this name, beside that module; ``rocmfix revert`` removes it
+with it. :func:`graph` is the body of the triton op ``rocmfix::depthwise_conv2d`` (see
+``rocmfix_custom_op``): torch ops and one ``wrap_triton`` launch of the kernel with the config
+the eager plan resolves, traced on fake tensors, so Inductor launches the kernel from its own
+generated code. :func:`reference` is the op in torch, for inputs the kernel does not take.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import depthwise_conv_config as dc
+from . import depthwise_conv_kernels as dk
+from . import rocmfix_custom_op as rop
+from . import rocmfix_kernel_config as kc
+from . import rocmfix_kernel_support as ks
+from . import rocmfix_triton as rt
+
+# What Inductor takes as a user kernel's launch options; a HIP config's other options
+# (waves_per_eu, ...) are not kernel arguments it knows, so the graph launches without them.
+_LAUNCH_KEYS = ("num_warps", "num_stages")
+# Inductor's buffers, and the graph inputs it checks at run time, are aligned to this.
+_GPU_ALIGN = 16
+
+
+def reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    act: int,
+) -> torch.Tensor:
+    y = F.conv2d(x, weight, None, stride, padding, 1, x.shape[1]).float()
+    if scale is not None:
+        y = y * scale.view(1, -1, 1, 1)
+    if shift is not None:
+        y = y + shift.view(1, -1, 1, 1)
+    return ks.apply_act(y, act).to(x.dtype)
+
+
+def graph(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    act: int,
+) -> torch.Tensor:
+    """``act(conv(x) * scale + shift)``, NCHW-contiguous: the kernel's launch for CUDA/HIP
+    tensors (the entry's traced path checked the geometry), :func:`reference` elsewhere (the
+    interpreter's kernel is no JITFunction: ``wrap_triton`` cannot trace it)."""
+    if dk.KERNEL is None or rt.INTERPRETING or x.device.type != "cuda":
+        return reference(x, weight, scale, shift, stride, padding, act).contiguous()
+    st, pad = (int(stride[0]), int(stride[1])), (int(padding[0]), int(padding[1]))
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
+    cfg = dc.resolve_config(x.device, kh, kw, st[0], x.dtype, dc.layout_class(x))
+    # The eager plan's launch but VEC 1: its pair check reads x's address, which a fake tensor
+    # does not have; the pairs are chosen below from what the fake can promise.
+    kernel, grid, args, kwargs, out = dk.prepare_launch(
+        x, weight, st, pad, dict(cfg, VEC=1), scale, shift, act
+    )
+    oh, ow = args[8], args[9]
+    if int(cfg.get("VEC", 2)) == 2 and pairs_promised(x, st, ow):
+        lanes = 64 if kc.is_hip() else 32  # as prepare_launch sizes a pair tile
+        block_p = max(int(kwargs["BLOCK_P"]), 2 * lanes * int(cfg["num_warps"]))
+        rows = int(kwargs["ROWS"])
+        grid = (_cdiv(_cdiv(oh, rows) * ow, block_p), grid[1], grid[2])
+        kwargs.update(VEC=2, BLOCK_P=block_p)
+    for key in kc.launch_options(cfg):
+        if key not in _LAUNCH_KEYS:
+            kwargs.pop(key, None)
+    rop.wrap_triton(kernel)[grid](*args, **kwargs)
+    return out
+
+
+def _cdiv(a: Any, b: int) -> Any:
+    return -(-a // b)
+
+
+def pairs_promised(x: torch.Tensor, stride: tuple[int, int], ow: Any) -> bool:
+    """``depthwise_conv_kernels._pairs_fit`` on what a fake tensor knows: the widths and
+    strides (symbolic ones guard: a new parity recompiles, as Inductor's own choices do), and
+    for the address, the storage offset. Inductor allocates its buffers 16-byte aligned and
+    checks at run time that a graph input it was told is aligned is, copying it where not
+    (compile_fx's copy_misaligned_inputs); an offset it cannot prove aligned reads single
+    elements, without a guard."""
+    # Only reached where torch has triton ops (2.6 and later), which all have it.
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    n, _, _, w = x.shape
+    sn, sc, sh, sw = x.stride()
+    return (
+        stride[1] == 1
+        and bool(sw == 1)
+        and bool(w % 2 == 0)
+        and bool(ow % 2 == 0)
+        and bool(sh % 2 == 0)
+        and bool(sc % 2 == 0)
+        and (bool(sn % 2 == 0) or bool(n == 1))
+        and statically_known_true((x.storage_offset() * x.element_size()) % _GPU_ALIGN == 0)
+    )
