@@ -322,7 +322,10 @@ def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
                 conv.weight.div_(kh)
             return conv.to(dtype).eval()
 
-        conv = make_conv()
+        # One conv per entry row: a layer keeps one replay, so a conv called both alone and
+        # with its BatchNorm would plan anew at each burst's start (~4 us a call on an H100
+        # host, 2026-11-25 05:33: the alone and fused rows of that run carry it).
+        conv, fused = make_conv(), make_conv()
         bn = torch.nn.BatchNorm2d(c).to(DEVICE)
         with torch.no_grad():
             bn.running_var.copy_(torch.rand(c, generator=gen, device=DEVICE) + 0.5)
@@ -332,13 +335,16 @@ def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
         x = torch.randn(s["n"], c, s["h"], s["w"], generator=gen, device=DEVICE).to(dtype)
         w, stride, pad = conv.weight.detach(), conv.stride, conv.padding
 
-        def stock(x: Any = x, conv: Any = conv, bn: Any = bn, act: Any = act) -> Any:
+        def stock(x: Any = x, conv: Any = fused, bn: Any = bn, act: Any = act) -> Any:
             y = bn(conv(x))
             return act(y) if act is not None else y
 
         with torch.inference_mode():
-            err = _rel(tri.depthwise_conv2d(x, conv, bn, act), stock())
-            err_alone = _rel(tri.depthwise_conv2d(x, conv), conv(x))
+            # Checked on replayed calls (the third), with a new input each.
+            for _ in range(3):
+                x2 = torch.randn(x.shape, generator=gen, device=DEVICE).to(dtype)
+                err = _rel(tri.depthwise_conv2d(x2, fused, bn, act), stock(x2))
+                err_alone = _rel(tri.depthwise_conv2d(x2, conv), conv(x2))
             plan = tri._replays.get(id(conv))
             via_run, via_addresses, stubbed = make_conv(), make_conv(), make_conv()
             run_plan = _planned(tri, via_run, x, False, False)
@@ -349,12 +355,12 @@ def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
             ("entry alone", partial(tri.depthwise_conv2d, x, conv)),
             ("entry alone, via run, tensors", partial(tri.depthwise_conv2d, x, via_run)),
             ("entry alone, via run, addresses", partial(tri.depthwise_conv2d, x, via_addresses)),
-            ("entry conv+BN+act", partial(tri.depthwise_conv2d, x, conv, bn, act)),
+            ("entry conv+BN+act", partial(tri.depthwise_conv2d, x, fused, bn, act)),
             ("stock conv, BN, act", stock),
         ]
         if before is not None:
             fns.append(
-                ("old entry conv+BN+act", partial(before.depthwise_conv2d, x, conv, bn, act))
+                ("old entry conv+BN+act", partial(before.depthwise_conv2d, x, fused, bn, act))
             )
         direct = False
         if plan is not None and plan.launch is not None and stub_plan is not None:
@@ -408,11 +414,13 @@ def render_pieces(rows: list[dict[str, Any]]) -> str:
     """One line per shape: the medians, each as a ratio of F.conv2d, and the floors (Triton's
     run + allocation; the replay's launch + allocation) that no Triton entry gets below."""
     by: dict[str, dict[str, float]] = {}
+    err: dict[str, float] = {}
     for r in rows:
         by.setdefault(r["group"], {})[r["label"]] = r["wall_us"]
+        err[r["group"]] = max(r.get("rel_err", 0.0), r.get("rel_err_alone", 0.0))
     out = ["| shape | F.conv2d µs | alone µs | fused µs | alone / F | fused / F | "
-           "via run, tensors / F | run + alloc / F | launch + alloc / F | stubbed entry µs |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+           "via run, tensors / F | run + alloc / F | launch + alloc / F | stubbed entry µs | "
+           "rel err |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for group, m in by.items():
         f = m.get("F.conv2d")
         if not f or "entry alone" not in m:
@@ -427,7 +435,7 @@ def render_pieces(rows: list[dict[str, Any]]) -> str:
         stub = m.get("entry alone, launch stubbed")
         out.append(
             f"| {group} | {f:.1f} | {m['entry alone']:.1f} | {m['entry conv+BN+act']:.1f} | "
-            f"{ratios} | {'' if stub is None else f'{stub:.1f}'} |"
+            f"{ratios} | {'' if stub is None else f'{stub:.1f}'} | {err[group]:.1e} |"
         )
     return "\n".join(out) + "\n"
 

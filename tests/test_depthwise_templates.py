@@ -357,7 +357,8 @@ MUTATIONS = [
     "weight-inplace", "weight-replaced", "weight-data", "bias-added", "bn-stat-inplace",
     "bn-buffer-replaced", "bn-affine-replaced", "bn-eps", "bn-train", "padding", "stride",
     "channels-last", "other-bn", "conv-hook", "bn-hook", "act-hook", "global-hook",
-    "strided-weight-inplace", "gelu-tanh", "grad-input", "grad-bn-affine",
+    "strided-weight-inplace", "gelu-tanh", "grad-input", "grad-bn-affine", "bn-stat-data",
+    "bn-affine-data",
 ]  # fmt: skip
 
 
@@ -388,6 +389,10 @@ def test_a_replayed_plan_sees_every_change_it_depends_on(tri: ModuleType, change
             conv.bias = torch.nn.Parameter(torch.randn(c))
         elif change == "bn-stat-inplace":
             bn.running_mean.add_(3.0)
+        elif change == "bn-stat-data":  # new storage, the same tensor and version
+            bn.running_mean.data = torch.randn(c)
+        elif change == "bn-affine-data":  # what model.half() / .cuda() do to parameters
+            bn.weight.data = torch.rand(c) + 3.0
         elif change == "bn-buffer-replaced":
             bn.running_var = torch.rand(c) + 2.0
         elif change == "bn-affine-replaced":

@@ -380,3 +380,41 @@ def test_a_launcher_of_any_other_structure_is_called_as_triton_calls_it(
     launch, head, between, spread = launcher.replay_launch(_args())
     assert launch is run and spread
     assert (*head, "s", *between) == (5, 1, 1, "s", "function", "metadata", None, None, None)
+
+
+@pytest.mark.parametrize("backend", ["nvidia", "amd"])
+def test_this_tritons_own_launchers_are_read_and_called_as_they_call_their_launch(
+    kc: types.ModuleType, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The installed Triton's ``CudaLauncher`` and ``HIPLauncher`` (AMD's cannot run here:
+    each is built without its driver, ``launch`` recording): the probe reads their layout,
+    and the direct call gives ``launch`` exactly what the launcher's own call gives it."""
+    pytest.importorskip("triton")
+    module = pytest.importorskip(f"triton.backends.{backend}.driver")
+    from triton.runtime.driver import driver as config
+
+    cls = module.CudaLauncher if backend == "nvidia" else module.HIPLauncher
+    monkeypatch.setattr(config, "_active", types.SimpleNamespace(), raising=False)
+    run = object.__new__(cls)
+    calls: list[tuple[Any, ...]] = []
+    run.__dict__.update(
+        arg_annotations=["annotations"], kernel_signature=b"signature", num_ctas=1,
+        launch=lambda *a: calls.append(a), global_scratch_size=0, global_scratch_align=1,
+        profile_scratch_size=0, profile_scratch_align=1, launch_cooperative_grid=False,
+        launch_pdl=False, gsan_enabled=False, warp_size=64,
+    )  # fmt: skip
+    compiled = LaunchedCompiled(run)
+    args = (*_args(), 64, True, 2.0)
+    found = kc.direct_launch(compiled, (5, 1, 1), args)
+    assert found is not None and calls == []
+    launch, head, between, spread = found
+    later = (*_args(8192), 64, True, 2.0)
+    run(5, 1, 1, "stream3", "function", "metadata", None, None, None, *later)
+    want = calls.pop()
+    launch(*head, "stream3", *between, *later) if spread else launch(
+        *head, "stream3", *between, later
+    )
+    assert calls == [want]
+    # With scratch memory the launcher allocates per call: Triton's run, as before.
+    run.global_scratch_size = 256
+    assert kc.direct_launch(compiled, (5, 1, 1), args) is None
