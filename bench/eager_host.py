@@ -282,7 +282,7 @@ def _planned(tri: Any, conv: Any, x: torch.Tensor, direct: bool, addresses: bool
         tri.depthwise_conv2d(x, conv)
     finally:
         tri.DIRECT, tri.ADDRESSES = saved
-    return tri._replays.get(id(conv))
+    return tri.replay_of(conv)
 
 
 def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
@@ -345,7 +345,7 @@ def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
                 x2 = torch.randn(x.shape, generator=gen, device=DEVICE).to(dtype)
                 err = _rel(tri.depthwise_conv2d(x2, fused, bn, act), stock(x2))
                 err_alone = _rel(tri.depthwise_conv2d(x2, conv), conv(x2))
-            plan = tri._replays.get(id(conv))
+            plan = tri.replay_of(conv)
             via_run, via_addresses, stubbed = make_conv(), make_conv(), make_conv()
             run_plan = _planned(tri, via_run, x, False, False)
             _planned(tri, via_addresses, x, False, True)
@@ -364,7 +364,7 @@ def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
             )
         direct = False
         if plan is not None and plan.launch is not None and stub_plan is not None:
-            tri._replays[id(stubbed)] = stub_plan._replace(launch=lambda *args: None)
+            tri._replays[id(stubbed)] = tuple(stub_plan._replace(launch=lambda *args: None))
             direct = plan.launch is not plan.launcher.compiled.run
             fns += [
                 ("entry alone, launch stubbed", partial(tri.depthwise_conv2d, x, stubbed)),

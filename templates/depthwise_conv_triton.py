@@ -65,7 +65,7 @@ _broken: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
 # while its entry stands. A plain dict: a dict's get costs 36 ns where BoundedCache.get's
 # recency update makes it 218 (CPython 3.12). Writes take rt.LOCK; a model with more layers
 # than it holds starts it afresh.
-_replays: dict[int, Replay] = {}
+_replays: dict[int, tuple[Any, ...]] = {}
 _REPLAYS_SIZE = 256
 # What the replay calls every time, bound once (a module attribute read each is ~20 ns).
 _is_compiling = rop.is_compiling
@@ -218,17 +218,13 @@ def _allocation(x: torch.Tensor, out_shape: tuple[int, ...]) -> int:
     return 0 if x.is_contiguous() else 1
 
 
-# What depthwise_conv2d replays for a layer, in the order its replay checks it: the
-# BatchNorm and activation objects; the input's shape, strides, dtype, device and address
-# modulo 16; the conv's stride, padding, dilation, groups and padding mode; its weight (at
-# wptr) and bias; a folded BatchNorm's four tensors and eps; (tensor, address, version) of
-# what the scale and shift were folded from; how the output is allocated (_allocation) and
-# its shape; then the launch (Launcher.replay_launch): launch(*head, stream, *between, the
-# kernel's arguments spread, or one tuple), the tensors as addresses where ``addresses``
-# (wk, scale, shift are ints; keep holds them), rest the kernel's other arguments and the
-# Launcher's tail, tail those arguments alone; the BatchNorm and activation applied in the
-# store, a fused GELU (its approximation checked), what must not require grad. The replay
-# unpacks it as a tuple: no attribute reads.
+# A layer's replay, in the order the replay checks it: the BatchNorm and activation; the
+# input's layout and address modulo 16; the conv's settings, weight (at wptr) and bias; a
+# folded BatchNorm's tensors and eps; (tensor, address, version) of what was folded; the
+# output's allocation (_allocation) and shape; launch(*head, stream, *between, the kernel's
+# arguments spread or one tuple) (Launcher.replay_launch), with wk, scale, shift as ints
+# where ``addresses`` (keep holds the tensors). Stored as a plain tuple: one unpacks in 0.13
+# us, a namedtuple in 0.33 (CPython 3.11's fast path is for exact tuples); replay_of names it.
 Replay = collections.namedtuple(
     "Replay",
     "bn act shape strides dtype device align settings weight wptr bias folded stamps alloc "
@@ -237,9 +233,13 @@ Replay = collections.namedtuple(
 )
 
 
-# How replays launch (read at plan time; bench/eager_host.py measures each): the launcher's C
-# ``launch`` where rl.direct_launch finds its layout; the tensors as addresses (for a tensor
-# Triton's C launch calls ``data_ptr`` and the driver's pointer query, for an int neither).
+def replay_of(layer: Any) -> Replay | None:
+    """``layer``'s replay, named (tests, benches)."""
+    return Replay._make(_replays[id(layer)]) if id(layer) in _replays else None
+
+
+# How replays launch (read at plan time): the launcher's C ``launch`` where rl.direct_launch
+# reads its layout; tensors as addresses (Triton's C launch queries the driver for a tensor).
 DIRECT, ADDRESSES = True, True
 
 
@@ -329,7 +329,7 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
         with rt.LOCK:
             if len(_replays) >= _REPLAYS_SIZE:
                 _replays.clear()
-            _replays[id(layer)] = plan
+            _replays[id(layer)] = tuple(plan)
     if not bn_done and bn is not None:
         out = bn(out)
     if not act_done and act is not None:

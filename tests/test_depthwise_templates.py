@@ -495,7 +495,7 @@ def test_a_replay_allocates_an_nchw_output_however_its_input_is_laid_out(
             got = tri.depthwise_conv2d(x, conv, bn, act)
             assert got.is_contiguous()
             _check(got, _want(x, conv, bn, act), torch.float32)
-    assert tri._replays[id(conv)].alloc == {"nchw": 0, "channels-last": 1, "stride-2": 2}[layout]
+    assert tri.replay_of(conv).alloc == {"nchw": 0, "channels-last": 1, "stride-2": 2}[layout]
 
 
 class _Compiled:
@@ -594,7 +594,7 @@ def test_a_replay_launches_the_adopted_kernel_straight_with_the_calls_tensors() 
             layer = _layer(4, (3, 3), 1, torch.float32, "hardswish")[0]
             module.depthwise_conv2d(x, layer)
             out = module.depthwise_conv2d(x, layer)
-            assert module._replays[id(layer)].launch is kernel.compiled.run.launch
+            assert module.replay_of(layer).launch is kernel.compiled.run.launch
             assert len(seen) == 1 and seen[0][3:7] == ("stream0", "function", False, "metadata")
             assert seen[0][7][0] == x.data_ptr() and seen[0][7][4] == out.data_ptr()
     finally:

@@ -300,6 +300,6 @@ def test_depthwise_replays_through_the_c_launch_match_the_stock_layer(direct: bo
             torch.testing.assert_close(module.depthwise_conv2d(x, conv, bn, act), want)
             torch.testing.assert_close(module.depthwise_conv2d(x, alone), alone(x))
     for layer in (conv, alone):  # one plan each, made at the first call, replayed since
-        plan = module._replays[id(layer)]
+        plan = module.replay_of(layer)
         assert plan.launcher.kernel is module.dk.KERNEL and len(module._plans) == 2
         assert plan.addresses and (plan.launch is not plan.launcher.compiled.run) == direct
