@@ -24,11 +24,13 @@ Rows:
   modules (the Triton kernel applies them as it stores).
 
     python bench/eager_host.py [--bursts 21] [--calls 50]
-    python bench/eager_host.py --depthwise [--old OLD/templates] --bursts 21 --calls 100
+    python bench/eager_host.py --depthwise [--old OLD/templates] [--no-transposed] \
+        --bursts 21 --calls 100
 
 ``--depthwise``: every MinerU depthwise shape and the DB head's transposed convs instead, the
 dropped-in entries against ``F.conv2d`` (the module for the transposed ones) in strictly
-interleaved bursts, median and interquartile range.
+interleaved bursts, median and interquartile range, and per depthwise shape the pieces of a
+replayed call (see :func:`depthwise`) with the floors they set (bench/eager_gpu.sh runs it).
 
 Prints a markdown table; with ``$OUT`` set also writes ``eager_host.md`` and ``.json`` there.
 """
