@@ -24,11 +24,13 @@ Rows:
   modules (the Triton kernel applies them as it stores).
 
     python bench/eager_host.py [--bursts 21] [--calls 50]
-    python bench/eager_host.py --depthwise [--old OLD/templates] --bursts 21 --calls 100
+    python bench/eager_host.py --depthwise [--old OLD/templates] [--no-transposed] \
+        --bursts 21 --calls 100
 
 ``--depthwise``: every MinerU depthwise shape and the DB head's transposed convs instead, the
 dropped-in entries against ``F.conv2d`` (the module for the transposed ones) in strictly
-interleaved bursts, median and interquartile range.
+interleaved bursts, median and interquartile range, and per depthwise shape the pieces of a
+replayed call (see :func:`depthwise`) with the floors they set (bench/eager_gpu.sh runs it).
 
 Prints a markdown table; with ``$OUT`` set also writes ``eager_host.md`` and ``.json`` there.
 """
@@ -274,12 +276,29 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
+def _planned(tri: Any, conv: Any, x: torch.Tensor, direct: bool, addresses: bool) -> Any:
+    """``conv``'s replay planned with the launch options given (the module's defaults kept)."""
+    saved = tri.DIRECT, tri.ADDRESSES
+    tri.DIRECT, tri.ADDRESSES = direct, addresses
+    try:
+        tri.depthwise_conv2d(x, conv)
+    finally:
+        tri.DIRECT, tri.ADDRESSES = saved
+    return tri.replay_of(conv)
+
+
 def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
-    """Every MinerU depthwise shape (rocmfix/ops/depthwise_conv.py): ``F.conv2d`` alone (what
-    the issue's target compares with), the entry with the layer's BatchNorm and activation
-    (as PPLCNetV4 and HGNetV2 call it) and with the conv alone (as RepLKFPN and the token
-    conv call it), the stock line it replaces, and with ``old`` the same entry from another
-    tree's templates; under ``torch.inference_mode`` as MinerU's forwards run."""
+    """Every MinerU depthwise shape (rocmfix/ops/depthwise_conv.py), under
+    ``torch.inference_mode`` as MinerU's forwards run, in strictly interleaved bursts:
+    ``F.conv2d`` alone (what the issue's target compares with); the entry with the conv alone
+    (as RepLKFPN and the token conv call it: it replaces one ``F.conv2d``) as shipped, and
+    planned to launch through Triton's ``CompiledKernel.run`` with the tensors (as before
+    this change) and with their addresses; the entry with the layer's BatchNorm and activation
+    (as PPLCNetV4 and HGNetV2 call it); the stock line that replaces; and the pieces of a
+    replayed call: the entry with its launch stubbed (rocmfix's checks and the allocation),
+    Triton's ``CompiledKernel.run`` alone on prepared tensors, the C launch alone as the entry
+    calls it (addresses), the allocation alone. With ``old`` the fused entry of another tree's
+    templates beside."""
     from rocmfix.guest.templates import load
     from rocmfix.ops import op
 
@@ -292,80 +311,135 @@ def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
         s = case.gpu if DEVICE == "cuda" else case.cpu
         c, kh, kw = s["c"], s["kh"], s["kw"]
         dtype = torch.float16 if s["dtype"] == "float16" else torch.float32
-        conv = torch.nn.Conv2d(c, c, (kh, kw), s["s"], ((kh - 1) // 2, (kw - 1) // 2),
-                               groups=c, bias=False).to(DEVICE)  # fmt: skip
-        bn = torch.nn.BatchNorm2d(c).to(DEVICE)
-        with torch.no_grad():
-            conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen, device=DEVICE) / kh)
-            bn.running_var.copy_(torch.rand(c, generator=gen, device=DEVICE) + 0.5)
         if DEVICE == "cpu":
             dtype = torch.float32  # the interpreter's fp16 is slow and proves nothing more
-        conv, bn = conv.to(dtype).eval(), bn.to(dtype).eval()
+
+        def make_conv(
+            c: int = c, kh: int = kh, kw: int = kw, s: Any = s, dtype: Any = dtype
+        ) -> Any:
+            conv = torch.nn.Conv2d(c, c, (kh, kw), s["s"], ((kh - 1) // 2, (kw - 1) // 2),
+                                   groups=c, bias=False).to(DEVICE)  # fmt: skip
+            with torch.no_grad():
+                conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen, device=DEVICE))
+                conv.weight.div_(kh)
+            return conv.to(dtype).eval()
+
+        # One conv per entry row: a layer keeps one replay, so a conv called both alone and
+        # with its BatchNorm would plan anew at each burst's start (~4 us a call on an H100
+        # host, 2026-11-25 05:33: the alone and fused rows of that run carry it).
+        conv, fused = make_conv(), make_conv()
+        bn = torch.nn.BatchNorm2d(c).to(DEVICE)
+        with torch.no_grad():
+            bn.running_var.copy_(torch.rand(c, generator=gen, device=DEVICE) + 0.5)
+        bn = bn.to(dtype).eval()
         make = _ACTS[s["act"]]
         act = make() if make is not None else None
         x = torch.randn(s["n"], c, s["h"], s["w"], generator=gen, device=DEVICE).to(dtype)
         w, stride, pad = conv.weight.detach(), conv.stride, conv.padding
 
-        def stock(x: Any = x, conv: Any = conv, bn: Any = bn, act: Any = act) -> Any:
+        def stock(x: Any = x, conv: Any = fused, bn: Any = bn, act: Any = act) -> Any:
             y = bn(conv(x))
             return act(y) if act is not None else y
 
+        with torch.inference_mode():
+            # Checked on replayed calls (the third), with a new input each.
+            for _ in range(3):
+                x2 = torch.randn(x.shape, generator=gen, device=DEVICE).to(dtype)
+                err = _rel(tri.depthwise_conv2d(x2, fused, bn, act), stock(x2))
+                err_alone = _rel(tri.depthwise_conv2d(x2, conv), conv(x2))
+            plan = tri.replay_of(conv)
+            via_run, via_addresses, stubbed = make_conv(), make_conv(), make_conv()
+            run_plan = _planned(tri, via_run, x, False, False)
+            _planned(tri, via_addresses, x, False, True)
+            stub_plan = _planned(tri, stubbed, x, tri.DIRECT, tri.ADDRESSES)
         fns = [
             ("F.conv2d", partial(F.conv2d, x, w, None, stride, pad, 1, c)),
-            ("entry conv+BN+act", partial(tri.depthwise_conv2d, x, conv, bn, act)),
-            ("entry conv alone", partial(tri.depthwise_conv2d, x, conv)),
+            ("entry alone", partial(tri.depthwise_conv2d, x, conv)),
+            ("entry alone, via run, tensors", partial(tri.depthwise_conv2d, x, via_run)),
+            ("entry alone, via run, addresses", partial(tri.depthwise_conv2d, x, via_addresses)),
+            ("entry conv+BN+act", partial(tri.depthwise_conv2d, x, fused, bn, act)),
             ("stock conv, BN, act", stock),
         ]
         if before is not None:
             fns.append(
-                ("old entry conv+BN+act", partial(before.depthwise_conv2d, x, conv, bn, act))
+                ("old entry conv+BN+act", partial(before.depthwise_conv2d, x, fused, bn, act))
             )
+        direct = False
+        if plan is not None and plan.launch is not None and stub_plan is not None:
+            tri._replays[id(stubbed)] = tuple(stub_plan._replace(launch=lambda *args: None))
+            direct = plan.launch is not plan.launcher.compiled.run
+            fns += [
+                ("entry alone, launch stubbed", partial(tri.depthwise_conv2d, x, stubbed)),
+                *_launch_pieces(x, plan, run_plan),
+            ]
         with torch.inference_mode():
-            err = _rel(tri.depthwise_conv2d(x, conv, bn, act), stock())
-            err_alone = _rel(tri.depthwise_conv2d(x, conv), conv(x))
             group_rows = interleaved(case.id, fns, bursts, calls)
-        plan = tri._replays.get(id(conv))
         for row in group_rows:
-            row.update(rel_err=err, rel_err_alone=err_alone,
-                       direct=plan is not None and plan[16] is not None)  # fmt: skip
+            row.update(rel_err=err, rel_err_alone=err_alone, direct=direct)
         rows += group_rows
     return rows
 
 
-def entry_split(bursts: int, calls: int) -> list[dict[str, Any]]:
-    """Where a replayed depthwise call's time goes, at one launch-bound shape (64 ch 5x5
-    30x21 fp32, the conv alone): the entry; the entry with the compiled kernel's launcher
-    stubbed (its checks and the output's allocation); that launcher alone on prepared
-    arguments (Triton's own cost of a launch); the allocation alone; F.conv2d."""
-    tri = _load.template("depthwise_conv_triton")
-    c = 64
-    conv = torch.nn.Conv2d(c, c, 5, 1, 2, groups=c, bias=False).to(DEVICE).eval()
-    stubbed = torch.nn.Conv2d(c, c, 5, 1, 2, groups=c, bias=False).to(DEVICE).eval()
-    x = torch.randn(1, c, 30, 21, device=DEVICE)
-    with torch.inference_mode():
-        tri.depthwise_conv2d(x, conv)
-        tri.depthwise_conv2d(x, stubbed)
-    plan = tri._replays[id(conv)]
-    launcher, run, function, meta, g0, g1, g2, wk, scale, shift, rest = plan[15:22] + plan[22:26]
-    fake = list(tri._replays[id(stubbed)])
-    fake[16] = lambda *args: None
-    tri._replays[id(stubbed)] = tuple(fake)
-    out = torch.empty_like(x)
-    stream = launcher.stream()
+def _launch_pieces(x: torch.Tensor, plan: Any, run_plan: Any) -> list[tuple[str, Any]]:
+    """Triton's ``CompiledKernel.run`` on prepared tensors, the launch as the replay makes it
+    (``plan``'s, addresses), and the replay's allocation, each alone."""
+    out = torch.empty(plan.out_shape, dtype=x.dtype, device=x.device)
+    stream = plan.launcher.stream()
+    k_run = (x, *run_plan.keep, out, *run_plan.rest)
+    k_ptr = (x.data_ptr(), plan.wk, plan.scale, plan.shift, out.data_ptr(), *plan.rest)
+    run, grid, after = run_plan.launch, run_plan.head, run_plan.between
+    launch, head, between = plan.launch, plan.head, plan.between
 
-    def launch() -> None:
-        run(g0, g1, g2, stream, function, meta, None, None, None, x, wk, scale, shift, out, *rest)
+    def run_alone() -> None:
+        run(*grid, stream, *after, *k_run)
 
-    fns = [
-        ("F.conv2d", partial(F.conv2d, x, conv.weight.detach(), None, 1, 2, 1, c)),
-        ("entry conv alone", partial(tri.depthwise_conv2d, x, conv)),
-        ("entry, compiled launcher stubbed", partial(tri.depthwise_conv2d, x, stubbed)),
-        ("torch.empty_like(x) alone", partial(torch.empty_like, x)),
+    def launch_alone() -> None:
+        if plan.spread:
+            launch(*head, stream, *between, *k_ptr)
+        else:
+            launch(*head, stream, *between, k_ptr)
+
+    if plan.alloc == 0:
+        alloc = partial(torch.empty_like, x)
+    elif plan.alloc == 1:
+        alloc = partial(torch.empty_like, x, memory_format=torch.contiguous_format)
+    else:
+        alloc = partial(x.new_empty, plan.out_shape)
+    return [
+        ("Triton's CompiledKernel.run alone", run_alone),
+        ("the replay's launch alone", launch_alone),
+        ("the allocation alone", alloc),
     ]
-    if run is not None:  # None in the interpreter, which adopts nothing
-        fns += [("compiled launcher alone", launch), ("Launcher.stream() alone", launcher.stream)]
-    with torch.inference_mode():
-        return interleaved("split: c64 k5 30x21 fp32", fns, bursts, calls)
+
+
+def render_pieces(rows: list[dict[str, Any]]) -> str:
+    """One line per shape: the medians, each as a ratio of F.conv2d, and the floors (Triton's
+    run + allocation; the replay's launch + allocation) that no Triton entry gets below."""
+    by: dict[str, dict[str, float]] = {}
+    err: dict[str, float] = {}
+    for r in rows:
+        by.setdefault(r["group"], {})[r["label"]] = r["wall_us"]
+        err[r["group"]] = max(r.get("rel_err", 0.0), r.get("rel_err_alone", 0.0))
+    out = ["| shape | F.conv2d µs | alone µs | fused µs | alone / F | fused / F | "
+           "via run, tensors / F | run + alloc / F | launch + alloc / F | stubbed entry µs | "
+           "rel err |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for group, m in by.items():
+        f = m.get("F.conv2d")
+        if not f or "entry alone" not in m:
+            continue
+        run, launch, alloc = (m.get(k) for k in ("Triton's CompiledKernel.run alone",
+                              "the replay's launch alone", "the allocation alone"))  # fmt: skip
+        cells = [m["entry alone"], m["entry conv+BN+act"],
+                 m.get("entry alone, via run, tensors"),
+                 None if run is None or alloc is None else run + alloc,
+                 None if launch is None or alloc is None else launch + alloc]  # fmt: skip
+        ratios = " | ".join("" if v is None else f"{v / f:.2f}x" for v in cells)
+        stub = m.get("entry alone, launch stubbed")
+        out.append(
+            f"| {group} | {f:.1f} | {m['entry alone']:.1f} | {m['entry conv+BN+act']:.1f} | "
+            f"{ratios} | {'' if stub is None else f'{stub:.1f}'} | {err[group]:.1e} |"
+        )
+    return "\n".join(out) + "\n"
 
 
 def transposed(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
@@ -468,7 +542,9 @@ def main() -> int:
     )
     parser.add_argument("--old", help="another tree's templates folder, measured beside")
     parser.add_argument("--cpu-try", action="store_true", help="--depthwise on the CPU (tiny)")
-    parser.add_argument("--split-only", action="store_true", help="--depthwise: the split alone")
+    parser.add_argument(
+        "--no-transposed", action="store_true", help="--depthwise: leave the transposed convs"
+    )
     args = parser.parse_args()
     if args.cpu_try:
         global DEVICE
@@ -509,11 +585,10 @@ def depthwise_main(args: argparse.Namespace) -> int:
         f"{triton.__version__} · Python {platform.python_version()} · median (IQR) of "
         f"{args.bursts} interleaved bursts of {args.calls} calls"
     )
-    rows = entry_split(args.bursts, args.calls)
-    if not args.split_only:
-        rows += depthwise(args.bursts, args.calls, args.old)
+    rows = depthwise(args.bursts, args.calls, args.old)
+    if not args.no_transposed:
         rows += transposed(args.bursts, args.calls, args.old)
-    table = render_interleaved(rows, header)
+    table = render_interleaved(rows, header) + "\n" + render_pieces(rows)
     print(table)
     out = os.environ.get("OUT")
     if out:

@@ -6,14 +6,11 @@ PaddleOCR) and rewrote the layer's forward to call :func:`depthwise_conv2d` with
 ``rocmfix revert`` removes it. Why: MIOpen runs depthwise convs through a grouped implicit-GEMM
 solver at a tenth of the memory bandwidth, and has no fp32 depthwise path at all.
 
-A depthwise conv (groups == in == out channels) reads each input element KH*KW times from
-cache and does as many FMAs: it is bound by memory, so the kernel makes one pass over the input
-with the weights in registers and an fp32 accumulator, tiles [BLOCK_C channels x BLOCK_P output
-pixels] of one image, then applies ``y * scale + shift`` (an eval-mode BatchNorm folded with the
-conv's bias) and ReLU, SiLU, GELU or Hardswish before the one store. Where rows are stride 1
-and every width and stride is even (``VEC`` 2), a lane computes two adjacent outputs and reads
-its window as aligned input pairs, one load per two taps: half the instructions per tap. NCHW
-or channels-last input (any strides), NCHW-contiguous output; fp32, fp16, bf16.
+A depthwise conv (groups == in == out channels) is bound by memory: the kernel (in
+``depthwise_conv_kernels``) makes one pass over the input with the weights in registers, then
+applies ``y * scale + shift`` (an eval-mode BatchNorm folded with the conv's bias) and ReLU,
+SiLU, GELU or Hardswish before the one store. NCHW or channels-last input (any strides),
+NCHW-contiguous output; fp32, fp16, bf16.
 
 :func:`depthwise_conv2d` never fails: a shape it does not handle (not depthwise, dilation > 1,
 CPU tensors outside Triton's interpreter, autograd recording, a training BatchNorm), Triton
@@ -26,6 +23,7 @@ custom op come from the shared ``rocmfix_*`` modules; all are dropped beside thi
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from typing import Any
 
@@ -63,11 +61,10 @@ _dw_kernel = dk.KERNEL
 # The launch of each key (the layout, the modules and their settings) planned so far.
 _plans: ks.BoundedCache[tuple[Any, ...], rl.Launcher] = ks.BoundedCache(256)
 _broken: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
-# id(conv) -> its last call's plan and what it was planned for (see depthwise_conv2d). The
-# plan holds the layer's weight, so an id is not reused while its entry stands. A plain dict,
-# not a BoundedCache: every call but a layer's first reads it, and a dict's get costs 36 ns
-# where BoundedCache.get's recency update makes it 218 (CPython 3.12). Writes take rt.LOCK; a
-# model with more layers than it holds starts it afresh.
+# id(conv) -> its last call's Replay. It holds the layer's weight, so an id is not reused
+# while its entry stands. A plain dict: a dict's get costs 36 ns where BoundedCache.get's
+# recency update makes it 218 (CPython 3.12). Writes take rt.LOCK; a model with more layers
+# than it holds starts it afresh.
 _replays: dict[int, tuple[Any, ...]] = {}
 _REPLAYS_SIZE = 256
 # What the replay calls every time, bound once (a module attribute read each is ~20 ns).
@@ -221,6 +218,31 @@ def _allocation(x: torch.Tensor, out_shape: tuple[int, ...]) -> int:
     return 0 if x.is_contiguous() else 1
 
 
+# A layer's replay, in the order the replay checks it: the BatchNorm and activation; the
+# input's layout and address modulo 16; the conv's settings, weight (at wptr) and bias; a
+# folded BatchNorm's tensors and eps; (tensor, address, version) of what was folded; the
+# output's allocation (_allocation) and shape; launch(*head, stream, *between, the kernel's
+# arguments spread or one tuple) (Launcher.replay_launch), with wk, scale, shift as ints
+# where ``addresses`` (keep holds the tensors). Stored as a plain tuple: one unpacks in 0.13
+# us, a namedtuple in 0.33 (CPython 3.11's fast path is for exact tuples); replay_of names it.
+Replay = collections.namedtuple(
+    "Replay",
+    "bn act shape strides dtype device align settings weight wptr bias folded stamps alloc "
+    "out_shape launcher launch head between spread addresses wk scale shift rest tail "
+    "bn_done act_done gelu grads keep",
+)
+
+
+def replay_of(layer: Any) -> Replay | None:
+    """``layer``'s replay, named (tests, benches)."""
+    return Replay._make(_replays[id(layer)]) if id(layer) in _replays else None
+
+
+# How replays launch (read at plan time): the launcher's C ``launch`` where rl.direct_launch
+# reads its layout; tensors as addresses (Triton's C launch queries the driver for a tensor).
+DIRECT, ADDRESSES = True, True
+
+
 def _plan(
     x: torch.Tensor,
     layer: Any,
@@ -230,7 +252,7 @@ def _plan(
     args: tuple[Any, ...],
     out_shape: tuple[int, ...],
     epilogue: tuple[Any, Any, int, bool, bool],
-) -> tuple[Any, ...] | None:
+) -> Replay | None:
     """What :func:`depthwise_conv2d` replays for ``layer``'s next calls, with everything the
     launch was made from: None where a tensor has no version (inference tensors)."""
     _scale, _shift, _code, bn_done, act_done = epilogue
@@ -252,23 +274,19 @@ def _plan(
         wptr = weight.data_ptr()
     except RuntimeError:
         return None
-    compiled = launcher.compiled
-    run, function, meta = (
-        (None, None, None)
-        if compiled is None
-        else (compiled.run, compiled.function, compiled.packed_metadata)
-    )
-    return (
-        bn, act,
-        x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15,
+    launch, head, between, spread = launcher.replay_launch(args, direct=DIRECT)
+    wk, scale, shift = args[1:4]
+    addresses = launch is not None and (ADDRESSES or not spread)  # a tuple: addresses
+    if addresses:
+        wk, scale, shift = wk.data_ptr(), scale.data_ptr(), shift.data_ptr()
+    return Replay(
+        bn, act, x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15,
         (layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_mode),
-        weight, wptr, bias, folded, stamps,
-        _allocation(x, out_shape), out_shape,
-        launcher, run, function, meta, *launcher.grid,
-        args[1], args[2], args[3], args[5:] + launcher.tail, args[5:],
-        bn_done, act_done,
+        weight, wptr, bias, folded, stamps, _allocation(x, out_shape), out_shape,
+        launcher, launch, head, between, spread, addresses, wk, scale, shift,
+        args[5:] + launcher.tail, args[5:], bn_done, act_done,
         act_done and type(act) is _GELU,
-        tuple(t for t in (weight, *sources) if t is not None),
+        tuple(t for t in (weight, *sources) if t is not None), tuple(args[1:4]),
     )  # fmt: skip
 
 
@@ -311,7 +329,7 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
         with rt.LOCK:
             if len(_replays) >= _REPLAYS_SIZE:
                 _replays.clear()
-            _replays[id(layer)] = plan
+            _replays[id(layer)] = tuple(plan)
     if not bn_done and bn is not None:
         out = bn(out)
     if not act_done and act is not None:
@@ -358,23 +376,21 @@ def depthwise_conv2d(
     ``Hardswish``/``Identity`` without hooks in its store; any other module is called on its
     output. Everything else runs the modules themselves, as does any error (warned once).
     """
-    # The replay, first and inline: a model calls each layer once a forward with the same
-    # input layout, so every call but a layer's first lands here, where the F.conv2d it
-    # replaces pays one C++ dispatch. It checks, at one attribute read or C call each, what
-    # the launch was planned for: the same BatchNorm and activation objects; the input's
-    # shape, strides, dtype, device and 16-byte alignment; the conv's settings; its weight
-    # and bias the same objects (the weight at the same address: the kernel reads it through
-    # a view); no forward hooks on the conv or global ones; every tensor the scale and shift
-    # were folded from the same object at the same address and version; a folded
-    # BatchNorm's eps, eval mode and hooks, a fused activation's hooks. Anything else goes
-    # to _eager, which plans anew or runs the modules.
+    # The replay, first and inline: every call but a layer's first lands here, where the
+    # F.conv2d it replaces pays one C++ dispatch. It checks, at one attribute read or C call
+    # each, what the launch was planned for (Replay, in order; the weight at the same
+    # address: the kernel reads it through a view), no hooks on the conv, the folded
+    # BatchNorm and fused activation or global ones, a folded BatchNorm's eval mode.
+    # Anything else goes to _eager, which plans anew or runs the modules.
     if not _is_compiling():
         plan = _replays.get(id(conv))
         if plan is not None:
             (bn0, act0, shape, strides, dtype, device, align, settings, weight, wptr, bias,
-             folded, stamps, alloc, out_shape, launcher, run, function, meta, g0, g1, g2,
-             wk, scale, shift, rest, tail, bn_done, act_done, gelu, grads) = plan  # fmt: skip
+             folded, stamps, alloc, out_shape, launcher, launch, head, between, spread,
+             addresses, wk, scale, shift, rest, tail, bn_done, act_done, gelu, grads,
+             keep) = plan  # fmt: skip
             try:
+                xp = x.data_ptr()
                 params = conv._parameters
                 fresh = (
                     bn is bn0
@@ -383,7 +399,7 @@ def depthwise_conv2d(
                     and x.stride() == strides
                     and x.dtype is dtype
                     and x.get_device() == device
-                    and x.data_ptr() & 15 == align
+                    and xp & 15 == align
                     and (conv.stride, conv.padding, conv.dilation, conv.groups,
                          conv.padding_mode) == settings
                     and params["weight"] is weight
@@ -421,12 +437,18 @@ def depthwise_conv2d(
                         out = _empty_like(x, memory_format=_CONTIGUOUS)
                     else:
                         out = x.new_empty(out_shape)
-                    stream = None if run is None else launcher.stream()
-                    if stream is not None:
-                        run(g0, g1, g2, stream, function, meta, None, None, None,
-                            x, wk, scale, shift, out, *rest)  # fmt: skip
+                    stream = None if launch is None else launcher.stream()
+                    # Each form spelled out: a tuple built and spread costs 0.1 us more.
+                    if stream is None:
+                        launcher(x, *keep, out, *tail)
+                    elif not addresses:
+                        launch(*head, stream, *between, x, wk, scale, shift, out, *rest)
+                    elif spread:
+                        launch(*head, stream, *between, xp, wk, scale, shift, out.data_ptr(),
+                               *rest)  # fmt: skip
                     else:
-                        launcher(x, wk, scale, shift, out, *tail)
+                        launch(*head, stream, *between,
+                               (xp, wk, scale, shift, out.data_ptr(), *rest))  # fmt: skip
                     if not bn_done and bn is not None:
                         out = bn(out)
                     if not act_done and act is not None:

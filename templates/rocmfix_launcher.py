@@ -73,6 +73,86 @@ def _current_getters(active: Any) -> tuple[Any, Any]:
     return device, active.get_current_stream
 
 
+class _Mark:
+    """A stand-in for one of the grid's sizes or the stream in :func:`direct_launch`'s probe:
+    where it lands in the C launch's arguments says where those values go."""
+
+
+def direct_launch(
+    compiled: Any, grid: Sequence[int], args: Sequence[Any]
+) -> tuple[Any, tuple[Any, ...], tuple[Any, ...], bool] | None:
+    """``(launch, head, between, spread)`` where the compiled kernel's launcher (Triton's
+    ``CudaLauncher`` or ``HIPLauncher``) does nothing per call but hand its arguments to its C
+    ``launch``: then ``launch(*head, stream, *between, kernel_args)`` (the kernel's arguments
+    one tuple, or spread where ``spread``; ``head`` ends in ``grid``) launches it as
+    ``compiled.run(*grid, stream, function, metadata, None, None, None, *args)`` would, without
+    the launcher's Python frame (its scratch checks, two closures). None where anything
+    differs from that, and every call goes through ``compiled.run``: scratch memory (global,
+    profile), an instrumented kernel, a launcher of another name or layout.
+
+    The launcher's arguments are no public API and differ between Triton releases and
+    backends (3.6: spread; 3.8: a tuple; HIP: another order), so they are read by one dry
+    call of a copy of the launcher whose ``launch`` records: marks in place of the grid and
+    the stream must land once each, in order, the kernel's arguments last and unchanged, and
+    every other value must be the function, the metadata, None, a number or one of the
+    launcher's own attributes (its annotations), fixed for every call of this kernel.
+    """
+    run = getattr(compiled, "run", None)
+    state = getattr(run, "__dict__", None)
+    if (
+        type(run).__name__ not in ("CudaLauncher", "HIPLauncher")
+        or state is None
+        or not callable(state.get("launch"))
+        or state.get("global_scratch_size", 0) != 0
+        or state.get("profile_scratch_size", 0) != 0
+        or state.get("gsan_enabled", False)
+    ):
+        return None
+    function, meta = compiled.function, compiled.packed_metadata
+    marks = (_Mark(), _Mark(), _Mark(), _Mark())
+    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    probe: Any = object.__new__(type(run))  # a copy: the shared one is never touched
+    probe.__dict__.update(state)
+    probe.launch = lambda *a, **k: seen.append((a, k))
+    try:
+        type(run).__call__(probe, *marks, function, meta, None, None, None, *args)
+    except Exception:  # noqa: BLE001 - a launcher that uses the grid or stream otherwise
+        return None
+    if len(seen) != 1 or seen[0][1]:
+        return None
+    recorded = seen[0][0]
+    spread = not (recorded and type(recorded[-1]) is tuple)
+    if spread:
+        if len(recorded) < len(args) or any(
+            a is not b for a, b in zip(recorded[len(recorded) - len(args) :], args)
+        ):
+            return None
+        fixed = recorded[: len(recorded) - len(args)]
+    else:
+        kernel_args = recorded[-1]
+        if len(kernel_args) != len(args) or any(a is not b for a, b in zip(kernel_args, args)):
+            return None
+        fixed = recorded[:-1]
+    at = [i for i, value in enumerate(fixed) if type(value) is _Mark]
+    if len(at) != 4 or any(fixed[i] is not mark for i, mark in zip(at, marks)):
+        return None
+    if at != list(range(at[0], at[0] + 4)):
+        return None
+    known = list(state.values())
+    for value in fixed[: at[0]] + fixed[at[0] + 4 :]:
+        if not (
+            value is None
+            or value is function
+            or value is meta
+            or type(value) in (bool, int)
+            or any(value is mine for mine in known)
+        ):
+            return None
+    if not any(v is function for v in fixed) or not any(v is meta for v in fixed):
+        return None
+    return state["launch"], (*fixed[: at[0]], *grid), fixed[at[0] + 4 :], spread
+
+
 class Launcher:
     """``kernel[grid](*args, **kwargs)`` for a call that repeats with new tensors.
 
@@ -155,6 +235,23 @@ class Launcher:
         ):
             return self.current_stream(device)
         return None
+
+    def replay_launch(
+        self, args: Sequence[Any], direct: bool = True
+    ) -> tuple[Any, tuple[Any, ...], tuple[Any, ...], bool]:
+        """``(launch, head, between, spread)`` for a caller that keeps the adopted kernel's
+        arguments itself: ``launch(*head, stream, *between, *args, *self.tail)`` (the
+        arguments one tuple where not ``spread``) with :meth:`stream`'s stream launches it.
+        That is the C launch where :func:`direct_launch` finds its layout (and ``direct``),
+        else ``compiled.run``; ``launch`` None where nothing is adopted."""
+        compiled = self.compiled
+        if compiled is None:
+            return None, (), (), True
+        found = direct_launch(compiled, self.grid, (*args, *self.tail)) if direct else None
+        if found is not None:
+            return found
+        between = (compiled.function, compiled.packed_metadata, None, None, None)
+        return compiled.run, self.grid, between, True
 
     def launch_once(self, *args: Any) -> None:
         """``kernel[grid](*args, **kwargs)`` on the tensors' device, adopting nothing: for a

@@ -357,7 +357,8 @@ MUTATIONS = [
     "weight-inplace", "weight-replaced", "weight-data", "bias-added", "bn-stat-inplace",
     "bn-buffer-replaced", "bn-affine-replaced", "bn-eps", "bn-train", "padding", "stride",
     "channels-last", "other-bn", "conv-hook", "bn-hook", "act-hook", "global-hook",
-    "strided-weight-inplace", "gelu-tanh", "grad-input", "grad-bn-affine",
+    "strided-weight-inplace", "gelu-tanh", "grad-input", "grad-bn-affine", "bn-stat-data",
+    "bn-affine-data",
 ]  # fmt: skip
 
 
@@ -388,6 +389,10 @@ def test_a_replayed_plan_sees_every_change_it_depends_on(tri: ModuleType, change
             conv.bias = torch.nn.Parameter(torch.randn(c))
         elif change == "bn-stat-inplace":
             bn.running_mean.add_(3.0)
+        elif change == "bn-stat-data":  # new storage, the same tensor and version
+            bn.running_mean.data = torch.randn(c)
+        elif change == "bn-affine-data":  # what model.half() / .cuda() do to parameters
+            bn.weight.data = torch.rand(c) + 3.0
         elif change == "bn-buffer-replaced":
             bn.running_var = torch.rand(c) + 2.0
         elif change == "bn-affine-replaced":
@@ -490,7 +495,7 @@ def test_a_replay_allocates_an_nchw_output_however_its_input_is_laid_out(
             got = tri.depthwise_conv2d(x, conv, bn, act)
             assert got.is_contiguous()
             _check(got, _want(x, conv, bn, act), torch.float32)
-    assert tri._replays[id(conv)][13] == {"nchw": 0, "channels-last": 1, "stride-2": 2}[layout]
+    assert tri.replay_of(conv).alloc == {"nchw": 0, "channels-last": 1, "stride-2": 2}[layout]
 
 
 class _Compiled:
@@ -551,8 +556,12 @@ def test_a_replay_launches_the_adopted_kernel_straight_with_the_calls_tensors() 
             grid, args, kwargs = kernel.launches[0]
             call = kernel.compiled.calls[0]
             assert call[:9] == (*grid, "stream0", "function", "metadata", None, None, None)
-            assert call[9] is x and call[13] is out and out.shape == x.shape
-            assert call[10:13] == args[1:4] and call[14:23] == args[5:]
+            # The tensors go as their addresses (the stand-in's run is no Triton launcher,
+            # so it is called as compiled.run).
+            assert call[9] == x.data_ptr() and call[13] == out.data_ptr()
+            assert out.shape == x.shape
+            assert call[10:13] == tuple(t.data_ptr() for t in args[1:4])
+            assert call[14:23] == args[5:]
             names = list(inspect.signature(kernel.fn).parameters)[len(args) :]
             assert call[23:] == tuple(kwargs[name] for name in names)
             hooks = real_triton.knobs.runtime.launch_enter_hook
@@ -562,5 +571,31 @@ def test_a_replay_launches_the_adopted_kernel_straight_with_the_calls_tensors() 
             finally:
                 hooks.calls.pop()
             assert len(kernel.launches) == 2 and len(kernel.compiled.calls) == 1
+            # That launch went through kernel[grid] with the tensors, not their addresses.
+            assert kernel.launches[1][1][0] is x
+            assert kernel.launches[1][1][1:4] == args[1:4]
+            # A compiled kernel whose launcher only hands its arguments on (Triton's
+            # CudaLauncher): the replay calls its C launch with them, the tensors as addresses.
+            seen: list[tuple[Any, ...]] = []
+
+            class CudaLauncher:
+                launch_cooperative_grid = False
+                global_scratch_size = profile_scratch_size = 0
+
+                def __init__(self) -> None:
+                    self.launch = lambda *a: seen.append(a)
+
+                def __call__(self, gx: Any, gy: Any, gz: Any, stream: Any, function: Any,
+                             meta: Any, *args: Any) -> None:  # fmt: skip
+                    self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid,
+                                meta, args[3:])  # fmt: skip
+
+            kernel.compiled.run = CudaLauncher()  # type: ignore[method-assign]
+            layer = _layer(4, (3, 3), 1, torch.float32, "hardswish")[0]
+            module.depthwise_conv2d(x, layer)
+            out = module.depthwise_conv2d(x, layer)
+            assert module.replay_of(layer).launch is kernel.compiled.run.launch
+            assert len(seen) == 1 and seen[0][3:7] == ("stream0", "function", False, "metadata")
+            assert seen[0][7][0] == x.data_ptr() and seen[0][7][4] == out.data_ptr()
     finally:
         launcher_module._launch_path[:] = saved

@@ -276,3 +276,30 @@ def test_dilated_bn_and_act_in_the_store_on_the_gpu() -> None:
             want = act(bn(module.dilated_conv2d(x, weight, d, pad)))
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
         assert {plan[0].kwargs["EPILOGUE"] for plan in module._PLANS.values()} == {0, 2}
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_depthwise_replays_through_the_c_launch_match_the_stock_layer(direct: bool) -> None:
+    """The depthwise entry's replays on a real Triton: through the launcher's C ``launch``
+    with the tensors as addresses where the probe reads its layout (it does for Triton 3.6
+    to 3.8's CudaLauncher), through ``compiled.run`` otherwise; the stock layer's result on
+    every call, new inputs each, the fused BatchNorm and activation included."""
+    module = load_template("depthwise_conv_triton", interpret=False)
+    module.DIRECT = direct
+    conv = torch.nn.Conv2d(64, 64, 5, 1, 2, groups=64, bias=False).cuda().eval()
+    alone = torch.nn.Conv2d(64, 64, 3, 2, 1, groups=64, bias=True).cuda().eval()
+    bn = torch.nn.BatchNorm2d(64).cuda().eval()
+    with torch.no_grad():
+        bn.running_var.uniform_(0.5, 1.5)
+        bn.running_mean.normal_()
+    act = torch.nn.Hardswish()
+    with torch.inference_mode():
+        for _ in range(4):
+            x = torch.randn(2, 64, 30, 21, device="cuda")
+            want = act(bn(conv(x)))
+            torch.testing.assert_close(module.depthwise_conv2d(x, conv, bn, act), want)
+            torch.testing.assert_close(module.depthwise_conv2d(x, alone), alone(x))
+    for layer in (conv, alone):  # one plan each, made at the first call, replayed since
+        plan = module.replay_of(layer)
+        assert plan.launcher.kernel is module.dk.KERNEL and len(module._plans) == 2
+        assert plan.addresses and (plan.launch is not plan.launcher.compiled.run) == direct

@@ -251,3 +251,170 @@ def test_the_config_module_still_offers_the_launcher_and_the_op_helpers() -> Non
     assert kc.Launcher is launcher.Launcher and kc._launch_path is launcher._launch_path
     assert kc.layout_key is launcher.layout_key and kc.device_index is launcher.device_index
     assert kc.register_op is custom_op.register_op and kc.is_compiling is custom_op.is_compiling
+
+
+# Stand-ins for Triton's compiled-kernel launchers, written here after the layouts the
+# releases use (read from Triton 3.3, 3.6 and 3.8's drivers): each __call__ hands its
+# arguments to ``self.launch``, which records what the C launch would get.
+class CudaLauncher:
+    """3.8's NVIDIA layout: grid, stream, function first, the kernel's arguments one tuple."""
+
+    def __init__(self, scratch: int = 0, gsan: bool = False) -> None:
+        self.launch_cooperative_grid, self.launch_pdl = False, False
+        self.global_scratch_size = scratch
+        self.profile_scratch_size = 0
+        self.gsan_enabled = gsan
+        self.arg_annotations, self.kernel_signature = ["ann"], b"sig"
+        self.calls: list[tuple[Any, ...]] = []
+        self.launch = lambda *args: self.calls.append(args)
+
+    def __call__(self, gx: Any, gy: Any, gz: Any, stream: Any, function: Any, meta: Any,
+                 launch_meta: Any, enter: Any, leave: Any, *args: Any) -> None:  # fmt: skip
+        scratch = gx * gy * gz if self.global_scratch_size else None
+        self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid,
+                    self.launch_pdl, meta, launch_meta, enter, leave, scratch, None,
+                    self.arg_annotations, self.kernel_signature, args)  # fmt: skip
+
+
+class HIPLauncher(CudaLauncher):
+    """AMD's layout: the cooperative flag before the grid, the warp size after the hooks."""
+
+    def __call__(self, gx: Any, gy: Any, gz: Any, stream: Any, function: Any, meta: Any,
+                 launch_meta: Any, enter: Any, leave: Any, *args: Any) -> None:  # fmt: skip
+        scratch = gx * gy * gz if self.global_scratch_size else None
+        self.launch(self.launch_cooperative_grid, gx, gy, gz, stream, function, scratch, None,
+                    meta, launch_meta, enter, leave, 64, self.arg_annotations,
+                    self.kernel_signature, args)  # fmt: skip
+
+
+class SpreadLauncher(CudaLauncher):
+    """3.6's layout: the kernel's arguments spread after the hooks."""
+
+    def __call__(self, gx: Any, gy: Any, gz: Any, stream: Any, function: Any, *args: Any) -> None:
+        self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid, None, *args)
+
+
+SpreadLauncher.__name__ = "CudaLauncher"
+
+
+class LaunchedCompiled(Compiled):
+    def __init__(self, run: Any) -> None:
+        super().__init__()
+        self.run = run  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("make", [CudaLauncher, HIPLauncher, SpreadLauncher])
+def test_the_c_launch_is_called_as_the_launcher_would_call_it(
+    kc: types.ModuleType, make: Any
+) -> None:
+    """Where the launcher only hands its arguments on, a direct call of its ``launch`` with
+    the layout read by the probe gets exactly what a call of the launcher gives it."""
+    run = make()
+    compiled = LaunchedCompiled(run)
+    args = (*_args(), 64, True, 2.0)
+    found = kc.direct_launch(compiled, (5, 1, 1), args)
+    assert found is not None and run.calls == []  # the probe launched nothing
+    launch, head, between, spread = found
+    assert launch is run.launch
+    later = (*_args(8192), 64, True, 2.0)
+    run((5), 1, 1, "stream3", "function", "metadata", None, None, None, *later)
+    want = run.calls.pop()
+    if spread:
+        launch(*head, "stream3", *between, *later)
+    else:
+        launch(*head, "stream3", *between, later)
+    assert run.calls == [want]
+
+
+class Extra(CudaLauncher):
+    def __call__(self, *args: Any) -> None:
+        super().__call__(*args)
+        self.launch(*self.calls.pop())  # twice
+
+
+class Fresh(CudaLauncher):
+    def __call__(self, gx: Any, gy: Any, gz: Any, stream: Any, function: Any, meta: Any,
+                 *args: Any) -> None:  # fmt: skip
+        self.launch(gx, gy, gz, stream, function, object(), meta, args[3:])  # a per-call value
+
+
+class Reordered(CudaLauncher):
+    def __call__(self, gx: Any, gy: Any, gz: Any, stream: Any, function: Any, meta: Any,
+                 *args: Any) -> None:  # fmt: skip
+        self.launch(stream, gx, gy, gz, function, meta, args[3:])
+
+
+class Converted(CudaLauncher):
+    def __call__(self, gx: Any, gy: Any, gz: Any, stream: Any, function: Any, meta: Any,
+                 *args: Any) -> None:  # fmt: skip
+        self.launch(gx, gy, gz, stream, function, meta, tuple(map(str, args[3:])))
+
+
+for _cls in (Extra, Fresh, Reordered, Converted):
+    _cls.__name__ = "CudaLauncher"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: CudaLauncher(scratch=128), lambda: HIPLauncher(scratch=128),
+     lambda: CudaLauncher(gsan=True), Extra, Fresh, Reordered, Converted,
+     lambda: type("XPULauncher", (CudaLauncher,), {})(), lambda: Compiled().run],
+    ids=["scratch", "hip-scratch", "gsan", "two-launches", "per-call-value", "reordered",
+         "converted-args", "other-launcher", "not-a-launcher"],
+)  # fmt: skip
+def test_a_launcher_of_any_other_structure_is_called_as_triton_calls_it(
+    kc: types.ModuleType, make: Any
+) -> None:
+    """Anything but a launcher that only hands on its arguments (scratch memory, an
+    instrumented kernel, another layout or name) gets no direct launch, and a caller's
+    replay calls ``compiled.run`` with Triton's arguments."""
+    run = make()
+    compiled = LaunchedCompiled(run)
+    args = (*_args(), 64, True, 2.0)
+    assert kc.direct_launch(compiled, (5, 1, 1), args) is None
+    assert getattr(run, "calls", []) == []
+    kernel = Kernel()
+    kernel.compiled = compiled
+    launcher = kc.Launcher(kernel, (5,), {"BLOCK": 64, "EVEN": True})
+    launcher(*_args())
+    launch, head, between, spread = launcher.replay_launch(_args())
+    assert launch is run and spread
+    assert (*head, "s", *between) == (5, 1, 1, "s", "function", "metadata", None, None, None)
+
+
+@pytest.mark.parametrize("backend", ["nvidia", "amd"])
+def test_this_tritons_own_launchers_are_read_and_called_as_they_call_their_launch(
+    kc: types.ModuleType, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The installed Triton's ``CudaLauncher`` and ``HIPLauncher`` (AMD's cannot run here:
+    each is built without its driver, ``launch`` recording): the probe reads their layout,
+    and the direct call gives ``launch`` exactly what the launcher's own call gives it."""
+    pytest.importorskip("triton")
+    module = pytest.importorskip(f"triton.backends.{backend}.driver")
+    from triton.runtime.driver import driver as config
+
+    cls = module.CudaLauncher if backend == "nvidia" else module.HIPLauncher
+    monkeypatch.setattr(config, "_active", types.SimpleNamespace(), raising=False)
+    run = object.__new__(cls)
+    calls: list[tuple[Any, ...]] = []
+    run.__dict__.update(
+        arg_annotations=["annotations"], kernel_signature=b"signature", num_ctas=1,
+        launch=lambda *a: calls.append(a), global_scratch_size=0, global_scratch_align=1,
+        profile_scratch_size=0, profile_scratch_align=1, launch_cooperative_grid=False,
+        launch_pdl=False, gsan_enabled=False, warp_size=64,
+    )  # fmt: skip
+    compiled = LaunchedCompiled(run)
+    args = (*_args(), 64, True, 2.0)
+    found = kc.direct_launch(compiled, (5, 1, 1), args)
+    assert found is not None and calls == []
+    launch, head, between, spread = found
+    later = (*_args(8192), 64, True, 2.0)
+    run(5, 1, 1, "stream3", "function", "metadata", None, None, None, *later)
+    want = calls.pop()
+    launch(*head, "stream3", *between, *later) if spread else launch(
+        *head, "stream3", *between, later
+    )
+    assert calls == [want]
+    # With scratch memory the launcher allocates per call: Triton's run, as before.
+    run.global_scratch_size = 256
+    assert kc.direct_launch(compiled, (5, 1, 1), args) is None
