@@ -9,11 +9,12 @@ unless ``torch.compile`` is tracing it, where it must be one graph node: the op 
 :func:`register_op` or :func:`register_triton_op` defines. :data:`is_compiling` tells the two
 apart.
 
-Where torch has ``torch.library.triton_op`` (2.6 and later), :func:`register_triton_op` makes
-the op a triton op: AOTAutograd decomposes its node into the op's graph body, whose kernel
-launches go through :func:`wrap_triton`, so Inductor sees the Triton kernel and launches it
-from its own generated code (and captures it in a CUDA graph) instead of calling back into
-rocmfix's Python per node. Anywhere that cannot be defined, the op is the opaque
+On torch 2.7 and later (``torch.library.triton_op``, with the strides the trace saw kept:
+:func:`_strides_kept`), :func:`register_triton_op` makes the op a triton op: AOTAutograd
+decomposes its node into the op's graph body, whose kernel launches go through
+:func:`wrap_triton`, so Inductor sees the Triton kernel and launches it from its own
+generated code (and captures it in a CUDA graph) instead of calling back into rocmfix's
+Python per node. Anywhere that cannot be defined, the op is the opaque
 ``torch.library.Library`` op of :func:`register_op`.
 """
 
@@ -62,14 +63,27 @@ def _library_op(name: str, schema: str, cuda: Impl, cpu: Impl, fake: Impl) -> An
     return lib
 
 
+def _strides_kept() -> bool:
+    """Whether Inductor gives a user Triton kernel the strides its trace saw (torch >= 2.7,
+    pytorch#147861). 2.6 has ``triton_op`` but keeps only the stride order and may pad the
+    buffer that feeds the kernel (pytorch#147828): the graph bodies pass the traced strides
+    as integers, so there they would read a padded input wrongly, without an error."""
+    try:
+        return bool(torch.torch_version.TorchVersion(torch.__version__) >= (2, 7))
+    except Exception:  # noqa: BLE001 - a version torch cannot compare: the opaque op
+        return False
+
+
 def triton_ops_available() -> bool:
     """Whether :func:`register_triton_op` defines triton ops here: Triton importable and
-    torch's ``triton_op``/``wrap_triton`` there (torch >= 2.6). ``ROCMFIX_TRITON_OP=0`` keeps
-    the opaque op (for comparing the two; only that exact value is read)."""
+    torch's ``triton_op``/``wrap_triton`` there, torch >= 2.7 (:func:`_strides_kept`).
+    ``ROCMFIX_TRITON_OP=0`` keeps the opaque op (for comparing the two; only that exact
+    value is read)."""
     return (
         rt.HAS_TRITON
         and hasattr(torch.library, "triton_op")
         and hasattr(torch.library, "wrap_triton")
+        and _strides_kept()
         and os.environ.get("ROCMFIX_TRITON_OP") != "0"
     )
 
