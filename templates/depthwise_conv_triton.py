@@ -58,7 +58,8 @@ prepare_launch = dk.prepare_launch
 # The kernel itself (None without Triton), where rocmfix's profiler looks for it.
 _dw_kernel = dk.KERNEL
 
-# The launch of each key (the layout, the modules and their settings) planned so far.
+# The launch of each key (the layout, the modules and their settings) planned so far: the
+# replays read _replays; this is the record tests and benches count plans by.
 _plans: ks.BoundedCache[tuple[Any, ...], rl.Launcher] = ks.BoundedCache(256)
 _broken: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
 # id(conv) -> its last call's Replay. It holds the layer's weight, so an id is not reused
@@ -70,6 +71,8 @@ _REPLAYS_SIZE = 256
 # What the replay calls every time, bound once (a module attribute read each is ~20 ns).
 _is_compiling = rop.is_compiling
 _grad_enabled = torch.is_grad_enabled
+# Autocast (the stock conv in its dtype) and a torch.jit trace take the stock modules.
+_autocast, _tracing = ks.any_autocast, torch._C._get_tracing_state
 _empty_like = torch.empty_like
 _CONTIGUOUS = torch.contiguous_format
 _modules = torch.nn.modules.module
@@ -257,7 +260,7 @@ def _plan(
     launch was made from: None where a tensor has no version (inference tensors)."""
     _scale, _shift, _code, bn_done, act_done = epilogue
     params = layer._parameters
-    weight, bias, wk = params["weight"], params.get("bias"), args[1]
+    weight, bias = params["weight"], params.get("bias")
     folded = None
     sources = [bias]  # what the scale and shift were computed from: copies
     if bn_done and bn is not None:
@@ -266,10 +269,10 @@ def _plan(
                   affine.get("weight"), affine.get("bias"), bn.eps)  # fmt: skip
         sources += folded[:4]
     try:
-        # The kernel reads the weight through a view where it can (the live values); a copy
-        # (a non-contiguous weight) goes stale when the weight is updated in place.
-        if wk.data_ptr() != weight.data_ptr():
-            sources.append(weight)
+        # The weight's version too: a copy of it (a non-contiguous weight) goes stale when it
+        # is updated in place, and a view (the live values) when its shape or strides change
+        # in place (`transpose_`).
+        sources.append(weight)
         stamps = tuple((t, t.data_ptr(), t._version) for t in sources if t is not None)
         wptr = weight.data_ptr()
     except RuntimeError:
@@ -296,7 +299,7 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
     weight = layer._parameters.get("weight") if isinstance(layer, torch.nn.Module) else None
     if weight is None:
         return None
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+    if (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or _autocast():
         return None
     # Everything a launch depends on but the tensors: their layout, the modules and their
     # settings. A layer that failed once at a key runs its modules from then on.
@@ -341,6 +344,8 @@ def _traced(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | No
     """Under torch.compile: one opaque op for conv + fold + activation, or None."""
     if torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad):
         return None  # the op has no backward
+    if ks.autocasting(x):
+        return None  # the op keeps x's dtype where the conv would run in autocast's
     geometry = _conv_geometry(x, layer)
     if geometry is None:
         return None
@@ -409,6 +414,8 @@ def depthwise_conv2d(
                     and not (_modules._global_forward_hooks or _modules._global_forward_pre_hooks)
                     and not (_grad_enabled()
                              and (x.requires_grad or any(t.requires_grad for t in grads)))
+                    and not _autocast()
+                    and _tracing() is None
                 )  # fmt: skip
                 if fresh and folded is not None:
                     buffers, affine = bn._buffers, bn._parameters  # type: ignore[union-attr]
@@ -469,6 +476,8 @@ def depthwise_conv2d(
     if _is_compiling():
         y = _traced(x, conv, bn, act)
         return ks.stock(x, conv, bn, act) if y is None else y
+    if _tracing() is not None:
+        return ks.stock(x, conv, bn, act)
     try:
         done = _eager(x, conv, bn, act)
     except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down

@@ -69,7 +69,7 @@ def _strides_kept() -> bool:
     buffer that feeds the kernel (pytorch#147828): the graph bodies pass the traced strides
     as integers, so there they would read a padded input wrongly, without an error."""
     try:
-        return bool(torch.torch_version.TorchVersion(torch.__version__) >= (2, 7))
+        return bool(torch.torch_version.TorchVersion(torch.__version__) >= "2.7")
     except Exception:  # noqa: BLE001 - a version torch cannot compare: the opaque op
         return False
 

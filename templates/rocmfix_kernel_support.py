@@ -278,6 +278,28 @@ def layer_hooked(layer: Any, bn: Any, act: Any) -> bool:
     )
 
 
+try:
+    torch.is_autocast_enabled("cpu")
+    _AUTOCAST_BY_DEVICE = True
+except TypeError:  # torch < 2.4: no device argument
+    _AUTOCAST_BY_DEVICE = False
+
+
+# Whether any autocast is on (one C call; the replays ask it every call): autocast would run
+# a stock conv in its lower dtype where a kernel keeps x's.
+any_autocast: Callable[[], bool] = getattr(
+    torch._C, "_is_any_autocast_enabled",
+    lambda: torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled(),
+)  # fmt: skip
+
+
+def autocasting(x: torch.Tensor) -> bool:
+    """Whether autocast is on for ``x``'s device (dynamo folds the call to a constant)."""
+    if _AUTOCAST_BY_DEVICE:
+        return bool(torch.is_autocast_enabled(x.device.type))
+    return bool(torch.is_autocast_enabled() if x.is_cuda else torch.is_autocast_cpu_enabled())
+
+
 def stock(
     x: torch.Tensor,
     layer: Callable[[torch.Tensor], torch.Tensor],

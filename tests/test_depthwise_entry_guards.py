@@ -1,0 +1,91 @@
+"""What the depthwise entry must leave to the stock modules even with a plan in hand
+(templates/depthwise_conv_triton.py): autocast, a ``torch.jit`` trace, and a weight whose
+shape changed in place. Each test plans the layer first, so a replay is what it would take.
+
+The kernel runs in Triton's CPU interpreter (``TRITON_INTERPRET=1`` while the template is
+imported), on small fp32 inputs.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from conftest import load_template
+
+pytest.importorskip("triton")
+
+
+@pytest.fixture(scope="module")
+def tri() -> ModuleType:
+    return load_template("depthwise_conv_triton")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
+    monkeypatch.delenv("ROCMFIX_DEPTHWISE_CONV_CONFIG", raising=False)
+    yield
+
+
+def _planned(tri: ModuleType, conv: torch.nn.Conv2d, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        torch.testing.assert_close(tri.depthwise_conv2d(x, conv), conv(x))
+    assert tri.replay_of(conv) is not None, "the kernel never ran"
+
+
+def test_autocast_runs_the_stock_layer_in_its_dtype(tri: ModuleType) -> None:
+    """Under autocast the stock conv computes and returns bf16; the kernel would keep fp32."""
+    conv = torch.nn.Conv2d(4, 4, 3, 1, 1, groups=4).eval()
+    bn, act = torch.nn.BatchNorm2d(4).eval(), torch.nn.ReLU()
+    x = torch.randn(1, 4, 9, 7)
+    _planned(tri, conv, x)
+    with torch.no_grad():
+        tri.depthwise_conv2d(x, conv, bn, act)  # and the fused plan
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for y_bn, y_bare in ((bn, None), (None, None)):
+                got = tri.depthwise_conv2d(x, conv, y_bn, act if y_bn else y_bare)
+                want = act(bn(conv(x))) if y_bn else conv(x)
+                assert got.dtype == want.dtype == torch.bfloat16
+                torch.testing.assert_close(got, want)
+
+
+def test_a_jit_trace_records_the_stock_conv(tri: ModuleType) -> None:
+    """A Triton launch is invisible to torch.jit's tracer: a trace must hold the conv."""
+    conv = torch.nn.Conv2d(4, 4, 3, 1, 1, groups=4, bias=False).eval()
+    x = torch.randn(1, 4, 9, 7)
+    _planned(tri, conv, x)
+
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            y: torch.Tensor = tri.depthwise_conv2d(t, self.conv)
+            return y
+
+    with torch.no_grad():
+        traced = torch.jit.trace(Layer(), x, check_trace=False)
+        other = torch.randn(1, 4, 9, 7)
+        torch.testing.assert_close(traced(other), conv(other))
+    assert "aten::_convolution" in str(traced.inlined_graph)
+
+
+def test_a_weight_transposed_in_place_is_planned_anew(tri: ModuleType) -> None:
+    """Same tensor, same address: a 3x5 kernel turned 5x3 by ``transpose_`` (its version
+    moves) must not replay the old view of it."""
+    conv = torch.nn.Conv2d(4, 4, (3, 5), 1, (2, 2), groups=4, bias=False).eval()
+    x = torch.randn(1, 4, 9, 8)
+    _planned(tri, conv, x)
+    with torch.no_grad():
+        conv.weight.transpose_(2, 3)
+        torch.testing.assert_close(tri.depthwise_conv2d(x, conv), conv(x))
