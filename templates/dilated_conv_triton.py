@@ -127,6 +127,9 @@ def _explicit(x: torch.Tensor, c: int, co: int, k: int, config: dict[str, Any]) 
     return cfg
 
 
+_tracing = torch._C._get_tracing_state
+
+
 def dilated_conv2d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -150,11 +153,13 @@ def dilated_conv2d(
     if config is None and rop.is_compiling():
         return _traced(x, weight, dilation, padding, bn, act)
     epilogue, fused = None, False
-    if dilation == 1 and config is None:
+    if config is None and (dilation == 1 or ks.any_autocast() or _tracing() is not None):
         # A dense conv: the vendor libraries run it fast (MIOpen leaves out its GEMM solvers
         # only for dilation > 1), and DocLayout-YOLO's blocks make a third of their calls at
-        # d = 1. Explicit configs (tests, tune) still run the kernel.
-        y = F.conv2d(x, weight, None, 1, padding, 1)
+        # d = 1. Explicit configs (tests, tune) still run the kernel. Under autocast F.conv2d
+        # runs in autocast's dtype (the kernel keeps x's), and a torch.jit trace records no
+        # Triton launch.
+        y = F.conv2d(x, weight, None, 1, padding, dilation)
     else:
         if bn is not None:
             epilogue = _epilogue(bn, act)
@@ -503,6 +508,7 @@ def _traced(
         or x.dim() != 4
         or weight.dim() != 4
         or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        or ks.autocasting(x)
     ):
         # A dense conv (the vendor's is fast), a shape the kernel does not take, or autograd
         # (the op has no backward): what the block itself runs.

@@ -549,11 +549,18 @@ def triton_conv3d_patchify(
     if not x.is_cuda and not INTERPRETING:
         # CPU inputs keep the stock op, bit for bit.
         return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
-    if rt.HAS_TRITON and not rop.is_compiling():
-        # Eager: call the implementation directly; the dispatcher round trip to a Python
-        # kernel is several microseconds of host time per call. (The interpreter takes this
-        # path too, so the CPU tests cover it.)
-        return _cached_call(x, weight, bias)
+    if not rop.is_compiling():
+        if ks.any_autocast() or torch._C._get_tracing_state() is not None:
+            # Autocast runs the stock conv in its dtype (the GEMM keeps x's); a torch.jit
+            # trace records no Triton launch.
+            return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
+        if rt.HAS_TRITON:
+            # Eager: call the implementation directly; the dispatcher round trip to a Python
+            # kernel is several microseconds of host time per call. (The interpreter takes
+            # this path too, so the CPU tests cover it.)
+            return _cached_call(x, weight, bias)
+    elif ks.autocasting(x):
+        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
     # torch.compile sees one opaque op with a fake-tensor rule. flatten(1), not
     # reshape(L, -1): the latter is ambiguous for an empty batch.
     out: torch.Tensor = _OP(x.flatten(1), weight.flatten(1), bias)

@@ -1,6 +1,8 @@
-"""What the depthwise entry must leave to the stock modules even with a plan in hand
-(templates/depthwise_conv_triton.py): autocast, a ``torch.jit`` trace, and a weight whose
-shape changed in place. Each test plans the layer first, so a replay is what it would take.
+"""What the kernel entries must leave to the stock op even with a plan in hand: autocast
+(the stock op computes in autocast's dtype, a kernel keeps x's), a ``torch.jit`` trace (it
+records no Triton launch) and, for the depthwise conv, a weight whose shape changed in place.
+Each test runs the entry once first, so a replay is what it would take. The entries:
+templates/depthwise_conv_triton.py, dilated_conv_triton.py, patch_embed_gemm.py.
 
 The kernel runs in Triton's CPU interpreter (``TRITON_INTERPRET=1`` while the template is
 imported), on small fp32 inputs.
@@ -29,10 +31,21 @@ def tri() -> ModuleType:
     return load_template("depthwise_conv_triton")
 
 
+@pytest.fixture(scope="module")
+def dil() -> ModuleType:
+    return load_template("dilated_conv_triton")
+
+
+@pytest.fixture(scope="module")
+def pe() -> ModuleType:
+    return load_template("patch_embed_gemm")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
-    monkeypatch.delenv("ROCMFIX_DEPTHWISE_CONV_CONFIG", raising=False)
+    for name in ("DEPTHWISE_CONV", "DILATED_CONV", "PATCH_EMBED"):
+        monkeypatch.delenv(f"ROCMFIX_{name}_CONFIG", raising=False)
     yield
 
 
@@ -89,3 +102,51 @@ def test_a_weight_transposed_in_place_is_planned_anew(tri: ModuleType) -> None:
     with torch.no_grad():
         conv.weight.transpose_(2, 3)
         torch.testing.assert_close(tri.depthwise_conv2d(x, conv), conv(x))
+
+
+def _traced_holds(fn: object, x: torch.Tensor, op: str) -> torch.jit.ScriptModule:
+    class Wrap(torch.nn.Module):
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            y: torch.Tensor = fn(t)  # type: ignore[operator]
+            return y
+
+    with torch.no_grad():
+        traced = torch.jit.trace(Wrap(), x, check_trace=False)
+    assert op in str(traced.inlined_graph)
+    return traced
+
+
+def test_the_dilated_entry_under_autocast_and_a_jit_trace(dil: ModuleType) -> None:
+    w = torch.randn(4, 4, 3, 3)
+    x = torch.randn(1, 4, 11, 9)
+
+    def want(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv2d(t, w, None, 1, 2, 2)
+
+    with torch.no_grad():
+        torch.testing.assert_close(dil.dilated_conv2d(x, w, 2, 2), want(x))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, ref = dil.dilated_conv2d(x, w, 2, 2), want(x)
+        assert got.dtype == ref.dtype == torch.bfloat16
+        torch.testing.assert_close(got, ref)
+    traced = _traced_holds(lambda t: dil.dilated_conv2d(t, w, 2, 2), x, "aten::_convolution")
+    other = torch.randn(1, 4, 11, 9)
+    torch.testing.assert_close(traced(other), want(other))
+
+
+def test_the_patch_embed_entry_under_autocast_and_a_jit_trace(pe: ModuleType) -> None:
+    w, b = torch.randn(8, 3, 2, 4, 4), torch.randn(8)
+    x = torch.randn(5, 3, 2, 4, 4)
+
+    def want(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv3d(t, w, b, stride=(2, 4, 4)).flatten(1)
+
+    with torch.no_grad():
+        torch.testing.assert_close(pe.triton_conv3d_patchify(x, w, b), want(x))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, ref = pe.triton_conv3d_patchify(x, w, b), want(x)
+        assert got.dtype == ref.dtype == torch.bfloat16
+        torch.testing.assert_close(got, ref)
+    traced = _traced_holds(lambda t: pe.triton_conv3d_patchify(t, w, b), x, "aten::_convolution")
+    other = torch.randn(5, 3, 2, 4, 4)
+    torch.testing.assert_close(traced(other), want(other))
