@@ -398,7 +398,8 @@ def depthwise_conv2d(
                 xp = x.data_ptr()
                 params = conv._parameters
                 fresh = (
-                    bn is bn0
+                    _tracing() is None  # first: a trace would warn on the shape's compare
+                    and bn is bn0
                     and act is act0
                     and x.shape == shape
                     and x.stride() == strides
@@ -415,7 +416,6 @@ def depthwise_conv2d(
                     and not (_grad_enabled()
                              and (x.requires_grad or any(t.requires_grad for t in grads)))
                     and not _autocast()
-                    and _tracing() is None
                 )  # fmt: skip
                 if fresh and folded is not None:
                     buffers, affine = bn._buffers, bn._parameters  # type: ignore[union-attr]

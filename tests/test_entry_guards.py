@@ -24,6 +24,8 @@ import torch
 from conftest import load_template
 
 pytest.importorskip("triton")
+# torch.jit.trace is deprecated, and what these tests prove is that a trace stays correct.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")
 
 
 @pytest.fixture(scope="module")
