@@ -66,6 +66,8 @@ PARTS = (
 # --smoke: the same code on the CPU with tiny inputs and the aot_eager backend (no timing, no
 # graph capture), to catch a typo before a GPU call.
 SMOKE = {"on": False}
+# --host-profile: cProfile over compiled forwards, patched and stock (compile_timing.host_profile)
+HOST_PROFILE = {"on": False}
 SMALL_PAGES = ((1, 96, 64), (1, 64, 64), (2, 64, 96))
 SMALL_IMAGES = ((2, 4, 6), (1, 4, 6), (3, 6, 4))
 
@@ -214,6 +216,11 @@ def _timed(
             row["op_calls"] = timing.count_calls(probe[0], probe[1], fns["patched"])
         except Exception as exc:  # noqa: BLE001
             row["op_calls"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if HOST_PROFILE["on"] and not SMOKE["on"]:
+        try:
+            row["host_profile"] = {k: timing.host_profile(fns[k]) for k in ("patched", "stock")}
+        except Exception as exc:  # noqa: BLE001
+            row["host_profile"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     try:
         row["kernels"] = {
             k: timing.kernels(fns[k], smoke=SMOKE["on"]) for k in ("patched", "stock")
@@ -526,6 +533,11 @@ def _print_row(r: dict[str, Any], partial: bool = False) -> None:
             print(f"{'':18} {label} kernels us/fwd: {groups} (total {k['total_us']:.0f}, "
                   f"{k['kernels_per_forward']:.0f} kernels)", flush=True)  # fmt: skip
             print(f"{'':18} {label} host ops [calls, cpu us]/fwd: {k['host_ops']}", flush=True)
+    profiles = r.get("host_profile")
+    for label, h in profiles.items() if isinstance(profiles, dict) else ():
+        print(f"{'':18} {label} cProfile us/fwd {h['total_us']:.0f}; [fn, calls, own, cum]:")
+        for item in h["top"][:14]:
+            print(f"{'':20} {item}", flush=True)
 
 
 def main() -> int:
@@ -539,8 +551,10 @@ def main() -> int:
     parser.add_argument("--no-frames-for", default="", help="parts not to count frames of")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny inputs, aot_eager")
     parser.add_argument("--site", type=Path, help="smoke: a patched site-packages, searched last")
+    parser.add_argument("--host-profile", action="store_true", help="cProfile compiled forwards")
     args = parser.parse_args()
     SMOKE["on"] = args.smoke
+    HOST_PROFILE["on"] = args.host_profile
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         if args.site:  # last: a test env's site holds a fake torch's metadata

@@ -6,7 +6,8 @@
 #   WHL=$PWD/.whl OUT=$OUT PARTS=doclayout-gemm,dw-det,dw-rec LIMIT=330 sh bench/compile_gpu.sh
 # CHECK=1 then runs bench/triton_op_check.py (a small dilated + depthwise model: the kernels in
 # Inductor's code, errors, frames, reduce-overhead; DTYPES, default float32), REPS the medians'
-# count (30). ROCMFIX_TRITON_OP=0 in the environment measures the opaque op instead.
+# count (30), HOSTPROF=1 cProfiles compiled forwards (TORCH_LOGS=output_code puts Inductor's
+# code in compile.txt too). ROCMFIX_TRITON_OP=0 in the environment measures the opaque op instead.
 # Needs $WHL with libcst, doclayout_yolo and mineru/mineru-4.0.12-py3-none-any.whl; results
 # land in $OUT (compile_gpu.json, compile.txt).
 set -u
@@ -29,7 +30,8 @@ IDS="$IDS --only mineru-ocr-replkfpn --only mineru-ocr-lightsvtr --only mineru-o
 # shellcheck disable=SC2086
 python3 -m rocmfix apply --force --scheme triton $IDS --python "$PY" 2>&1 | tail -8
 timeout "${LIMIT:-330}" python3 bench/compile_gpu.py --parts "${PARTS:-doclayout-gemm,dw-det,dw-rec}" \
-    --no-frames-for doclayout-gemm --reps "${REPS:-30}" --out "$OUT/compile_gpu.json" 2>&1 \
+    --no-frames-for doclayout-gemm --reps "${REPS:-30}" --out "$OUT/compile_gpu.json" \
+    ${HOSTPROF:+--host-profile} 2>&1 \
     | grep -v pow_by_natural | tee "$OUT/compile.txt" | tail -60
 if [ "${CHECK:-0}" = 1 ]; then
     timeout "${LIMIT_CHECK:-80}" python3 bench/triton_op_check.py --dtypes "${DTYPES:-float32}" \
