@@ -190,3 +190,24 @@ def test_force_says_which_check_it_overrode(doclayout_env: Any) -> None:
     line = next(x for x in forced.stderr.splitlines() if "would be applied" in x)
     assert "--force overrode: someone else changed the file" in line
     assert "a file rocmfix did not drop was where a kernel goes" in line
+
+
+def test_list_wraps_with_hanging_indents_at_80_columns() -> None:
+    from test_terminal80 import at_terminal, fits
+
+    screen = at_terminal(80, "list")
+    fits(screen, 80)
+    document = run_cli("list", "--json").json()
+    ids = {p["id"] for p in document["patches"]}
+    for line in screen.splitlines():
+        assert line == line.rstrip(), repr(line)
+        # Only a patch's own line starts at column 0: a wrapped line keeps its indent.
+        if line and not line.startswith(" "):
+            assert line.split()[0] in ids, line
+    words = set(screen.split())
+    assert all(p["file"] in words for p in document["patches"]), screen
+    # Piped, every known shape stays on one line.
+    piped = run_cli("list").stdout.splitlines()
+    for patch in document["patches"]:
+        for known in patch["known"]:
+            assert any(line.endswith(f" {known}") for line in piped), known

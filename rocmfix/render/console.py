@@ -59,6 +59,10 @@ def wrapper(console: Console) -> Wrap:
     width = max(console.width, 60) if console.is_terminal else None
 
     def wrap(text: str, first: str, rest: str, bold: int = 0) -> Text:
+        if width:
+            # A word too wide for the room the indent leaves (a long path) hangs less, rather
+            # than have the terminal cut it in two.
+            rest = rest[: max(0, width - max(map(len, text.split()), default=0))]
         lines = (
             textwrap.wrap(
                 text,

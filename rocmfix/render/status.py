@@ -282,15 +282,20 @@ def patch_list(patches: Sequence[Patch], *, as_json: bool) -> None:
         sys.stdout.write(json.dumps({"schema": "rocmfix-list/1", "patches": doc}, indent=2) + "\n")
         return
     console = out()
+    wrap = wrapper(console)
+    # A wrapped entry hangs two columns in from its first line, so the next entry (a known
+    # shape, a scheme) still starts where the eye expects one.
+    rest = " " * (2 + 9 + 2)
     for patch in patches:
-        console.print(f"[bold]{patch.id}[/]  {escape(patch.summary)}")
-        console.print(f"  file     {patch.distribution}: {patch.path}")
+        console.print(wrap(f"{patch.id}  {patch.summary}", "", "    ", bold=len(patch.id)))
+        console.print(wrap(f"{patch.distribution}: {patch.path}", "  file     ", rest))
         for index, known in enumerate(patch.known):
-            console.print(f"  {'knows' if index == 0 else '':<8} {escape(known)}")
+            console.print(wrap(known, f"  {'knows' if index == 0 else '':<8} ", rest))
         for index, scheme in enumerate(patch.schemes):
             default = " (default)" if index == 0 else ""
             label = "schemes" if index == 0 else ""
-            console.print(f"  {label:<8} {scheme.name}{default}: {escape(scheme.summary)}")
+            line = f"{scheme.name}{default}: {scheme.summary}"
+            console.print(wrap(line, f"  {label:<8} ", rest))
         if not patch.schemes:
             console.print("  schemes  - (one fixed rewrite)")
         console.print()
