@@ -28,6 +28,7 @@ DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
 
 
 help_hooks.flags_show_no_type()
+help_hooks.arguments_show_no_type()
 
 app = typer.Typer(
     name="rocmfix",
@@ -107,7 +108,7 @@ def _setup(python: str | None, only: list[str] | None) -> tuple[Environment, tup
     return discover(patches, python), patches
 
 
-@app.command()
+@app.command(cls=help_hooks.Command)
 def status(
     python: PythonOpt = None,
     only: OnlyOpt = None,
@@ -155,7 +156,7 @@ def status(
     _run(body)
 
 
-@app.command()
+@app.command(cls=help_hooks.Command)
 def apply(
     scheme: Annotated[
         str | None,
@@ -184,8 +185,9 @@ def apply(
 ) -> None:
     """Rewrite the target files and drop in the kernels, keeping backups.
 
-    Example: [bold]rocmfix apply --scheme gemm[/]; in CI:
-    [bold]rocmfix apply --dry-run --check > rocmfix.diff[/]
+    Example: [bold]rocmfix apply --scheme gemm[/]
+
+    In CI: [bold]rocmfix apply --dry-run --check > rocmfix.diff[/]
     """
 
     def body() -> int:
@@ -207,7 +209,7 @@ def apply(
     _run(body)
 
 
-@app.command()
+@app.command(cls=help_hooks.Command)
 def revert(
     force: RevertForceOpt = False,
     python: PythonOpt = None,
@@ -226,7 +228,7 @@ def revert(
     _run(body)
 
 
-@app.command("list")
+@app.command("list", cls=help_hooks.Command)
 def list_(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON document.")] = False,
 ) -> None:
@@ -252,7 +254,7 @@ OpOpt = Annotated[
 ]
 
 
-@app.command("doctor")
+@app.command("doctor", cls=help_hooks.Command)
 def doctor_(
     python: PythonOpt = None,
     as_json: Annotated[
@@ -294,7 +296,7 @@ def doctor_(
     _run(body)
 
 
-@app.command("tune")
+@app.command("tune", cls=help_hooks.Command)
 def tune_(
     python: PythonOpt = None,
     as_json: Annotated[
@@ -355,7 +357,7 @@ def tune_(
     _run(body)
 
 
-@app.command("kernels")
+@app.command("kernels", cls=help_hooks.Command)
 def kernels_(
     python: PythonOpt = None,
     as_json: Annotated[
@@ -411,7 +413,7 @@ class ModelSource(str, enum.Enum):
     local = "local"
 
 
-@app.command("env")
+@app.command("env", cls=help_hooks.Command)
 def env_(
     shell: Annotated[
         Shell,
@@ -448,6 +450,7 @@ def env_(
 
 @app.command(
     "profile",
+    cls=help_hooks.Command,
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
 )
 def profile_(

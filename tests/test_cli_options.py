@@ -4,6 +4,7 @@ a filter, and the hints that point to the next command."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -211,3 +212,24 @@ def test_list_wraps_with_hanging_indents_at_80_columns() -> None:
     for patch in document["patches"]:
         for known in patch["known"]:
             assert any(line.endswith(f" {known}") for line in piped), known
+
+
+COMMANDS = ("status", "apply", "revert", "list", "doctor", "tune", "kernels", "env", "profile")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_paragraphs_reflow_at_80_columns(command: str) -> None:
+    shown = _help(command)
+    prose = shown.split("╭", 1)[0].splitlines()
+    for line, after in itertools.pairwise(prose):
+        if line.strip() and after.strip():
+            # A line ends where the next word would not fit (rich pads one column each
+            # side), never at a line break of the docstring's source.
+            assert len(line.strip()) + 1 + len(after.split()[0]) > 78, (line, after)
+
+
+def test_profile_usage_reads_as_a_command_line() -> None:
+    shown = _help("profile")
+    usage = next(line.strip() for line in shown.splitlines() if "Usage:" in line)
+    assert usage == "Usage: rocmfix profile [OPTIONS] -- COMMAND [ARGS]...", usage
+    assert "<list" not in shown and "{" not in shown, shown

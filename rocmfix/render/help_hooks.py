@@ -3,9 +3,11 @@ attributes move between releases."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import typer
+import typer.core
 
 
 def flags_show_no_type() -> None:
@@ -25,3 +27,49 @@ def flags_show_no_type() -> None:
         option.display_type_rich = display_type_rich
     except (AttributeError, TypeError):
         return
+
+
+def arguments_show_no_type() -> None:
+    """An argument with a metavar (profile's ``-- COMMAND [ARGS]...``) already says what it
+    takes; typer would add its Python type (``<list[str]>``) beside it. The same guarded
+    patch as :func:`flags_show_no_type`."""
+    argument = getattr(getattr(typer, "core", None), "TyperArgument", None)
+    shown = getattr(argument, "display_type_rich", None)
+    if argument is None or not callable(shown):
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> Any:
+        return None if getattr(self, "metavar", None) else shown(self, ctx)
+
+    try:
+        argument.display_type_rich = display_type_rich
+    except (AttributeError, TypeError):
+        return
+
+
+def paragraphs(text: str) -> str:
+    """A docstring's paragraphs each on one line. typer keeps the line breaks of every
+    paragraph after the first, so a paragraph wrapped for the source comes out ragged in a
+    terminal narrower than it; joined, rich wraps it at the terminal's width."""
+    return "\n\n".join(
+        " ".join(line.strip() for line in block.splitlines())
+        for block in inspect.cleandoc(text).split("\n\n")
+    )
+
+
+class Command(typer.core.TyperCommand):
+    """Every rocmfix command: its help reflowed (:func:`paragraphs`), and its usage line
+    showing an argument by its metavar as written, where typer would wrap a required one in
+    braces and add dots (``{-- COMMAND [ARGS]...}...``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help:
+            self.help = paragraphs(self.help)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            metavar = param.metavar if isinstance(param, typer.core.TyperArgument) else None
+            pieces.extend([metavar] if metavar else param.get_usage_pieces(ctx))
+        return pieces
