@@ -23,6 +23,7 @@ from .render import help_hooks
 # checked by the engine (registry.select, registry.check_scheme, doctor.select_ops), whose
 # errors name what is wrong in rocmfix's own words instead of click's.
 SCHEMES = ", ".join(scheme_names())
+DEFAULT_SCHEMES = "; ".join(f"{op.title}: {op.default_scheme.name}" for op in OPS)
 OPS_CHOICE = ", ".join(op.name for op in OPS)
 DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
 
@@ -165,7 +166,7 @@ def apply(
             metavar="SCHEME",
             help=f"How the kernel patches run their op: {SCHEMES} (`rocmfix list` describes "
             "each; direct is a slow parity oracle, for tests); a patch that does not offer it "
-            "keeps its default, gemm.",
+            f"keeps its own default ({DEFAULT_SCHEMES}).",
         ),
     ] = None,
     dry_run: Annotated[

@@ -233,3 +233,12 @@ def test_profile_usage_reads_as_a_command_line() -> None:
     usage = next(line.strip() for line in shown.splitlines() if "Usage:" in line)
     assert usage == "Usage: rocmfix profile [OPTIONS] -- COMMAND [ARGS]...", usage
     assert "<list" not in shown and "{" not in shown, shown
+
+
+def test_scheme_help_names_each_ops_own_default() -> None:
+    from rocmfix.ops import OPS
+
+    shown = " ".join(_help("apply", columns=400).split())
+    for op in OPS:
+        assert f"{op.title}: {op.default_scheme.name}" in shown, (op.name, shown)
+    assert "keeps its default, gemm" not in shown

@@ -118,3 +118,25 @@ def test_the_test_command_installs_a_cpu_torch_with_triton() -> None:
     assert set(pins) == {"torch", "torchvision", "triton"}, pins
     # What the skips need is said next to the command's section.
     assert "What the skips need" in text
+
+
+def test_the_schemes_table_is_the_op_registry() -> None:
+    """One column per op, one row per scheme: a cell for each scheme the op offers (its
+    default marked), `-` for each it does not."""
+    from rocmfix.ops import OPS
+    from rocmfix.registry import scheme_names
+
+    text = README.read_text()
+    table = text.split("### Schemes", 1)[1].split("\n\n")[1].splitlines()
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    header, body = rows[0], rows[2:]
+    assert len(header) == len(OPS) + 1, header
+    for op, title in zip(OPS, header[1:], strict=True):
+        assert title.startswith(op.title), (op.name, title)
+    assert [row[0] for row in body] == [f"`{name}`" for name in scheme_names()]
+    for row in body:
+        name = row[0].strip("`")
+        for op, cell in zip(OPS, row[1:], strict=True):
+            offered = name in op.scheme_names
+            assert (cell != "-") == offered, (op.name, name, cell)
+            assert cell.startswith("**default**") == (name == op.default_scheme.name), cell
