@@ -140,3 +140,19 @@ def test_the_schemes_table_is_the_op_registry() -> None:
             offered = name in op.scheme_names
             assert (cell != "-") == offered, (op.name, name, cell)
             assert cell.startswith("**default**") == (name == op.default_scheme.name), cell
+
+
+def test_the_patch_table_and_only_name_every_distribution() -> None:
+    """The first table has a row for each distribution's patches, and `--only`'s list of
+    distributions is the registry's."""
+    from rocmfix.registry import all_patches
+
+    text = README.read_text()
+    table = text[text.index("| patch | target file |") :].split("\n\n", 1)[0]
+    firsts = {line.split("|")[1] for line in table.splitlines()[2:]}
+    distributions = list(dict.fromkeys(p.distribution for p in all_patches()))
+    for name in distributions:
+        ids = {p.id for p in all_patches() if p.distribution == name}
+        assert any(f"`{i}`" in cell for i in ids for cell in firsts), name
+    only = " ".join(text.split("`--only` with a distribution (", 1)[1].split(")", 1)[0].split())
+    assert only == ", ".join(f"`{name}`" for name in distributions), only
