@@ -85,6 +85,10 @@ def _run(body: Callable[[], int]) -> None:
     except RocmfixError as exc:
         render.error(exc)
         raise typer.Exit(exc.exit_code) from None
+    except BrokenPipeError:
+        # Whoever read the output has gone (`| head`): typer ends the run quietly with 1, as
+        # rich does for its own writes and Python's documentation advises; not an error line.
+        raise
     except OSError as exc:
         # The system refused a read or a write rocmfix did not expect to fail (a failing
         # disk, a permission): a condition of the machine, not a bug, and one line.
@@ -577,6 +581,11 @@ def main() -> None:
         )
     try:
         code = app(prog_name="rocmfix", standalone_mode=False)
+        # Here, not at exit: a reader that left must not turn into a traceback there.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        render.closed_pipe()
+        sys.exit(EXIT_FAILED)
     except typer.TyperException as exc:  # click's errors: a usage error, or a file it opened
         context = getattr(exc, "ctx", None)
         command = context.command_path if context is not None else "rocmfix"

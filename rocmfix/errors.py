@@ -1,7 +1,8 @@
 """Errors that end a command, each with the exit code the README documents.
 
-Exit codes: 0 ok or nothing to do; 1 a patch failed, a refusal, or ``--check`` found work;
-2 the command line is wrong; 3 an internal error (a bug; the traceback goes to a log file).
+Exit codes: 0 ok or nothing to do; 1 a patch failed, a refusal, ``--check`` found work, or
+the output was closed (``| head``: quietly); 2 the command line is wrong; 3 an internal error
+(a bug; the traceback goes to a log file).
 """
 
 from __future__ import annotations

@@ -136,6 +136,37 @@ def test_apply_check_alone_is_a_dry_run_with_an_exit_code(
     assert again.returncode == 0 and again.stdout == ""
 
 
+def _reader_gone(*args: str, stderr_too: bool = False) -> subprocess.CompletedProcess[bytes]:
+    """The CLI with its stdout (and maybe stderr) a pipe whose reader has gone: `| head`."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "rocmfix", *args],
+            stdout=write,
+            stderr=write if stderr_too else subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": PYTHONPATH},
+            cwd="/",
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+
+
+def test_a_reader_that_left_ends_the_run_quietly(env: InstalledEnv) -> None:
+    python = ("--python", str(env.python))
+    for args in (("list", "--json"), ("list",), ("status", "--json", *python),
+                 ("apply", "--dry-run", *python), ("env", *python)):  # fmt: skip
+        done = _reader_gone(*args)
+        assert (done.returncode, done.stderr) == (1, b""), (args, done.stderr)
+    # apply writes before it prints: with nowhere to print its summary, the files stand.
+    assert _reader_gone("apply", *python, stderr_too=True).returncode == 1
+    assert env.status("mineru-tokenizer")["verdict"] == "applied"
+    assert env.cli("revert").returncode == 0
+    assert env.target.read_bytes() == env.original
+
+
 # -------------------------------------------------------------- the target interpreter
 
 

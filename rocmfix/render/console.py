@@ -5,6 +5,7 @@ stdout; progress, summaries, warnings and errors go to stderr."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,6 +39,15 @@ STYLE = {
     Verdict.INTERRUPTED: "red",
     Verdict.UNMEASURED: "yellow",
 }
+
+
+def closed_pipe() -> None:
+    """Whoever read the output has gone (``| head``): say nothing more. Python flushes the
+    standard streams again at exit; pointed at /dev/null, that flush cannot fail too."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, stream.fileno())
 
 
 def out() -> Console:
