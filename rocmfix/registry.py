@@ -3,6 +3,7 @@ selects among them."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 from collections.abc import Iterable, Sequence
 
@@ -35,12 +36,8 @@ def select(patches: Sequence[Patch], only: Iterable[str] = ()) -> tuple[Patch, .
     distributions = list(dict.fromkeys(p.distribution for p in patches))
     unknown = [name for name in wanted if name not in ids and name not in distributions]
     if unknown:
-        near = [
-            known
-            for name in unknown
-            for known in (*distributions, *sorted(ids))
-            if name.lower() in known or known in name.lower()
-        ]
+        known = [*distributions, *sorted(ids)]
+        near = [match for name in unknown for match in _closest(name.lower(), known)]
         maybe = f"did you mean {', '.join(dict.fromkeys(near))}? " if near else ""
         raise UsageError(
             f"unknown patch or distribution {', '.join(unknown)}",
@@ -48,6 +45,18 @@ def select(patches: Sequence[Patch], only: Iterable[str] = ()) -> tuple[Patch, .
             "patch id (`rocmfix list` shows them)",
         )
     return tuple(p for p in patches if p.id in wanted or p.distribution in wanted)
+
+
+def _closest(name: str, known: Sequence[str]) -> list[str]:
+    """The few names ``name`` is most likely a typo of, best first; past a near-exact match
+    (``transformer``), the names well behind it are noise. A fragment that is no typo of any
+    (``hgnet``) gets the names it is part of."""
+    scored = sorted(
+        ((difflib.SequenceMatcher(None, name, k).ratio(), k) for k in known), reverse=True
+    )
+    best = scored[0][0] if scored else 0.0
+    close = [k for ratio, k in scored[:3] if ratio >= max(0.6, best - 0.1)]
+    return close or [k for k in known if name in k][:3]
 
 
 def named(patches: Sequence[Patch], only: Iterable[str] = ()) -> frozenset[str]:

@@ -242,3 +242,20 @@ def test_scheme_help_names_each_ops_own_default() -> None:
     for op in OPS:
         assert f"{op.title}: {op.default_scheme.name}" in shown, (op.name, shown)
     assert "keeps its default, gemm" not in shown
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("vllm-qwen2vl", "vllm-qwen2-vl"),
+        ("mineru-tokeniser", "mineru-tokenizer"),
+        ("transformer", "transformers"),
+        ("hgnet", "transformers-hgnet-v2"),
+    ],
+)
+def test_an_only_typo_suggests_the_closest_names(typed: str, meant: str) -> None:
+    done = run_cli("status", "--only", typed)
+    assert done.returncode == 2
+    hint = next(line for line in done.stderr.splitlines() if line.startswith("hint:"))
+    suggested = hint.split("did you mean ", 1)[1].split("?", 1)[0].split(", ")
+    assert meant in suggested and len(suggested) <= 3, hint
