@@ -21,8 +21,8 @@ pytestmark = pytest.mark.network
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def _at_terminal(columns: int, *args: str) -> str:
-    """The CLI's output as a terminal of ``columns`` shows it."""
+def _at_terminal(columns: int, *args: str, raw: bool = False) -> str:
+    """The CLI's output as a terminal of ``columns`` shows it (``raw``: with its escapes)."""
     assert shutil.which("script"), "util-linux's script(1) is needed for a pseudo-terminal"
     command = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "rocmfix", *args))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
@@ -36,7 +36,8 @@ def _at_terminal(columns: int, *args: str) -> str:
         check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:]
-    return ANSI.sub("", done.stdout.decode("utf-8", "replace")).replace("\r", "")
+    screen = done.stdout.decode("utf-8", "replace").replace("\r", "")
+    return screen if raw else ANSI.sub("", screen)
 
 
 @pytest.fixture
@@ -71,3 +72,15 @@ def test_piped_status_keeps_each_reason_on_one_line(env: InstalledEnv) -> None:
     document = env.cli("status", "--json").json()
     mineru = next(p for p in document["patches"] if p["id"] == "mineru-tokenizer")
     assert any(line.strip() == mineru["reason"] for line in piped.stdout.splitlines())
+
+
+def test_prose_is_coloured_only_where_rocmfix_styles_it(env: InstalledEnv) -> None:
+    # rich's highlighter would colour "1", "file", "(s)" and the path each on its own.
+    applied = _at_terminal(200, "apply", "--python", str(env.python), raw=True)
+    summary = next(line for line in applied.splitlines() if "changed in" in line)
+    assert "\x1b[" not in summary, repr(summary)
+    # rocmfix's own styles stay: the patch id in green.
+    assert "\x1b[32mmineru-tokenizer\x1b[0m: applied" in applied, repr(applied)
+    status = _at_terminal(200, "status", "--python", str(env.python), raw=True)
+    step = next(line for line in status.splitlines() if ANSI.sub("", line).startswith("next:"))
+    assert "\x1b[" not in step.split("next:", 1)[1].removeprefix("\x1b[0m"), repr(step)

@@ -95,8 +95,9 @@ def wrapper(console: Console) -> Wrap:
 
 def err() -> Console:
     # A terminal gets lines rich wraps between words (the terminal itself would cut a word
-    # in two); piped, a line stays whole for grep and for logs pasted into an issue.
-    console = Console(stderr=True)
+    # in two); piped, a line stays whole for grep and for logs pasted into an issue. rich's
+    # highlighter would colour every number, path and bracket of the prose on its own.
+    console = Console(stderr=True, highlight=False)
     console.soft_wrap = not console.is_terminal
     return console
 
@@ -136,27 +137,26 @@ def text(value: str) -> None:
 
 def waiting(message: str) -> None:
     """One line while a command waits on something slow (git, say): it is not stuck."""
-    err().print(f"rocmfix: {escape(message)}", highlight=False)
+    err().print(f"rocmfix: {escape(message)}")
 
 
 def warning(message: str) -> None:
-    err().print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
+    err().print(f"[yellow]warning:[/] {escape(message)}")
 
 
 def error(exc: RocmfixError) -> None:
     console = err()
-    console.print(f"[red]error:[/] {escape(exc.message)}", highlight=False)
+    console.print(f"[red]error:[/] {escape(exc.message)}")
     if exc.hint:
-        console.print(f"hint: {escape(exc.hint)}", highlight=False)
+        console.print(f"hint: {escape(exc.hint)}")
 
 
 def internal_error(exc: BaseException, log: str | None) -> None:
     where = f"; the traceback is in {log}" if log else ""
     err().print(
         f"[red]internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}{escape(where)}",
-        highlight=False,
     )
-    err().print("This is a bug in rocmfix; please report it with that file.", highlight=False)
+    err().print("This is a bug in rocmfix; please report it with that file.")
 
 
 @contextlib.contextmanager
@@ -185,7 +185,7 @@ def progress(title: str) -> Iterator[Callable[[int, int, str], None]]:
     def plain(done: int, total: int, label: str) -> None:
         if done != last[0]:
             last[0] = done
-            console.print(f"{title} [{done}/{total}] {escape(label)}", highlight=False)
+            console.print(f"{title} [{done}/{total}] {escape(label)}")
 
     yield plain
 
@@ -196,10 +196,10 @@ def failures(failures: Sequence[str], worker_log: str) -> None:
         return
     console = err()
     for line in failures:
-        console.print(f"[red]failed[/] {escape(line)}", highlight=False)
+        console.print(f"[red]failed[/] {escape(line)}")
     if worker_log.strip():
         console.print("worker output (last lines):", style="dim")
-        console.print(escape(worker_log.strip()[-1500:]), style="dim", highlight=False)
+        console.print(escape(worker_log.strip()[-1500:]), style="dim")
 
 
 def duration(ms: float | None) -> str:

@@ -184,9 +184,9 @@ def check_failures(report: StatusReport) -> None:
     console = err()
     for item in report.patches:
         if not item.verdict.settled:
-            console.print(f"check: {item.patch.id} is {item.verdict.value}", highlight=False)
+            console.print(f"check: {item.patch.id} is {item.verdict.value}")
     if report.state_problem:
-        console.print(f"check: rocmfix's state: {escape(report.state_problem)}", highlight=False)
+        console.print(f"check: rocmfix's state: {escape(report.state_problem)}")
 
 
 def next_step(report: StatusReport) -> None:
