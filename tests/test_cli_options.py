@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import releases
-from conftest import NO_GPU, PYTHONPATH, run_cli
+from conftest import NO_GPU, PYTHONPATH, one_error_line, run_cli
 
 _WITHOUT_DISPLAY_TYPE = """
 import sys
@@ -259,3 +259,21 @@ def test_an_only_typo_suggests_the_closest_names(typed: str, meant: str) -> None
     hint = next(line for line in done.stderr.splitlines() if line.startswith("hint:"))
     suggested = hint.split("did you mean ", 1)[1].split("?", 1)[0].split(", ")
     assert meant in suggested and len(suggested) <= 3, hint
+
+
+LABELS = ("error:", "hint:", "next:", "Environment", "not installed:", "Warnings", "  ")
+
+
+def test_errors_and_hints_hang_their_wrapped_lines_at_80_columns() -> None:
+    from test_terminal80 import at_terminal, fits
+
+    for args in (("status",), ("status", "--python", "/bin/echo"),
+                 ("profile", "--", "sh", "-c", "exit 0")):  # fmt: skip
+        screen = at_terminal(80, *args)
+        fits(screen, 80)
+        # A wrapped error or hint goes on indented: every line starts with a label.
+        assert all(line.startswith(LABELS) for line in screen.splitlines() if line), screen
+    piped = run_cli("profile", "--", "sh", "-c", "exit 0")
+    assert piped.returncode == 0
+    # The same one-line error as every other command's.
+    assert "error: nothing to profile: no process of `sh -c exit 0`" in one_error_line(piped.stderr)

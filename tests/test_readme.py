@@ -156,3 +156,12 @@ def test_the_patch_table_and_only_name_every_distribution() -> None:
         assert any(f"`{i}`" in cell for i in ids for cell in firsts), name
     only = " ".join(text.split("`--only` with a distribution (", 1)[1].split(")", 1)[0].split())
     assert only == ", ".join(f"`{name}`" for name in distributions), only
+
+
+def test_what_the_readme_says_of_piped_help_holds() -> None:
+    """Piped, rocmfix's own lines end in no space; typer's help pads its lines, and the
+    README says so rather than promise otherwise."""
+    shown = run_cli("apply", "--help").stdout.splitlines()
+    padded = any(line != line.rstrip() for line in shown)
+    text = " ".join(README.read_text().split())
+    assert ("`--help` is typer's own" in text and "padded" in text) == padded

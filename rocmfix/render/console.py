@@ -135,28 +135,46 @@ def text(value: str) -> None:
     sys.stdout.write(value)
 
 
+def labelled(console: Console, label: str, message: str, style: str = "") -> Text:
+    """``label message`` as one line (an error, a hint, a warning), the label in ``style``;
+    in a terminal a wrapped line hangs four columns in, so the next label stands out."""
+    line = wrapper(console)(f"{label} {message}", "", "    ")
+    if style:
+        line.stylize(style, 0, len(label))
+    return line
+
+
 def waiting(message: str) -> None:
     """One line while a command waits on something slow (git, say): it is not stuck."""
-    err().print(f"rocmfix: {escape(message)}")
+    console = err()
+    console.print(labelled(console, "rocmfix:", message))
 
 
 def warning(message: str) -> None:
-    err().print(f"[yellow]warning:[/] {escape(message)}")
+    console = err()
+    console.print(labelled(console, "warning:", message, "yellow"))
+
+
+def hint(message: str) -> None:
+    console = err()
+    console.print(labelled(console, "hint:", message))
 
 
 def error(exc: RocmfixError) -> None:
     console = err()
-    console.print(f"[red]error:[/] {escape(exc.message)}")
+    console.print(labelled(console, "error:", exc.message, "red"))
     if exc.hint:
-        console.print(f"hint: {escape(exc.hint)}")
+        hint(exc.hint)
 
 
 def internal_error(exc: BaseException, log: str | None) -> None:
     where = f"; the traceback is in {log}" if log else ""
-    err().print(
-        f"[red]internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc))}{escape(where)}",
+    console = err()
+    message = f"{type(exc).__name__}: {exc}{where}"
+    console.print(labelled(console, "internal error:", message, "red"))
+    console.print(
+        wrapper(console)("This is a bug in rocmfix; please report it with that file.", "", "    ")
     )
-    err().print("This is a bug in rocmfix; please report it with that file.")
 
 
 @contextlib.contextmanager
@@ -196,7 +214,7 @@ def failures(failures: Sequence[str], worker_log: str) -> None:
         return
     console = err()
     for line in failures:
-        console.print(f"[red]failed[/] {escape(line)}")
+        console.print(labelled(console, "failed", line, "red"))
     if worker_log.strip():
         console.print("worker output (last lines):", style="dim")
         console.print(escape(worker_log.strip()[-1500:]), style="dim")

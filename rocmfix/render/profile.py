@@ -9,7 +9,9 @@ import sys
 from typing import Any, TextIO
 
 from rocmfix import __version__
+from rocmfix.errors import RocmfixError
 from rocmfix.profile.model import FLAG_SHARE, SCHEMA, OpStat, ProfileReport
+from rocmfix.render.console import err, error, wrapper
 
 WIDTH = 80
 BAR = 10
@@ -79,10 +81,12 @@ def summary(report: ProfileReport) -> str:
 def profile_table(report: ProfileReport, stream: TextIO | None = None) -> None:
     w = (stream or sys.stderr).write
     if not report.ops:
-        w(f"rocmfix profile: nothing to profile: no process of `{' '.join(report.command)}` "
-          f"imported torch (exit code {report.exit_code}).\n")  # fmt: skip
+        command = " ".join(report.command)
+        error(RocmfixError(f"nothing to profile: no process of `{command}` imported torch "
+                           f"(exit code {report.exit_code})."))  # fmt: skip
+        console = err()
         for note in report.notes:
-            w(f"  note: {note}\n")
+            console.print(wrapper(console)(f"note: {note}", "  ", "      "))
         return
     kind = "device" if report.device == "cuda" else "CPU"
     procs = len(report.processes)

@@ -9,7 +9,7 @@ from pathlib import Path, PurePosixPath
 from rich.markup import escape
 
 from rocmfix.diffing import unified_diffs
-from rocmfix.render.console import err, wrapper
+from rocmfix.render.console import err, labelled, wrapper
 from rocmfix.results import Action, FileChange, Outcome, RunResult
 
 
@@ -28,9 +28,9 @@ def run_summary(result: RunResult) -> None:
     console = err()
     wrap = wrapper(console)
     for warning in result.warnings:
-        console.print(f"[yellow]warning[/] {warning.code}: {escape(warning.message)}")
+        console.print(labelled(console, "warning", f"{warning.code}: {warning.message}", "yellow"))
     for note in result.recovered:
-        console.print(f"[yellow]recovered:[/] {escape(note)}")
+        console.print(labelled(console, "recovered:", note, "yellow"))
     if result.command == "revert" and not result.outcomes:
         console.print("Nothing to revert: rocmfix has not patched this environment.")
         return

@@ -13,7 +13,16 @@ from rich.markup import escape
 
 from rocmfix import __version__
 from rocmfix.patch import Patch
-from rocmfix.render.console import STYLE, environment_line, err, out, warnings_block, wrapper
+from rocmfix.render.console import (
+    STYLE,
+    environment_line,
+    err,
+    hint,
+    labelled,
+    out,
+    warnings_block,
+    wrapper,
+)
 from rocmfix.results import PatchStatus, StatusReport, Verdict
 
 STATUS_SCHEMA = "rocmfix-status/1"
@@ -71,7 +80,7 @@ def status_table(report: StatusReport, *, verbose: bool = False) -> None:
     if report.state_problem:
         console.print(wrap(f"rocmfix's state: {report.state_problem}", "", "    "), style="red")
     if report.hint:
-        err().print(f"hint: {escape(report.hint)}")
+        hint(report.hint)
 
 
 def verdicts_block(console: Console, report: StatusReport) -> None:
@@ -184,9 +193,9 @@ def check_failures(report: StatusReport) -> None:
     console = err()
     for item in report.patches:
         if not item.verdict.settled:
-            console.print(f"check: {item.patch.id} is {item.verdict.value}")
+            console.print(labelled(console, "check:", f"{item.patch.id} is {item.verdict.value}"))
     if report.state_problem:
-        console.print(f"check: rocmfix's state: {escape(report.state_problem)}")
+        console.print(labelled(console, "check:", f"rocmfix's state: {report.state_problem}"))
 
 
 def next_step(report: StatusReport) -> None:
