@@ -136,6 +136,16 @@ def test_apply_check_alone_is_a_dry_run_with_an_exit_code(
     assert again.returncode == 0 and again.stdout == ""
 
 
+def test_a_file_someone_else_edited_says_what_to_do_next(env: InstalledEnv) -> None:
+    env.target.write_bytes(env.original + b"\n# my edit\n")
+    status = env.cli("status")
+    assert status.returncode == 0, status.stderr
+    step = next(line for line in status.stderr.splitlines() if line.startswith("next:"))
+    # What apply's refusal says too: reinstall, or --force.
+    assert "reinstall its package" in step, step
+    assert f"rocmfix apply --force --python {env.python} to patch it anyway" in step, step
+
+
 def _reader_gone(*args: str, stderr_too: bool = False) -> subprocess.CompletedProcess[bytes]:
     """The CLI with its stdout (and maybe stderr) a pipe whose reader has gone: `| head`."""
     read, write = os.pipe()

@@ -208,8 +208,13 @@ def next_step(report: StatusReport) -> None:
         step = f"rocmfix revert{python} (or rocmfix apply{python}) finishes the interrupted run"
     elif verdicts & {Verdict.APPLICABLE, Verdict.STALE}:
         step = f"rocmfix apply --dry-run{python}, then the same without --dry-run"
-    elif verdicts & {Verdict.CHANGED, Verdict.UNSUPPORTED}:
-        step = "read the reasons above; rocmfix leaves files it does not recognise alone"
+    elif Verdict.CHANGED in verdicts:
+        step = (
+            "someone else edited a file above: reinstall its package to get it back, or "
+            f"rocmfix apply --force{python} to patch it anyway"
+        )
+    elif Verdict.UNSUPPORTED in verdicts:
+        step = "read the reasons above; rocmfix leaves code it does not recognise alone"
     elif verdicts <= {Verdict.NOT_INSTALLED}:
         if report.hint:
             return  # the hint above already says where to point rocmfix
