@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import os
 import sys
 from collections.abc import Callable
@@ -20,8 +19,9 @@ from .registry import all_patches, named, scheme_names, select
 from .render import help_hooks
 
 # Choices come from the op registry and the patch list, and --help shows them; the values are
-# checked by the engine (registry.select, registry.check_scheme, doctor.select_ops), whose
-# errors name what is wrong in rocmfix's own words instead of click's.
+# checked by the engine (registry.select, registry.check_scheme, doctor.select_ops,
+# exports.check_choices), whose errors name what is wrong in rocmfix's own words instead of
+# click's.
 SCHEMES = ", ".join(scheme_names())
 DEFAULT_SCHEMES = "; ".join(f"{op.title}: {op.default_scheme.name}" for op in OPS)
 OPS_CHOICE = ", ".join(op.name for op in OPS)
@@ -405,31 +405,18 @@ def kernels_(
     _run(body)
 
 
-class Shell(str, enum.Enum):
-    bash = "bash"
-    zsh = "zsh"
-    fish = "fish"
-    powershell = "powershell"
-
-
-class ModelSource(str, enum.Enum):
-    modelscope = "modelscope"
-    huggingface = "huggingface"
-    local = "local"
-
-
 @app.command("env", cls=help_hooks.Command)
 def env_(
     shell: Annotated[
-        Shell,
+        str,
         typer.Option(
             "--shell",
             metavar="SHELL",
             help="Syntax of the lines printed: bash, zsh, fish or powershell.",
         ),
-    ] = Shell.bash,
+    ] = "bash",
     model_source: Annotated[
-        ModelSource | None,
+        str | None,
         typer.Option(
             "--model-source",
             metavar="SOURCE",
@@ -445,9 +432,9 @@ def env_(
     """
 
     def body() -> int:
+        exports.check_choices(shell, model_source)
         env = discover(all_patches(), python)
-        source = model_source.value if model_source is not None else None
-        render.text(exports.script(env, shell.value, source))
+        render.text(exports.script(env, shell, model_source))
         return EXIT_OK
 
     _run(body)

@@ -18,9 +18,21 @@ from dataclasses import dataclass
 
 from .checks import is_rocm
 from .environment import Environment
+from .errors import UsageError
 
 SHELLS = ("bash", "zsh", "fish", "powershell")
 MODEL_SOURCES = ("modelscope", "huggingface", "local")
+
+
+def check_choices(shell: str, model_source: str | None) -> None:
+    """Refuse a shell or a model source rocmfix does not know, before the probe runs."""
+    if shell not in SHELLS:
+        raise UsageError(f"unknown shell {shell!r}", hint=f"choose from {', '.join(SHELLS)}")
+    if model_source is not None and model_source not in MODEL_SOURCES:
+        raise UsageError(
+            f"unknown model source {model_source!r}",
+            hint=f"choose from {', '.join(MODEL_SOURCES)}",
+        )
 
 
 @dataclass(frozen=True)

@@ -277,3 +277,19 @@ def test_errors_and_hints_hang_their_wrapped_lines_at_80_columns() -> None:
     assert piped.returncode == 0
     # The same one-line error as every other command's.
     assert "error: nothing to profile: no process of `sh -c exit 0`" in one_error_line(piped.stderr)
+
+
+@pytest.mark.parametrize(
+    ("args", "said", "choices"),
+    [
+        (("--shell", "tcsh"), "unknown shell 'tcsh'", "bash, zsh, fish, powershell"),
+        (("--model-source", "s3"), "unknown model source 's3'", "modelscope, huggingface, local"),
+    ],
+)
+def test_env_refuses_an_unknown_choice_as_other_options_do(
+    args: tuple[str, ...], said: str, choices: str
+) -> None:
+    done = run_cli("env", *args)
+    assert done.returncode == 2
+    assert one_error_line(done.stderr) == f"error: {said}", done.stderr
+    assert f"hint: choose from {choices}" in done.stderr.splitlines(), done.stderr
