@@ -293,3 +293,11 @@ def test_env_refuses_an_unknown_choice_as_other_options_do(
     assert done.returncode == 2
     assert one_error_line(done.stderr) == f"error: {said}", done.stderr
     assert f"hint: choose from {choices}" in done.stderr.splitlines(), done.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "apply", "env"])
+def test_an_option_without_its_value_points_to_its_commands_help(command: str) -> None:
+    done = run_cli(command, "--python")
+    assert done.returncode == 2
+    assert "requires an argument" in one_error_line(done.stderr)
+    assert f"hint: `rocmfix {command} --help` says more" in done.stderr.splitlines(), done.stderr

@@ -1,10 +1,10 @@
-"""What rocmfix changes in typer's help, in one place: typer is a dependency whose private
-attributes move between releases."""
+"""What rocmfix changes in typer's help and usage errors, in one place: typer is a dependency
+whose private attributes move between releases."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import typer
 import typer.core
@@ -58,9 +58,9 @@ def paragraphs(text: str) -> str:
 
 
 class Command(typer.core.TyperCommand):
-    """Every rocmfix command: its help reflowed (:func:`paragraphs`), and its usage line
-    showing an argument by its metavar as written, where typer would wrap a required one in
-    braces and add dots (``{-- COMMAND [ARGS]...}...``)."""
+    """Every rocmfix command: its help reflowed (:func:`paragraphs`), its usage line showing
+    an argument by its metavar as written, where typer would wrap a required one in braces
+    and add dots (``{-- COMMAND [ARGS]...}...``), and its usage errors naming it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -73,3 +73,15 @@ class Command(typer.core.TyperCommand):
             metavar = param.metavar if isinstance(param, typer.core.TyperArgument) else None
             pieces.extend([metavar] if metavar else param.get_usage_pieces(ctx))
         return pieces
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except typer.TyperException as exc:
+            # The option parser raises some usage errors (an option missing its value)
+            # without a context, and the hint would send the user to `rocmfix --help`
+            # instead of this command's; click attaches it the same way to the errors of
+            # parameters.
+            if getattr(exc, "ctx", ctx) is None:
+                cast(Any, exc).ctx = ctx
+            raise
