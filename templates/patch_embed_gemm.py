@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from . import patch_embed_kernels as pk
+from . import patch_embed_op as po
 from . import rocmfix_custom_op as rop
 from . import rocmfix_kernel_config as kc
 from . import rocmfix_kernel_support as ks
@@ -534,8 +535,25 @@ def _impl_fake(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     return a.new_empty((a.shape[0], w.shape[0]))
 
 
-_OP = rop.register_op(
-    OP_NAME, "(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _impl_cuda, _impl_cpu, _impl_fake
+def _graph(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The op as Inductor sees it (patch_embed_op): the kernel with the eager plan's tile where
+    the eager path would launch it, F.linear elsewhere."""
+    if not po.takes(x, weight, bias):
+        return _linear_fallback(x, weight, bias)
+    _check(x, weight, bias)
+    return po.graph(x, weight, bias, _Plan(resolve_config(x.device, x.dtype), x.device),
+                    PACK_ROW_BYTES)  # fmt: skip
+
+
+# Eager calls never reach the op (triton_conv3d_patchify calls _cached_call): it is the
+# compiler's node, a triton op where torch has them (Inductor launches the kernel), else opaque.
+_OP = rop.register_triton_op(
+    OP_NAME,
+    "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    _graph,
+    _impl_cuda,
+    _impl_cpu,
+    _impl_fake,
 )
 
 

@@ -222,6 +222,42 @@ def test_direct_launches_replay_in_a_cuda_graph(tiles: str) -> None:
     assert ((out.float() - want).abs().max() / want.abs().max()).item() < 1e-2
 
 
+def test_the_compiled_patch_embed_launches_its_kernel_from_inductors_code() -> None:
+    """Graph mode (issue 33): compiled, the patch embed is a triton op whose pointer kernel
+    Inductor launches from its own code, with no call back into rocmfix's op, and the compiled
+    embed equals F.linear, in the default mode and captured (``reduce-overhead``) on a fresh
+    input."""
+    from torch._inductor.utils import run_and_get_code
+
+    module = load_template("patch_embed_gemm", interpret=False)
+    if not module.rop.is_triton_op(module._OP):
+        pytest.skip("this torch defines the opaque op (no triton_op, or torch < 2.7)")
+    weight = torch.randn(1280, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(1280, device="cuda", dtype=torch.bfloat16)
+
+    def embed(x: Any) -> Any:
+        return module.triton_conv3d_patchify(x, weight, bias)
+
+    def want(x: Any) -> Any:
+        return torch.nn.functional.linear(x.flatten(1).float(), weight.flatten(1).float(),
+                                          bias.float())  # fmt: skip
+
+    torch._dynamo.reset()
+    x = torch.randn(5476, 3, 2, 14, 14, device="cuda", dtype=torch.bfloat16)
+    out, code = run_and_get_code(torch.compile(embed, fullgraph=True), x)
+    source = "\n".join(code)
+    assert "_gemm_ptr_kernel" in source and "torch.ops.rocmfix." not in source
+    ref = want(x)
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    graphed = torch.compile(embed, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):
+        graphed(x)
+    fresh = torch.randn_like(x)
+    got, ref = graphed(fresh).float(), want(fresh)
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+    assert ((ref - want(x)).norm() / ref.norm()).item() > 0.5  # a stale replay would fail
+
+
 def test_dilated_direct_launches_match_triton_launches() -> None:
     direct = load_template("dilated_conv_triton", interpret=False)
     plain = load_template("dilated_conv_triton", interpret=False)

@@ -1,6 +1,7 @@
 """Graph mode's triton ops (issue 33): where torch has ``torch.library.triton_op``, the dilated
-and depthwise convs' ops are triton ops, whose graph bodies launch the kernels through
-``wrap_triton``, so Inductor launches them from its own code (no rocmfix Python per node).
+and depthwise convs' ops and the patch embed's are triton ops, whose graph bodies launch the
+kernels through ``wrap_triton``, so Inductor launches them from its own code (no rocmfix Python
+per node).
 
 The bodies are traced here as AOTAutograd traces them (functionalized, on fake CUDA tensors:
 no GPU needed to trace, and the interpreter's kernels are no JITFunctions ``wrap_triton`` can
@@ -53,13 +54,17 @@ def compiled_templates() -> Iterator[tuple[ModuleType, ModuleType]]:
 
 
 def _trace(
-    fn: Callable[..., Any], *shapes: tuple[Any, ...], env: ShapeEnv | None = None
+    fn: Callable[..., Any],
+    *shapes: tuple[Any, ...],
+    env: ShapeEnv | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cuda",
 ) -> list[tuple[Any, dict[str, Any], Any]]:
-    """``fn`` on fake CUDA tensors of ``shapes``, traced as AOTAutograd traces a triton op's
-    body: each kernel launch as (kernel, its scalar arguments, grid)."""
+    """``fn`` on fake tensors of ``shapes`` (CUDA ones by default), traced as AOTAutograd
+    traces a triton op's body: each kernel launch as (kernel, its scalar arguments, grid)."""
     mode = FakeTensorMode(shape_env=env) if env is not None else FakeTensorMode()
     with mode:
-        args = [torch.empty(s, device="cuda") for s in shapes]
+        args = [torch.empty(s, device=device, dtype=dtype) for s in shapes]
         gm = make_fx(dispatch_functionalize(fn))(*args)
     launches = []
     for n in gm.graph.nodes:
@@ -170,6 +175,114 @@ def test_symbolic_sizes_guard_instead_of_breaking(
     assert "Mod" in guards, guards
 
 
+@pytest.fixture(scope="module")
+def patch_embed() -> Iterator[ModuleType]:
+    """The patch embed's template with Triton compiling (JITFunction kernels), quieted as
+    :func:`compiled_templates`."""
+    log = logging.getLogger("torch._dynamo")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield load_template("patch_embed_gemm", interpret=False)
+    finally:
+        log.setLevel(level)
+
+
+# MinerU2.5's page: 5476 patches of 3x2x14x14 into 1280 channels.
+_PAGE = (5476, 1176, 1280)
+
+
+def _pe_eager(pe: ModuleType, plan: Any, bias: bool) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """The eager plan's pointer launch at MinerU's page (no descriptors; nothing launched):
+    prepare_launch on CPU tensors, the weight packed as the eager path packs it."""
+    m, k, n = _PAGE
+    a = torch.randn(m, k, dtype=torch.bfloat16)
+    w = torch.randn(n, k, dtype=torch.bfloat16)
+    w = pe._packed_weight(w) if plan.pack else w
+    b = torch.randn(n, dtype=torch.bfloat16) if bias else None
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    kernel, grid, args, kwargs = pe.prepare_launch(a, w, b, out, plan)
+    return kernel, grid, dict(zip(pe.pk.PTR_KERNEL.arg_names, args, strict=False)) | kwargs
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    "arch", [("sm_90", False, 9, 132), ("gfx942", True, 0, 304), ("gfx1100", True, 0, 48)]
+)
+def test_the_patch_embed_body_launches_the_eager_plans_pointer_kernel(
+    patch_embed: ModuleType, arch: tuple[str, bool, int, int], bias: bool
+) -> None:
+    """The graph runs the eager plan's tile on the pointer kernel (on sm_90, where eager mode
+    takes the descriptor kernel at this size, the same tile and persistent grid on pointers),
+    the weight padded to whole 128-byte rows as eager mode packs it, the HIP-only launch
+    options dropped (Inductor takes warps and stages only)."""
+    pe = patch_embed
+    m, k, n = _PAGE
+    shapes = [(m, k), (n, k)] + ([(n,)] if bias else [])
+    with pe.kc.emulating(pe.kc.Emulation(*arch)):
+        launches = _trace(
+            lambda a, w, *b: pe._graph(a, w, b[0] if b else None), *shapes, dtype=torch.bfloat16
+        )
+        plan = pe._Plan(pe.resolve_config("cuda", torch.bfloat16), torch.device("cuda"))
+    [(kernel, scalars, grid)] = launches
+    assert kernel is pe.pk.PTR_KERNEL
+    if arch[0] == "sm_90":
+        assert plan.tma and plan.persistent  # eager mode's descriptor kernel at this size
+    plan.tma = False
+    want_kernel, want_grid, want = _pe_eager(pe, plan, bias)
+    assert want_kernel is kernel and tuple(grid) == (*want_grid, 1, 1)
+    hip_only = set(pe.kc.HIP_LAUNCH_KEYS)
+    for key, value in want.items():
+        if isinstance(value, torch.Tensor):
+            continue
+        if key in hip_only:
+            assert key not in scalars, key
+            continue
+        assert scalars[key] == value, key
+    assert scalars["PERSISTENT"] is plan.persistent and scalars["HAS_BIAS"] is bias
+    assert scalars["W_ALIGN"] == 8 and scalars["stride_wn_q"] * 8 == 1216  # 2432-byte rows
+
+
+def test_the_patch_embed_body_reads_rows_only_as_aligned_as_the_fake_promises(
+    patch_embed: ModuleType,
+) -> None:
+    """x's rows are read as wide as their stride and address allow: a fake has no address,
+    so an offset Inductor cannot prove 16-byte aligned reads single elements; symbolic row
+    counts (``dynamic=True``) make a symbolic grid, without forcing the size concrete."""
+    pe = patch_embed
+    m, k, n = 64, 1176, 96
+
+    def offset(flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = pe._graph(flat[3 : 3 + m * k].view(m, k), w, None)
+        return out
+
+    with pe.kc.emulating(pe.kc.Emulation("gfx1100", True, 0, 48)):
+        [(_k, aligned, _g)] = _trace(lambda a, w: pe._graph(a, w, None), (m, k), (n, k),
+                                     dtype=torch.float16)  # fmt: skip
+        [(_k, odd, _g)] = _trace(offset, (m * k + 3,), (n, k), dtype=torch.float16)
+        env = ShapeEnv()
+        from torch._dynamo.source import ConstantSource
+
+        symbol = env.create_symbol(m, ConstantSource("m"), dynamic_dim=DimDynamic.DYNAMIC)
+        rows = env.create_symintnode(symbol, hint=m)
+        [(_k, _s, grid)] = _trace(lambda a, w: pe._graph(a, w, None), (rows, k), (n, k),
+                                  env=env, dtype=torch.float16)  # fmt: skip
+    assert aligned["A_ALIGN"] == 8 and odd["A_ALIGN"] == 1
+    assert isinstance(grid[0], torch.fx.Node)
+
+
+def test_the_patch_embed_body_is_f_linear_where_no_kernel_runs(patch_embed: ModuleType) -> None:
+    """CPU tensors and mixed dtypes: F.linear in the graph, as the eager path."""
+    pe = patch_embed
+    assert _trace(lambda a, w: pe._graph(a, w, None), (8, 24), (4, 24), device="cpu") == []
+
+    def mixed(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = pe._graph(a, w.half(), None)
+        return out
+
+    assert _trace(mixed, (8, 24), (4, 24)) == []
+
+
 _FALLBACK = textwrap.dedent(
     """
     import os, sys, torch
@@ -187,7 +300,7 @@ _FALLBACK = textwrap.dedent(
 
         torch.library.triton_op = failing
     from conftest import load_template
-    for name in ("dilated_conv_triton", "depthwise_conv_triton"):
+    for name in ("dilated_conv_triton", "depthwise_conv_triton", "patch_embed_gemm"):
         t = load_template(name)
         holder = t.rop.rt.process_holder()
         defined = getattr(holder, t.OP_NAME)
@@ -197,6 +310,10 @@ _FALLBACK = textwrap.dedent(
     got = tri._OP(x, w, 2, [2, 2], None, None, 0)
     ref = torch.nn.functional.conv2d(x, w, None, 1, 2, 2)
     print("max_err", float((got - ref).abs().max()))
+    pe = load_template("patch_embed_gemm")
+    a, w = torch.randn(6, 24), torch.randn(8, 24)
+    got = pe._OP(a, w, None)
+    print("pe_err", float((got - a @ w.T).abs().max()))
     """
 )
 
@@ -221,12 +338,13 @@ def test_without_triton_op_the_opaque_op_is_defined(how: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     opaque = how != "default"
-    for name in ("dilated_conv_triton", "depthwise_conv_triton"):
+    for name in ("dilated_conv_triton", "depthwise_conv_triton", "patch_embed_gemm"):
         kind, triton_op = lines[name].split()
         want = {"default": "CustomOpDef", "partial": "str"}.get(how, "Library")
         assert kind == want, lines
         assert triton_op == str(not opaque), lines
     assert float(lines["max_err"]) < 1e-4, lines
+    assert float(lines["pe_err"]) < 1e-4, lines
 
 
 class _Small(torch.nn.Module):

@@ -1,0 +1,91 @@
+"""The patch embed's op as ``torch.compile`` sees it (rocmfix template; the entry point is
+``patch_embed_gemm``, which rocmfix drops beside a Qwen-VL vision tower).
+
+rocmfix drops this file, under this name, beside that module; ``rocmfix revert`` removes it
+with it. :func:`graph` is the body of the triton op ``rocmfix::patch_embed_gemm`` (see
+``rocmfix_custom_op``): the pointer kernel launched through ``wrap_triton`` with the tile the
+eager plan resolves, traced on fake tensors, so Inductor launches the kernel from its own
+generated code instead of calling back into rocmfix's Python per node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import patch_embed_kernels as pk
+from . import rocmfix_custom_op as rop
+from . import rocmfix_triton as rt
+
+# What Inductor takes as a user kernel's launch options; a HIP config's other options
+# (waves_per_eu, ...) are not kernel arguments it knows, so the graph launches without them.
+_LAUNCH_KEYS = ("num_warps", "num_stages")
+# Inductor's buffers, and the graph inputs it checks at run time, are aligned to this.
+_GPU_ALIGN = 16
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the graph launches the kernel for these (fake) tensors: a CUDA/HIP device and
+    one dtype, as the eager path launches it. Not under the interpreter, whose kernel is no
+    JITFunction ``wrap_triton`` can trace."""
+    return (
+        pk.PTR_KERNEL is not None
+        and not rt.INTERPRETING
+        and x.device.type == "cuda"
+        and weight.dtype == x.dtype
+        and (bias is None or bias.dtype == x.dtype)
+    )
+
+
+def graph(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, plan: Any, pack_bytes: int
+) -> torch.Tensor:
+    """``x[M, K] @ weight[N, K].T (+ bias)``: the eager ``plan``'s tile on the pointer kernel,
+    the weight's rows padded to ``pack_bytes`` where the plan packs it (a torch op Inductor
+    schedules, as the eager path's cached copy). No tensor descriptors, as in the dilated
+    conv's graph: Triton encodes them on the host at every launch, and their checks read
+    addresses, which a fake tensor does not have."""
+    m, k = x.shape
+    n = weight.shape[0]
+    w = weight
+    if plan.pack:
+        align = max(1, pack_bytes // w.element_size())
+        w = F.pad(w, (0, -(-k // align) * align - k))[:, :k]
+    if bias is not None:
+        bias = bias.contiguous()  # the kernel reads bias[n] at bias_ptr + n
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    k_align = max(1, _GPU_ALIGN // x.element_size())
+    while k % k_align:
+        k_align //= 2
+    a_align, w_align = row_align(x), row_align(w)
+    tiles = -(-m // plan.bm) * -(-n // plan.bn)
+    progs = torch.sym_min(tiles, plan.programs) if plan.persistent else tiles
+    opts = {key: plan.opts[key] for key in _LAUNCH_KEYS}
+    rop.wrap_triton(pk.PTR_KERNEL)[(progs,)](
+        x, w, out if bias is None else bias, out, m, n, k // k_align,
+        x.stride(0) // a_align, x.stride(1), w.stride(0) // w_align, w.stride(1),
+        out.stride(0), out.stride(1), progs,
+        A_ALIGN=a_align, W_ALIGN=w_align, K_ALIGN=k_align, BLOCK_M=plan.bm, BLOCK_N=plan.bn,
+        BLOCK_K=plan.bk, GROUP_M=plan.group, EVEN_K=k % plan.bk == 0, HAS_BIAS=bias is not None,
+        UPCAST=False, PERSISTENT=plan.persistent, **opts,
+    )  # fmt: skip
+    return out
+
+
+def row_align(t: torch.Tensor) -> int:
+    """``patch_embed_gemm._row_align`` on what a fake tensor knows: the row stride, and for
+    the address the storage offset. Inductor allocates its buffers 16-byte aligned and copies
+    a graph input it was told is aligned when it is not (compile_fx's copy_misaligned_inputs);
+    an offset it cannot prove aligned reads single elements, without a guard."""
+    # Only reached where torch has triton ops (2.7 and later), which all have it.
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    size = t.element_size()
+    if not statically_known_true((t.storage_offset() * size) % _GPU_ALIGN == 0):
+        return 1
+    align = max(1, _GPU_ALIGN // size)
+    while align > 1 and not statically_known_true(t.stride(0) % align == 0):
+        align //= 2
+    return align
