@@ -1,11 +1,12 @@
-"""Review of the eager replay fast paths (templates/depthwise_conv_triton.py, conv_transpose_linear.py,
-rocmfix_kernel_support.py): cases where a layer's second call replays a plan that is no longer
-valid. Each test runs the entry once (or twice) so that a plan stands, changes something the
-result depends on, and checks the next call against the stock modules.
+"""Review of the eager replay fast paths (templates/depthwise_conv_triton.py,
+conv_transpose_linear.py, rocmfix_kernel_support.py): cases where a layer's second call
+replays a plan that is no longer valid. Each test runs the entry once (or twice) so that a
+plan stands, changes something the result depends on, and checks the next call against the
+stock modules.
 
-Every test here FAILS on the current code (review-replay branch, based on b8c67d6): they are the
-findings, not regressions. The Triton kernel runs in its CPU interpreter; the transposed conv's
-GEMM path is reached with a CPU tensor that says it is on a GPU (as its own tests do).
+Every test here FAILS on the current code (review-replay branch, based on b8c67d6): they are
+the findings, not regressions. The Triton kernel runs in its CPU interpreter; the transposed
+conv's GEMM path is reached with a CPU tensor that says it is on a GPU (as its own tests do).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import load_template
 
