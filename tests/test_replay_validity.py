@@ -1,12 +1,20 @@
-"""Review of the eager replay fast paths (templates/depthwise_conv_triton.py,
-conv_transpose_linear.py, rocmfix_kernel_support.py): cases where a layer's second call
-replays a plan that is no longer valid. Each test runs the entry once (or twice) so that a
-plan stands, changes something the result depends on, and checks the next call against the
-stock modules.
+"""What makes a kernel entry's cached plan stale, and that the next call sees it
+(templates/depthwise_conv_triton.py, conv_transpose_linear.py, dilated_conv_triton.py,
+patch_embed_gemm.py, rocmfix_kernel_support.py): each test lets a plan stand, changes what
+the result depends on the way real code does, and checks the next call against the stock
+modules. Every test failed on the code before these fixes (a review of the replay paths,
+2026-11-26).
 
-Every test here FAILS on the current code (review-replay branch, based on b8c67d6): they are
-the findings, not regressions. The Triton kernel runs in its CPU interpreter; the transposed
-conv's GEMM path is reached with a CPU tensor that says it is on a GPU (as its own tests do).
+Training is the case version counters miss: BatchNorm's train-mode forward updates its running
+statistics inside aten's batch_norm without moving their versions, and a fused optimizer step
+(``AdamW(fused=True)``, transformers' default on torch >= 2.8) writes parameters without
+moving theirs. A call autograd records takes the stock modules and forgets what was derived
+(ks.training_seen); the BatchNorm's ``num_batches_tracked`` stamps its statistics. Writes
+through ``.data`` move no version either, outside any training step: code that does that to
+a live model calls the kernel module's ``clear_config_cache()`` (documented, not tested).
+
+The Triton kernels run in their CPU interpreter; the transposed conv's GEMM path is reached
+with a CPU tensor that says it is on a GPU (as its own tests do).
 """
 
 from __future__ import annotations
@@ -90,37 +98,43 @@ def test_bn_running_stats_updated_by_a_train_mode_forward_are_seen(tri: ModuleTy
     torch.testing.assert_close(got, want)
 
 
-def test_bn_affine_updated_by_a_fused_optimizer_step_is_seen(tri: ModuleType) -> None:
-    """``torch.optim.AdamW(fused=True)`` (the fused step is a no-autograd kernel) updates the
-    BatchNorm's weight and bias in place without bumping their versions: the replay launches
-    the stale fold."""
-    conv, bn, act = _layer()
+class _Block(torch.nn.Module):
+    """A conv-BN-ReLU layer whose forward is the patched code's: the entry with its modules."""
+
+    def __init__(self, tri: ModuleType) -> None:
+        super().__init__()
+        self.tri = tri
+        self.conv, self.bn, self.act = _layer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.tri.depthwise_conv2d(x, self.conv, self.bn, self.act)
+        return out
+
+
+def test_a_training_step_with_a_fused_optimizer_between_evals_is_seen(tri: ModuleType) -> None:
+    """Fine-tuning with periodic evaluation: eval (a plan stands), a training step through the
+    patched forward with ``AdamW(fused=True)``, whose step writes the conv's and the
+    BatchNorm's parameters without moving their versions, then eval again."""
+    tri.clear_config_cache()
+    block = _Block(tri)
     x = torch.randn(2, 4, 8, 6)
-    _replaying(tri, x, conv, bn, act)
-    opt = torch.optim.AdamW(bn.parameters(), lr=0.5, fused=True)
-    for p in bn.parameters():
-        p.grad = torch.randn_like(p)
-    before = bn.weight._version
+    block.eval()
+    with torch.no_grad():
+        block(x)
+        block(x)
+    assert tri.replay_of(block.conv) is not None, "the kernel never ran"
+    opt = torch.optim.AdamW(block.parameters(), lr=0.5, fused=True)
+    block.train()
+    loss = block(torch.randn(4, 4, 8, 6) * 3.0 + 2.0).square().mean()
+    loss.backward()  # the entry ran the stock modules: they have a backward
+    assert block.conv.weight.grad is not None and block.bn.weight.grad is not None
+    before = block.bn.weight._version
     opt.step()
-    assert bn.weight._version == before  # the root cause
+    assert block.bn.weight._version == before  # the root cause
+    block.eval()
     with torch.no_grad():
-        got = tri.depthwise_conv2d(x, conv, bn, act)
-        want = act(bn(conv(x)))
-    torch.testing.assert_close(got, want)
-
-
-def test_bn_stats_updated_through_dot_data_in_place_are_seen(tri: ModuleType) -> None:
-    """``t.data`` has a version counter of its own, so ``bn.running_var.data.mul_(4)`` (or
-    ``.data.copy_()``, common in converted-checkpoint and EMA code) changes the values at the
-    same address and version: the replay launches the stale fold."""
-    conv, bn, act = _layer()
-    x = torch.randn(2, 4, 8, 6)
-    _replaying(tri, x, conv, bn, act)
-    bn.running_var.data.mul_(4.0)
-    bn.running_mean.data.add_(1.0)
-    with torch.no_grad():
-        got = tri.depthwise_conv2d(x, conv, bn, act)
-        want = act(bn(conv(x)))
+        got = block(x)
+        want = block.act(block.bn(block.conv(x)))
     torch.testing.assert_close(got, want)
 
 
@@ -309,3 +323,68 @@ def test_a_layer_called_with_two_input_shapes_in_turn_does_not_plan_every_call()
         launcher_module._launch_path[:] = saved
     # Two layouts: two kernel[grid] launches would do; every call made one.
     assert len(kernel.launches) == 2, len(kernel.launches)
+
+
+# --------------------------------------------------------------------------------------------
+# 6. Training through the patch embed and the dilated conv: the stock op, and what was packed
+#    from the weight forgotten.
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_patch_embed_under_autograd_is_the_stock_conv_with_its_gradient() -> None:
+    """A Qwen-VL vision tower fine-tuned with the patch applied: the kernel's output carried
+    no gradient, so the patch embed's weight silently stopped learning. Under autograd the
+    entry runs F.conv3d; after a fused optimizer step, the next inference call packs the
+    weight afresh."""
+    pe = load_template("patch_embed_gemm")
+    weight = torch.nn.Parameter(torch.randn(16, 3, 2, 4, 4))
+    bias = torch.nn.Parameter(torch.randn(16))
+    x = torch.randn(12, 3, 2, 4, 4)
+
+    def stock(inp: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv3d(inp, weight, bias, stride=(2, 4, 4)).flatten(1)
+
+    with torch.no_grad():
+        pe.triton_conv3d_patchify(x, weight, bias)  # a call (and a packed weight) stands
+        torch.testing.assert_close(pe.triton_conv3d_patchify(x, weight, bias), stock(x),
+                                   rtol=2e-2, atol=2e-2)  # fmt: skip
+    y = pe.triton_conv3d_patchify(x, weight, bias)
+    assert y.requires_grad
+    y.square().mean().backward()
+    assert weight.grad is not None and bias.grad is not None
+    before = weight._version
+    torch.optim.AdamW([weight, bias], lr=0.5, fused=True).step()
+    assert weight._version == before  # the step moved no version
+    with torch.no_grad():
+        torch.testing.assert_close(pe.triton_conv3d_patchify(x, weight, bias), stock(x),
+                                   rtol=2e-2, atol=2e-2)  # fmt: skip
+
+
+def test_the_dilated_conv_under_autograd_is_the_stock_conv_with_its_gradient() -> None:
+    """DocLayout-YOLO trained with the patch applied: the block's call raised "no backward
+    pass", taking training down. It runs the stock conv and modules, and a fused optimizer
+    step between two evaluations is seen (the weight's pack is forgotten)."""
+    dil = load_template("dilated_conv_triton")
+    conv, bn, act = torch.nn.Conv2d(4, 4, 3, bias=False), torch.nn.BatchNorm2d(4), torch.nn.SiLU()
+    with torch.no_grad():
+        bn.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(1, 4, 9, 7)
+
+    def block(inp: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = dil.dilated_conv2d(inp, conv.weight, 2, 2, bn=bn, act=act)
+        return out
+
+    def stock(inp: torch.Tensor) -> torch.Tensor:
+        return act(bn(torch.nn.functional.conv2d(inp, conv.weight, None, 1, 2, 2)))
+
+    bn.eval()
+    with torch.no_grad():
+        block(x)
+        torch.testing.assert_close(block(x), stock(x), rtol=1e-4, atol=1e-4)
+    bn.train()
+    block(torch.randn(2, 4, 9, 7)).square().mean().backward()
+    assert conv.weight.grad is not None and bn.weight.grad is not None
+    torch.optim.AdamW([conv.weight, *bn.parameters()], lr=0.5, fused=True).step()
+    bn.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), stock(x), rtol=1e-4, atol=1e-4)
