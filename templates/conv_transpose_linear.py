@@ -153,6 +153,14 @@ _lock = threading.Lock()
 _grad_enabled = torch.is_grad_enabled
 _modules = torch.nn.modules.module
 _mm, _matmul, _add = torch.mm, torch.matmul, torch.add
+_autocast = ks.any_autocast
+
+
+def _forget() -> None:
+    """What a training call makes stale (ks.training_seen): the plans, whose weight matrix is
+    a copy where the weight is strided."""
+    with _lock:
+        _layers.clear()
 
 
 def _settings(deconv: Any) -> tuple[Any, ...]:
@@ -183,8 +191,11 @@ def _plan(deconv: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple
         views = (None, None, None)
     try:
         copied = views[0] is not None and views[0].data_ptr() != weight.data_ptr()
+        # The weight's shape and strides too: the views were made from them, and `transpose_`
+        # or `.data = w.data.transpose(2, 3)` change them at the same address.
         stamps = (weight.data_ptr(), weight._version if copied else None,
-                  None if bias is None else bias.data_ptr())  # fmt: skip
+                  None if bias is None else bias.data_ptr(), weight.shape,
+                  weight.stride())  # fmt: skip
     except RuntimeError:  # inference tensors
         return ()
     plan: tuple[Any, ...] = (_settings(deconv), weight, bias, *stamps, *views, None, {})
@@ -240,7 +251,8 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
     if not _is_compiling():
         plan = _layers.get(id(deconv))
         if plan:
-            settings, weight, bias, wptr, wversion, bptr, wm, wt, bias6, last, _specs = plan
+            (settings, weight, bias, wptr, wversion, bptr, wshape, wstrides, wm, wt, bias6,
+             last, _specs) = plan  # fmt: skip
             run: Any
             try:
                 params = deconv._parameters
@@ -254,6 +266,8 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
                     and params.get("bias") is bias
                     and weight.data_ptr() == wptr
                     and (wversion is None or weight._version == wversion)
+                    and weight.shape == wshape
+                    and weight.stride() == wstrides
                     and (bias is None or bias.data_ptr() == bptr)
                     and (type(deconv), deconv.stride, deconv.padding, deconv.output_padding,
                          deconv.dilation, deconv.groups, deconv.padding_mode) == settings
@@ -261,6 +275,7 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
                     and not (_modules._global_forward_hooks or _modules._global_forward_pre_hooks)
                     and not (_grad_enabled() and (x.requires_grad or weight.requires_grad
                              or (bias is not None and bias.requires_grad)))
+                    and not _autocast()
                 ):  # fmt: skip
                     run = last[4]
                     if run is None:  # a layer (or layout) the GEMM does not compute
@@ -269,10 +284,11 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
             except Exception as exc:  # noqa: BLE001 - never take the model down
                 with _lock:
                     _layers.pop(id(deconv), None)
-                _warn_once(
-                    f"rocmfix: the transposed conv as a GEMM failed ({type(exc).__name__}: "
-                    f"{exc}); running the module",
-                )
+                if isinstance(x, torch.Tensor):  # not a tracer's proxy (torch.fx)
+                    _warn_once(
+                        f"rocmfix: the transposed conv as a GEMM failed ({type(exc).__name__}: "
+                        f"{exc}); running the module",
+                    )
                 return deconv(x)  # type: ignore[no-any-return]
     return _first(x, deconv)
 
@@ -281,13 +297,18 @@ def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
     """A call the replay did not take: checks, prepares (the layer's plan, and the input
     layout's shapes) and runs; the module itself where the GEMM does not compute it."""
     params = getattr(deconv, "_parameters", None)
-    if not x.is_cuda or params is None:
+    # Not a tensor: torch.fx's symbolic trace records the module.
+    if not isinstance(x, torch.Tensor) or not x.is_cuda or params is None:
         return deconv(x)  # type: ignore[no-any-return]
     weight, bias = params.get("weight"), params.get("bias")
-    if weight is None or (
-        torch.is_grad_enabled()
-        and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    ):
+    if weight is None:
+        return deconv(x)  # type: ignore[no-any-return]
+    if ks.training(x, weight, bias):
+        if not _is_compiling():
+            ks.training_seen(_forget)
+        return deconv(x)  # type: ignore[no-any-return]
+    # Autocast: the module, in autocast's dtype as stock (dynamo reads the device's flag).
+    if ks.autocasting(x) if _is_compiling() else _autocast():
         return deconv(x)  # type: ignore[no-any-return]
     if _is_compiling():
         # Traced: the views are graph ops, and addresses and versions no graph can read.
@@ -302,7 +323,7 @@ def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
         specs = plan[-1] if plan else {}
         run = specs.get(layout, False)
         if run is False:
-            viewed = not plan or plan[6] is not None
+            viewed = not plan or plan[8] is not None
             run = _prepared(_spec(x, weight)) if viewed and handled(x, deconv) else None
             if plan:
                 with _lock:
@@ -318,7 +339,7 @@ def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
             if plan:
                 with _lock:  # the replay's layout from now on
                     _layers[id(deconv)] = (*plan[:-2], (*layout, run), plan[-1])
-                wm, wt, bias6 = plan[6:9]
+                wm, wt, bias6 = plan[8:11]
             else:
                 wm, wt, bias6 = _views(weight, bias)
             return _run(x, wm, wt, bias6, run)
@@ -332,12 +353,14 @@ def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
 
 def _current(plan: tuple[Any, ...], deconv: Any, weight: torch.Tensor, bias: Any) -> bool:
     """Whether ``plan`` was made from the layer's current settings, weight and bias."""
-    settings, w0, b0, wptr, wversion, bptr = plan[:6]
+    settings, w0, b0, wptr, wversion, bptr, wshape, wstrides = plan[:8]
     return (
         w0 is weight
         and b0 is bias
         and weight.data_ptr() == wptr
         and (wversion is None or weight._version == wversion)
+        and weight.shape == wshape
+        and weight.stride() == wstrides
         and (bias is None or bias.data_ptr() == bptr)
         and _settings(deconv) == settings
     )

@@ -5,7 +5,9 @@ rocmfix drops this file, under this name, beside that module; ``rocmfix revert``
 with it. :func:`graph` is the body of the triton op ``rocmfix::depthwise_conv2d`` (see
 ``rocmfix_custom_op``): torch ops and one ``wrap_triton`` launch of the kernel with the config
 the eager plan resolves, traced on fake tensors, so Inductor launches the kernel from its own
-generated code. :func:`reference` is the op in torch, for inputs the kernel does not take.
+generated code. :func:`reference` is the op in torch, for inputs the kernel does not take;
+:func:`fake` its output's shape; :func:`conv` the kernel alone, with no checks (``rocmfix
+tune``, ``doctor`` and the tests call it through the entry module).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from . import depthwise_conv_kernels as dk
 from . import rocmfix_custom_op as rop
 from . import rocmfix_kernel_config as kc
 from . import rocmfix_kernel_support as ks
+from . import rocmfix_launcher as rl
 from . import rocmfix_triton as rt
 
 # What Inductor takes as a user kernel's launch options; a HIP config's other options
@@ -27,6 +30,41 @@ from . import rocmfix_triton as rt
 _LAUNCH_KEYS = ("num_warps", "num_stages")
 # Inductor's buffers, and the graph inputs it checks at run time, are aligned to this.
 _GPU_ALIGN = 16
+
+
+def pair(v: Any) -> tuple[int, int] | None:
+    """A conv's stride or padding as two ints, or None where it is neither an int nor two."""
+    if type(v) is int:
+        return v, v
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(type(i) is int for i in v):
+        return int(v[0]), int(v[1])
+    return None
+
+
+def conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    *,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    act: int = 0,
+    config: dict[str, Any] | None = None,
+) -> torch.Tensor:
+    """The kernel alone, no checks and no fallback, for ``rocmfix tune``/``doctor`` and tests:
+    ``act(conv(x) * scale + shift)``; ``config`` over the resolved one."""
+    if dk.KERNEL is None:
+        raise RuntimeError("triton is not importable")
+    st, pad = pair(stride), pair(padding)
+    assert st is not None and pad is not None
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
+    cfg = dc.resolve_config(x.device, kh, kw, st[0], x.dtype, dc.layout_class(x))
+    if config:
+        cfg.update(dc.CONFIG.validate(config))
+    kernel, grid, args, kwargs, out = dk.prepare_launch(x, weight, st, pad, cfg, scale, shift, act)
+    rl.Launcher(kernel, grid, kwargs, rl.device_index(x)).launch_once(*args)
+    return out
 
 
 def reference(
@@ -44,6 +82,22 @@ def reference(
     if shift is not None:
         y = y + shift.view(1, -1, 1, 1)
     return ks.apply_act(y, act).to(x.dtype)
+
+
+def fake(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    act: int,
+) -> torch.Tensor:
+    """The op's output on fake tensors (its opaque op's fake implementation)."""
+    n, c, h, w = x.shape
+    oh = (h + 2 * padding[0] - weight.shape[2]) // stride[0] + 1
+    ow = (w + 2 * padding[1] - weight.shape[3]) // stride[1] + 1
+    return x.new_empty((n, c, oh, ow))
 
 
 def graph(

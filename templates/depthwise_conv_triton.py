@@ -55,6 +55,8 @@ device_arch = kc.device_arch
 triton = rt.triton
 INTERPRETING = rt.INTERPRETING
 prepare_launch = dk.prepare_launch
+# The kernel alone (tune, doctor, tests), and the (stride, padding) pair parse, beside the op.
+conv, _pair = dop.conv, dop.pair
 # The kernel itself (None without Triton), where rocmfix's profiler looks for it.
 _dw_kernel = dk.KERNEL
 
@@ -79,6 +81,13 @@ _modules = torch.nn.modules.module
 _GELU = torch.nn.GELU
 
 
+def _forget() -> None:
+    """What a training call makes stale (ks.training_seen): the replays and the op's plans."""
+    with rt.LOCK:
+        _replays.clear()
+    _op_plans.clear()
+
+
 def clear_config_cache() -> None:
     """Forget the tuned file, env config, arch queries and launch plans (tune, tests)."""
     CONFIG.clear()
@@ -93,14 +102,6 @@ def clear_config_cache() -> None:
 # --------------------------------------------------------------------------------------------
 # Launch
 # --------------------------------------------------------------------------------------------
-
-
-def _pair(v: Any) -> tuple[int, int] | None:
-    if type(v) is int:
-        return v, v
-    if isinstance(v, (tuple, list)) and len(v) == 2 and all(type(i) is int for i in v):
-        return int(v[0]), int(v[1])
-    return None
 
 
 def prepare(
@@ -121,32 +122,6 @@ def prepare(
         x, weight, (stride, stride), pad, cfg, ones, ones, act
     )
     return kernel, grid, args, kwargs
-
-
-def conv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    stride: int | tuple[int, int] = 1,
-    padding: int | tuple[int, int] = 0,
-    *,
-    scale: torch.Tensor | None = None,
-    shift: torch.Tensor | None = None,
-    act: int = 0,
-    config: dict[str, Any] | None = None,
-) -> torch.Tensor:
-    """The kernel alone, no checks and no fallback, for ``rocmfix tune``/``doctor`` and tests:
-    ``act(conv(x) * scale + shift)``; ``config`` over the resolved one."""
-    if dk.KERNEL is None:
-        raise RuntimeError("triton is not importable")
-    st, pad = _pair(stride), _pair(padding)
-    assert st is not None and pad is not None
-    kh, kw = int(weight.shape[2]), int(weight.shape[3])
-    cfg = resolve_config(x.device, kh, kw, st[0], x.dtype, layout_class(x))
-    if config:
-        cfg.update(CONFIG.validate(config))
-    kernel, grid, args, kwargs, out = prepare_launch(x, weight, st, pad, cfg, scale, shift, act)
-    rl.Launcher(kernel, grid, kwargs, rl.device_index(x)).launch_once(*args)
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,14 +198,16 @@ def _allocation(x: torch.Tensor, out_shape: tuple[int, ...]) -> int:
 
 # A layer's replay, in the order the replay checks it: the BatchNorm and activation; the
 # input's layout and address modulo 16; the conv's settings, weight (at wptr) and bias; a
-# folded BatchNorm's tensors and eps; (tensor, address, version) of what was folded; the
+# folded BatchNorm's tensors and eps; (tensor, address, version) of what was folded and of
+# the BatchNorm's batch count (its train-mode forward moves no statistic's version); the
 # output's allocation (_allocation) and shape; launch(*head, stream, *between, the kernel's
 # arguments spread or one tuple) (Launcher.replay_launch), with wk, scale, shift as ints
 # where ``addresses`` (keep holds the tensors). Stored as a plain tuple: one unpacks in 0.13
 # us, a namedtuple in 0.33 (CPython 3.11's fast path is for exact tuples); replay_of names it.
 Replay = collections.namedtuple(
     "Replay",
-    "bn act shape strides dtype device align settings weight wptr bias folded stamps alloc "
+    "bn act shape strides dtype device align settings weight wptr wshape wstrides bias folded "
+    "stamps alloc "
     "out_shape launcher launch head between spread addresses wk scale shift rest tail "
     "bn_done act_done gelu grads keep",
 )
@@ -267,7 +244,7 @@ def _plan(
         buffers, affine = bn._buffers, bn._parameters
         folded = (buffers.get("running_mean"), buffers.get("running_var"),
                   affine.get("weight"), affine.get("bias"), bn.eps)  # fmt: skip
-        sources += folded[:4]
+        sources += (*folded[:4], buffers.get("num_batches_tracked"))
     try:
         # The weight's version too: a copy of it (a non-contiguous weight) goes stale when it
         # is updated in place, and a view (the live values) when its shape or strides change
@@ -285,7 +262,8 @@ def _plan(
     return Replay(
         bn, act, x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15,
         (layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_mode),
-        weight, wptr, bias, folded, stamps, _allocation(x, out_shape), out_shape,
+        weight, wptr, weight.shape, weight.stride(), bias, folded, stamps,
+        _allocation(x, out_shape), out_shape,
         launcher, launch, head, between, spread, addresses, wk, scale, shift,
         args[5:] + launcher.tail, args[5:], bn_done, act_done,
         act_done and type(act) is _GELU,
@@ -299,7 +277,10 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
     weight = layer._parameters.get("weight") if isinstance(layer, torch.nn.Module) else None
     if weight is None:
         return None
-    if (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or _autocast():
+    if ks.training(x, weight, layer._parameters.get("bias")):
+        ks.training_seen(_forget)
+        return None
+    if _autocast():
         return None
     # Everything a launch depends on but the tensors: their layout, the modules and their
     # settings. A layer that failed once at a key runs its modules from then on.
@@ -320,7 +301,13 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
     kernel, grid, args, kwargs, out = prepare_launch(
         x, weight.detach(), stride, padding, cfg, scale, shift, code
     )
-    launcher = rl.Launcher(kernel, grid, kwargs, rl.device_index(x))
+    # A launcher adopted for this layer at this key before (a layer whose input alternates
+    # between layouts replans at each change), where everything else Triton specialises on
+    # is the same: the weight's and the fold's layouts and alignment, the constexprs, the grid.
+    launch_key = (*key, *(rl.layout_key(t) for t in args[1:4]), tuple(kwargs.items()), grid)
+    launcher = _plans.get(launch_key)
+    if launcher is None:
+        launcher = rl.Launcher(kernel, grid, kwargs, rl.device_index(x))
     try:
         launcher(*args)
     except Exception:
@@ -328,7 +315,7 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
         raise
     plan = _plan(x, layer, bn, act, launcher, args, tuple(out.shape), epilogue)
     if plan is not None:
-        _plans.put(key, launcher)
+        _plans.put(launch_key, launcher)
         with rt.LOCK:
             if len(_replays) >= _REPLAYS_SIZE:
                 _replays.clear()
@@ -390,9 +377,9 @@ def depthwise_conv2d(
     if not _is_compiling():
         plan = _replays.get(id(conv))
         if plan is not None:
-            (bn0, act0, shape, strides, dtype, device, align, settings, weight, wptr, bias,
-             folded, stamps, alloc, out_shape, launcher, launch, head, between, spread,
-             addresses, wk, scale, shift, rest, tail, bn_done, act_done, gelu, grads,
+            (bn0, act0, shape, strides, dtype, device, align, settings, weight, wptr, wshape,
+             wstrides, bias, folded, stamps, alloc, out_shape, launcher, launch, head, between,
+             spread, addresses, wk, scale, shift, rest, tail, bn_done, act_done, gelu, grads,
              keep) = plan  # fmt: skip
             try:
                 xp = x.data_ptr()
@@ -410,6 +397,9 @@ def depthwise_conv2d(
                          conv.padding_mode) == settings
                     and params["weight"] is weight
                     and weight.data_ptr() == wptr
+                    # `.data = w.data.transpose(2, 3)`: another view at the same address
+                    and weight.shape == wshape
+                    and weight.stride() == wstrides
                     and params.get("bias") is bias
                     and not (conv._forward_hooks or conv._forward_pre_hooks)
                     and not (_modules._global_forward_hooks or _modules._global_forward_pre_hooks)
@@ -464,8 +454,11 @@ def depthwise_conv2d(
             except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
                 with rt.LOCK:
                     _replays.pop(id(conv), None)  # the next call plans anew, or marks it broken
-                _failed(exc)
+                if isinstance(x, torch.Tensor):  # not a tracer's proxy (torch.fx)
+                    _failed(exc)
                 return ks.stock(x, conv, bn, act)
+    if not isinstance(x, torch.Tensor):
+        return ks.stock(x, conv, bn, act)  # torch.fx's symbolic trace records the modules
     if triton is None:
         if x.is_cuda:
             kc.warn_once("no-triton", "rocmfix: triton is not importable; depthwise convs run "
@@ -499,9 +492,6 @@ def _failed(exc: Exception) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-_reference = dop.reference
-
-
 # The op's launches under torch.compile, by everything a launch depends on but the addresses:
 # a compiled model calls the op with the same weight and layouts every forward, so every call
 # but the first launches straight away. conv() resolves the config and builds a Launcher on
@@ -526,8 +516,9 @@ def _op_conv(
 ) -> torch.Tensor:
     if weight.is_inference():  # no version to see an update by: planned anew
         return conv(x, weight, stride, padding, scale=scale, shift=shift, act=act)
-    key = (rl.layout_key(x), id(weight), weight.data_ptr(), weight._version, stride, padding,
-           act, _tensor_key(scale), _tensor_key(shift))  # fmt: skip
+    key = (rl.layout_key(x), id(weight), weight.data_ptr(), weight._version, weight.shape,
+           weight.stride(), stride, padding, act, _tensor_key(scale),
+           _tensor_key(shift))  # fmt: skip
     plan = _op_plans.get(key)
     if plan is None:
         kh, kw = int(weight.shape[2]), int(weight.shape[3])
@@ -566,22 +557,7 @@ def _impl(
             )
     # NCHW-contiguous, as the fake says: Inductor reads the result by the fake's strides, and
     # F.conv2d keeps a channels-last input's layout (Inductor on the CPU runs convs so).
-    return _reference(x, weight, scale, shift, stride, padding, act).contiguous()
-
-
-def _impl_fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    shift: torch.Tensor | None,
-    stride: list[int],
-    padding: list[int],
-    act: int,
-) -> torch.Tensor:
-    n, c, h, w = x.shape
-    oh = (h + 2 * padding[0] - weight.shape[2]) // stride[0] + 1
-    ow = (w + 2 * padding[1] - weight.shape[3]) // stride[1] + 1
-    return x.new_empty((n, c, oh, ow))
+    return dop.reference(x, weight, scale, shift, stride, padding, act).contiguous()
 
 
 # A triton op where torch has them (its graph body in depthwise_conv_op), else opaque; eager
@@ -593,5 +569,5 @@ _OP = rop.register_triton_op(
     dop.graph,
     _impl,
     _impl,
-    _impl_fake,
+    dop.fake,
 )

@@ -285,6 +285,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def clear_packs() -> None:
+    """Forget every packed weight (clear_config_cache, a training call)."""
+    _PACKS.clear()
+
+
 def _packed_weight(
     weight: torch.Tensor, c_pad: int, co_pad: int, dtype: torch.dtype, kmajor: bool
 ) -> torch.Tensor:

@@ -61,19 +61,27 @@ device_arch = kc.device_arch
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
 
+# Only an explicit config (the kernel alone: tune, tests) gets here with autograd recording;
+# the patched block's calls run the stock conv then (dilated_conv2d).
 _NO_BACKWARD_MSG = (
-    "rocmfix's Triton dilated conv (doclayout_yolo g2l_crm_triton) has no backward pass. "
-    "Run inference under torch.no_grad() or torch.inference_mode(), or `rocmfix revert` the "
-    "patch to train."
+    "rocmfix's Triton dilated conv (doclayout_yolo g2l_crm_triton) has no backward pass: "
+    "call it with an explicit config under torch.no_grad() or torch.inference_mode()"
 )
 
 
 def clear_config_cache() -> None:
-    """Forget the cached tuned file, env parse, resolved configs, launch plans and folded
-    BatchNorms (for ``rocmfix tune`` and tests)."""
+    """Forget the cached tuned file, env parse, resolved configs, launch plans, packed weights
+    and folded BatchNorms (for ``rocmfix tune``, tests, and code that writes a live model's
+    weights through ``.data``, which moves no version)."""
     CONFIG.clear()
-    _PLANS.clear()
+    _forget()
     ks.clear_folds()
+
+
+def _forget() -> None:
+    """What a training call makes stale (ks.training_seen): the plans and packed weights."""
+    _PLANS.clear()
+    dk.clear_packs()
 
 
 def _triton_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -153,7 +161,12 @@ def dilated_conv2d(
     if config is None and rop.is_compiling():
         return _traced(x, weight, dilation, padding, bn, act)
     epilogue, fused = None, False
-    if config is None and (dilation == 1 or ks.any_autocast() or _tracing() is not None):
+    if config is None and ks.training(x, weight):
+        # Autograd records (training): the stock conv, which has a backward; and the plans
+        # and packs go, since training may write the weights without moving their versions.
+        ks.training_seen(_forget)
+        y = F.conv2d(x, weight, None, 1, padding, dilation)
+    elif config is None and (dilation == 1 or ks.any_autocast() or _tracing() is not None):
         # A dense conv: the vendor libraries run it fast (MIOpen leaves out its GEMM solvers
         # only for dilation > 1), and DocLayout-YOLO's blocks make a third of their calls at
         # d = 1. Explicit configs (tests, tune) still run the kernel. Under autocast F.conv2d
@@ -277,6 +290,7 @@ def _plan_key(
         weight.data_ptr(),
         version,
         weight.shape,
+        weight.stride(),
         weight.dtype,
         dilation,
         padding,

@@ -180,8 +180,12 @@ def triton_conv3d_patchify(
 
     Returns ``[L, N]`` in ``x``'s dtype.
     """
-    if not x.is_cuda and not INTERPRETING:
-        # CPU inputs keep the stock op, bit for bit.
+    if (not x.is_cuda and not INTERPRETING) or (
+        torch.is_grad_enabled()
+        and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    ):
+        # CPU inputs keep the stock op, bit for bit; so does a call autograd records (the
+        # kernel has no backward).
         return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
     # flatten(1), not reshape(L, -1): the latter is ambiguous for an empty batch.
     out: torch.Tensor = _OP(x.flatten(1), weight.flatten(1), bias)

@@ -72,7 +72,15 @@ PACK_ROW_BYTES = 128
 def clear_config_cache() -> None:
     """Forget the parsed tuned file, env config, arch queries, plans and packed weights."""
     CONFIG.clear()
-    for cache in (_plan_cache, _w_desc_cache, _packed_cache, _calls):
+    _plan_cache.clear()
+    _forget()
+
+
+def _forget() -> None:
+    """What a training call makes stale (ks.training_seen): the packed weights (a fused
+    optimizer's step writes the weight without moving its version) and the calls and
+    descriptors made from them."""
+    for cache in (_w_desc_cache, _packed_cache, _calls):
         cache.clear()
 
 
@@ -178,8 +186,9 @@ def _packed_weight(w: torch.Tensor) -> torch.Tensor:
     under ``no_grad``, ``load_state_dict``) makes a fresh copy. Writes through ``.data`` bypass
     the counter: vllm's weight loaders write that way, which is harmless at load time (before
     the first forward), but code that reloads weights into a live model must call
-    :func:`clear_config_cache` afterwards. Inference tensors keep no version counter and are
-    used as they are.
+    :func:`clear_config_cache` afterwards. So do fused optimizer steps, which training runs
+    between forwards autograd records: those forget the copies (ks.training_seen). Inference
+    tensors keep no version counter and are used as they are.
     """
     align = max(1, PACK_ROW_BYTES // w.element_size())
     if w.stride(1) == 1 and w.stride(0) % align == 0 and w.data_ptr() % PACK_ROW_BYTES == 0:
@@ -566,6 +575,12 @@ def triton_conv3d_patchify(
     """
     if not x.is_cuda and not INTERPRETING:
         # CPU inputs keep the stock op, bit for bit.
+        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
+    if ks.training(x, weight, bias):
+        # Autograd records (a vision tower being fine-tuned): the stock conv, which has a
+        # backward; the kernel's output would carry no gradient to the weight.
+        if not rop.is_compiling():
+            ks.training_seen(_forget)
         return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
     if not rop.is_compiling():
         if ks.any_autocast() or torch._C._get_tracing_state() is not None:

@@ -9,8 +9,8 @@ depthwise conv); ``rocmfix revert`` removes it with them. Standard library and t
 - :func:`fold_bn`: an eval-mode ``BatchNorm2d`` (and the conv's bias) as a per-channel scale
   and shift, recomputed only when one of its tensors changes;
 - :func:`act_code`: the activations a kernel can apply in its store;
-- :func:`layer_stamps` / :func:`layer_current`: whether a conv-norm layer's tensors are the
-  ones a cached launch plan was made from, unchanged.
+- :func:`training` / :func:`training_seen`: a call autograd records takes the stock modules,
+  and everything derived from the layers' tensors is forgotten.
 """
 
 from __future__ import annotations
@@ -151,9 +151,13 @@ def fold_bn(bn: Any, bias: torch.Tensor | None, *, versioned: bool = False) -> F
 
     Computed once per (BatchNorm, bias) and reused while the statistics, affine parameters,
     bias and eps are the same tensors at the same addresses and versions (an in-place update,
-    a ``load_state_dict`` or a ``.to()`` changes one of them). Inference tensors have no
-    version to see an update by: folded anew each call, or with ``versioned`` not folded
-    (None), for a caller that keys its own plans by the versions.
+    a ``load_state_dict`` or a ``.to()`` changes one of them), and while the BatchNorm's
+    ``num_batches_tracked`` keeps its version: a train-mode forward updates the running
+    statistics inside aten's batch_norm, which leaves their versions alone, and counts the
+    batch with an in-place add that moves it. Writes that move no version (a fused optimizer's
+    step, ``.data`` writes) are what :func:`training_seen` and ``clear_config_cache`` are for.
+    Inference tensors have no version to see an update by: folded anew each call, or with
+    ``versioned`` not folded (None), for a caller that keys its own plans by the versions.
     """
     if bn is None:
         if bias is None:
@@ -174,7 +178,10 @@ def fold_bn(bn: Any, bias: torch.Tensor | None, *, versioned: bool = False) -> F
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return None
     try:
-        state = tuple((t, t.data_ptr(), t._version) if t is not None else None for t in tensors)
+        state = tuple(
+            (t, t.data_ptr(), t._version) if t is not None else None
+            for t in (*tensors, buffers.get("num_batches_tracked"))
+        )
     except RuntimeError:  # inference tensors
         return None if versioned else _fold(tensors, bn.eps)
     key = (id(bn), id(bias))
@@ -189,6 +196,28 @@ def fold_bn(bn: Any, bias: torch.Tensor | None, *, versioned: bool = False) -> F
 def clear_folds() -> None:
     """Forget every cached fold (``clear_config_cache`` of a kernel)."""
     _folds.clear()
+
+
+def training(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
+    """Whether autograd records this call: grad mode on, and ``x`` or one of ``tensors`` (a
+    layer's parameters) requiring grad. Such a call runs the stock modules, which have a
+    backward, and goes through :func:`training_seen`."""
+    return torch.is_grad_enabled() and (
+        x.requires_grad or any(t is not None and t.requires_grad for t in tensors)
+    )
+
+
+def training_seen(*clears: Callable[[], None]) -> None:
+    """A call autograd records, or one through a BatchNorm in train mode, took the stock path:
+    training may now change the layer's tensors in ways no version counter shows (a fused
+    optimizer's step writes parameters without moving their versions: ``AdamW(fused=True)``,
+    transformers' default optimizer on torch >= 2.8), so every fold and everything a kernel
+    module derived from a layer's tensors (``clears``: its plans, packed weights, replays) is
+    forgotten, and the next inference call derives them afresh. A training loop passes
+    through here every step; inference never does."""
+    _folds.clear()
+    for clear in clears:
+        clear()
 
 
 def _same(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
@@ -227,46 +256,6 @@ def fold_traced(bn: Any, bias: torch.Tensor | None) -> Fold:
     if bn.bias is not None:
         shift = shift + bn.bias.float()
     return scale, shift
-
-
-# A launch plan's validity: the tensors it was made from, unchanged, and no hooks.
-
-
-def layer_stamps(layer: Any, bn: Any) -> tuple[Any, ...] | None:
-    """Every tensor a plan depends on with its address and version, flat: the conv's weight
-    and bias, the BatchNorm's statistics and affine parameters; None for inference tensors,
-    which have no version to see an update by (such calls are not cached)."""
-    params = layer._parameters
-    tensors = [params["weight"], params.get("bias")]
-    if bn is not None:
-        buffers, affine = bn._buffers, bn._parameters
-        tensors += [buffers.get("running_mean"), buffers.get("running_var"),
-                    affine.get("weight"), affine.get("bias")]  # fmt: skip
-    out: list[Any] = []
-    try:
-        for t in tensors:
-            out += (t, None, None) if t is None else (t, t.data_ptr(), t._version)
-    except RuntimeError:
-        return None
-    return tuple(out)
-
-
-def layer_current(stamps: tuple[Any, ...], layer: Any, bn: Any) -> bool:
-    """Whether the tensors of ``stamps`` are still the modules' own, unchanged."""
-    params = layer._parameters
-    now = [params["weight"], params.get("bias")]
-    if bn is not None:
-        buffers, affine = bn._buffers, bn._parameters
-        now += [buffers.get("running_mean"), buffers.get("running_var"),
-                affine.get("weight"), affine.get("bias")]  # fmt: skip
-    for index, t in enumerate(now):
-        seen = stamps[3 * index]
-        if t is not seen:
-            return False
-        if t is not None and (t.data_ptr() != stamps[3 * index + 1]
-                              or t._version != stamps[3 * index + 2]):  # fmt: skip
-            return False
-    return True
 
 
 def layer_hooked(layer: Any, bn: Any, act: Any) -> bool:

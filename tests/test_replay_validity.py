@@ -1,0 +1,390 @@
+"""What makes a kernel entry's cached plan stale, and that the next call sees it
+(templates/depthwise_conv_triton.py, conv_transpose_linear.py, dilated_conv_triton.py,
+patch_embed_gemm.py, rocmfix_kernel_support.py): each test lets a plan stand, changes what
+the result depends on the way real code does, and checks the next call against the stock
+modules. Every test failed on the code before these fixes (a review of the replay paths,
+2026-11-26).
+
+Training is the case version counters miss: BatchNorm's train-mode forward updates its running
+statistics inside aten's batch_norm without moving their versions, and a fused optimizer step
+(``AdamW(fused=True)``, transformers' default on torch >= 2.8) writes parameters without
+moving theirs. A call autograd records takes the stock modules and forgets what was derived
+(ks.training_seen); the BatchNorm's ``num_batches_tracked`` stamps its statistics. Writes
+through ``.data`` move no version either, outside any training step: code that does that to
+a live model calls the kernel module's ``clear_config_cache()`` (documented, not tested).
+
+The Triton kernels run in their CPU interpreter; the transposed conv's GEMM path is reached
+with a CPU tensor that says it is on a GPU (as its own tests do).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import load_template
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")
+
+
+@pytest.fixture(scope="module")
+def tri() -> ModuleType:
+    return load_template("depthwise_conv_triton")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
+    monkeypatch.delenv("ROCMFIX_DEPTHWISE_CONV_CONFIG", raising=False)
+    yield
+
+
+def _layer(c: int = 4, k: tuple[int, int] = (3, 3), bias: bool = False) -> tuple[Any, Any, Any]:
+    conv = torch.nn.Conv2d(c, c, k, 1, ((k[0] - 1) // 2, (k[1] - 1) // 2), groups=c, bias=bias)
+    bn = torch.nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 1.5)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+    return conv.eval(), bn.eval(), torch.nn.ReLU()
+
+
+def _replaying(tri: ModuleType, x: torch.Tensor, conv: Any, bn: Any, act: Any) -> None:
+    """Two calls: the first plans, the second replays; both must equal the stock layer."""
+    tri.clear_config_cache()
+    with torch.no_grad():
+        for _ in range(2):
+            got = tri.depthwise_conv2d(x, conv, bn, act)
+            torch.testing.assert_close(got, act(bn(conv(x))) if bn is not None else
+                                       (act(conv(x)) if act is not None else conv(x)))  # fmt: skip
+    assert tri.replay_of(conv) is not None, "the kernel never ran"
+
+
+# --------------------------------------------------------------------------------------------
+# 1. A folded BatchNorm whose statistics or affine parameters change without a version bump.
+# --------------------------------------------------------------------------------------------
+
+
+def test_bn_running_stats_updated_by_a_train_mode_forward_are_seen(tri: ModuleType) -> None:
+    """Train, then evaluate again (fine-tuning with periodic eval): BatchNorm's train-mode
+    forward updates running_mean/running_var in place inside aten's batch_norm, whose schema
+    does not mark them mutable, so their ``_version`` does not move (CPU and GPU alike). The
+    replay's stamps (and ks.fold_bn's cache) see the same tensor, address and version and
+    launch the fold of the OLD statistics."""
+    conv, bn, act = _layer()
+    x = torch.randn(2, 4, 8, 6)
+    _replaying(tri, x, conv, bn, act)
+    versions = (bn.running_mean._version, bn.running_var._version)
+    bn.train()
+    with torch.no_grad():
+        for _ in range(3):  # a few training steps' forwards, with real statistics to learn
+            bn(conv(torch.randn(8, 4, 8, 6) * 3.0 + 2.0))
+    bn.eval()
+    assert (bn.running_mean._version, bn.running_var._version) == versions  # the root cause
+    with torch.no_grad():
+        got = tri.depthwise_conv2d(x, conv, bn, act)
+        want = act(bn(conv(x)))
+    torch.testing.assert_close(got, want)
+
+
+class _Block(torch.nn.Module):
+    """A conv-BN-ReLU layer whose forward is the patched code's: the entry with its modules."""
+
+    def __init__(self, tri: ModuleType) -> None:
+        super().__init__()
+        self.tri = tri
+        self.conv, self.bn, self.act = _layer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.tri.depthwise_conv2d(x, self.conv, self.bn, self.act)
+        return out
+
+
+def test_a_training_step_with_a_fused_optimizer_between_evals_is_seen(tri: ModuleType) -> None:
+    """Fine-tuning with periodic evaluation: eval (a plan stands), a training step through the
+    patched forward with ``AdamW(fused=True)``, whose step writes the conv's and the
+    BatchNorm's parameters without moving their versions, then eval again."""
+    tri.clear_config_cache()
+    block = _Block(tri)
+    x = torch.randn(2, 4, 8, 6)
+    block.eval()
+    with torch.no_grad():
+        block(x)
+        block(x)
+    assert tri.replay_of(block.conv) is not None, "the kernel never ran"
+    opt = torch.optim.AdamW(block.parameters(), lr=0.5, fused=True)
+    block.train()
+    loss = block(torch.randn(4, 4, 8, 6) * 3.0 + 2.0).square().mean()
+    loss.backward()  # the entry ran the stock modules: they have a backward
+    assert block.conv.weight.grad is not None and block.bn.weight.grad is not None
+    before = block.bn.weight._version
+    opt.step()
+    assert block.bn.weight._version == before  # the root cause
+    block.eval()
+    with torch.no_grad():
+        got = block(x)
+        want = block.act(block.bn(block.conv(x)))
+    torch.testing.assert_close(got, want)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. A weight given a new shape or strides at the same address without a version bump.
+# --------------------------------------------------------------------------------------------
+
+
+def test_depthwise_weight_data_reassigned_to_a_view_of_itself_is_seen(tri: ModuleType) -> None:
+    """``conv.weight.data = conv.weight.data.transpose(2, 3)``: same Parameter, same address,
+    same version (``.data =`` bumps nothing), a 5x3 kernel where the plan has a 3x5 view of
+    the storage. The replay checks neither the weight's shape nor its strides (the in-place
+    ``transpose_`` case was fixed by the version stamp; this one is not)."""
+    conv = torch.nn.Conv2d(4, 4, (3, 5), 1, (2, 2), groups=4, bias=False).eval()
+    x = torch.randn(1, 4, 9, 8)
+    _replaying(tri, x, conv, None, None)
+    conv.weight.data = conv.weight.data.transpose(2, 3)
+    with torch.no_grad():
+        want = conv(x)
+        got = tri.depthwise_conv2d(x, conv)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
+
+
+class _FakeCuda(torch.Tensor):
+    """A CPU tensor that says it is on a GPU (tests/test_conv_transpose_templates.py's)."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def _ct_replaying(module: ModuleType, x: torch.Tensor, deconv: Any) -> None:
+    with torch.no_grad():
+        for _ in range(2):
+            got = module.conv_transpose2d(x.as_subclass(_FakeCuda), deconv)
+            torch.testing.assert_close(got.as_subclass(torch.Tensor), deconv(x),
+                                       rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert module._layers[id(deconv)][-2] is not None
+
+
+@pytest.mark.parametrize("how", ["transpose_", "data-view"])
+def test_conv_transpose_weight_reshaped_at_the_same_address_is_seen(how: str) -> None:
+    """The transposed conv's plan stamps a contiguous weight by its address alone (the
+    version only where its matrix is a copy): a square kernel transposed in place
+    (``transpose_``, version moves but is not read) or re-viewed through ``.data =`` keeps
+    the address, and the replay multiplies by the old [Cin, Cout*k*k] view."""
+    module = load_template("conv_transpose_linear")
+    deconv = torch.nn.ConvTranspose2d(6, 4, 2, 2).eval()
+    x = torch.randn(1, 6, 5, 4)
+    _ct_replaying(module, x, deconv)
+    with torch.no_grad():
+        if how == "transpose_":
+            deconv.weight.transpose_(2, 3)
+        else:
+            deconv.weight.data = deconv.weight.data.transpose(2, 3)
+        got = module.conv_transpose2d(x.as_subclass(_FakeCuda), deconv).as_subclass(torch.Tensor)
+        want = deconv(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# 3. The transposed conv ignores autocast (the depthwise entry was fixed for it: 8bc8fdd).
+# --------------------------------------------------------------------------------------------
+
+
+def test_conv_transpose_under_autocast_computes_in_autocasts_dtype() -> None:
+    """Under autocast the stock ConvTranspose2d computes and returns bf16; the entry (first
+    call and replay) runs its GEMM in bf16 (mm is on autocast's list) but writes an fp32
+    output through ``out=``: another dtype than stock, and neither's values."""
+    module = load_template("conv_transpose_linear")
+    deconv = torch.nn.ConvTranspose2d(8, 4, 2, 2).eval()
+    x = torch.randn(1, 8, 6, 5)
+    _ct_replaying(module, x, deconv)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = module.conv_transpose2d(x.as_subclass(_FakeCuda), deconv).as_subclass(torch.Tensor)
+        want = deconv(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------------
+# 4. torch.fx symbolic tracing of a patched layer takes the model down.
+# --------------------------------------------------------------------------------------------
+
+
+class _DwLayer(torch.nn.Module):
+    def __init__(self, entry: Any) -> None:
+        super().__init__()
+        self.entry = entry
+        self.conv, self.bn, self.act = _layer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.entry(x, self.conv, self.bn, self.act)  # type: ignore[no-any-return]
+
+
+def test_fx_symbolic_trace_of_a_depthwise_layer_does_not_raise(tri: ModuleType) -> None:
+    """The stock layer traces; the entry's first-call path evaluates ``x.is_cuda`` (a Proxy)
+    as a bool outside any try (depthwise_conv_triton.py:474): TraceError, not the stock
+    modules. (With a plan in hand the replay's try catches it and warns.)"""
+    tri.clear_config_cache()
+    layer = _DwLayer(tri.depthwise_conv2d).eval()
+    gm = torch.fx.symbolic_trace(layer)
+    x = torch.randn(1, 4, 8, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), layer.act(layer.bn(layer.conv(x))))
+
+
+def test_fx_symbolic_trace_of_a_transposed_conv_does_not_raise() -> None:
+    """conv_transpose_linear._first: ``not x.is_cuda`` on a Proxy raises TraceError."""
+    module = load_template("conv_transpose_linear")
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.deconv = torch.nn.ConvTranspose2d(8, 4, 2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return module.conv_transpose2d(x, self.deconv)  # type: ignore[no-any-return]
+
+    head = Head().eval()
+    gm = torch.fx.symbolic_trace(head)
+    x = torch.randn(1, 8, 6, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), head.deconv(x))
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Cost: a layer whose input shape alternates plans anew on every call.
+# --------------------------------------------------------------------------------------------
+
+
+class _Compiled:
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def run(self, *args: Any) -> None:
+        self.calls.append(args)
+
+
+class _Compiling:
+    """A JITFunction stand-in (tests/test_depthwise_templates.py's): counts ``kernel[grid]``."""
+
+    def __init__(self, real: Any) -> None:
+        self.fn = real.fn
+        self.compiled = _Compiled()
+        self.launches: list[tuple[Any, ...]] = []
+        self.pre_run_hooks: list[Any] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> _Compiled:
+            self.launches.append((grid, args, kwargs))
+            return self.compiled
+
+        return launch
+
+
+def test_a_layer_called_with_two_input_shapes_in_turn_does_not_plan_every_call() -> None:
+    """One replay per layer (_replays[id(conv)]) and _plans written but never read: a layer
+    whose input alternates between two shapes (two page sizes, a shared conv) takes _eager on
+    every call: config resolution, prepare_launch, a new Launcher, Triton's full
+    ``kernel[grid]`` binding (~18 us on a GPU host), _adopt's inspect.signature and the dry
+    probe of direct_launch, all thrown away at the next call. On this CPU with a stub kernel:
+    ~100 us a call against ~5 us for a replay, 40% of it inspect.signature in _adopt."""
+    import types
+
+    import triton as real_triton
+
+    module = load_template("depthwise_conv_triton")
+    launcher_module = module.rl
+    kernel = _Compiling(module.dk.KERNEL)
+    active = types.SimpleNamespace(get_current_device=lambda: 0,
+                                   get_current_stream=lambda device: f"stream{device}")  # fmt: skip
+    saved = list(launcher_module._launch_path)
+    launcher_module._launch_path[:] = [(real_triton.knobs, types.SimpleNamespace(active=active))]
+    module.dk.KERNEL = kernel
+    conv, bn, act = _layer()
+    try:
+        with torch.no_grad():
+            a, b = torch.randn(1, 4, 8, 6), torch.randn(1, 4, 8, 10)
+            for _ in range(3):
+                module.depthwise_conv2d(a, conv, bn, act)
+                module.depthwise_conv2d(b, conv, bn, act)
+    finally:
+        launcher_module._launch_path[:] = saved
+    # Two layouts: two kernel[grid] launches would do; every call made one.
+    assert len(kernel.launches) == 2, len(kernel.launches)
+
+
+# --------------------------------------------------------------------------------------------
+# 6. Training through the patch embed and the dilated conv: the stock op, and what was packed
+#    from the weight forgotten.
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_patch_embed_under_autograd_is_the_stock_conv_with_its_gradient() -> None:
+    """A Qwen-VL vision tower fine-tuned with the patch applied: the kernel's output carried
+    no gradient, so the patch embed's weight silently stopped learning. Under autograd the
+    entry runs F.conv3d; after a fused optimizer step, the next inference call packs the
+    weight afresh."""
+    pe = load_template("patch_embed_gemm")
+    weight = torch.nn.Parameter(torch.randn(16, 3, 2, 4, 4))
+    bias = torch.nn.Parameter(torch.randn(16))
+    x = torch.randn(12, 3, 2, 4, 4)
+
+    def stock(inp: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv3d(inp, weight, bias, stride=(2, 4, 4)).flatten(1)
+
+    with torch.no_grad():
+        pe.triton_conv3d_patchify(x, weight, bias)  # a call (and a packed weight) stands
+        torch.testing.assert_close(pe.triton_conv3d_patchify(x, weight, bias), stock(x),
+                                   rtol=2e-2, atol=2e-2)  # fmt: skip
+    y = pe.triton_conv3d_patchify(x, weight, bias)
+    assert y.requires_grad
+    y.square().mean().backward()
+    assert weight.grad is not None and bias.grad is not None
+    before = weight._version
+    torch.optim.AdamW([weight, bias], lr=0.5, fused=True).step()
+    assert weight._version == before  # the step moved no version
+    with torch.no_grad():
+        torch.testing.assert_close(pe.triton_conv3d_patchify(x, weight, bias), stock(x),
+                                   rtol=2e-2, atol=2e-2)  # fmt: skip
+
+
+def test_the_dilated_conv_under_autograd_is_the_stock_conv_with_its_gradient() -> None:
+    """DocLayout-YOLO trained with the patch applied: the block's call raised "no backward
+    pass", taking training down. It runs the stock conv and modules, and a fused optimizer
+    step between two evaluations is seen (the weight's pack is forgotten)."""
+    dil = load_template("dilated_conv_triton")
+    conv, bn, act = torch.nn.Conv2d(4, 4, 3, bias=False), torch.nn.BatchNorm2d(4), torch.nn.SiLU()
+    with torch.no_grad():
+        bn.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(1, 4, 9, 7)
+
+    def block(inp: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = dil.dilated_conv2d(inp, conv.weight, 2, 2, bn=bn, act=act)
+        return out
+
+    def stock(inp: torch.Tensor) -> torch.Tensor:
+        return act(bn(torch.nn.functional.conv2d(inp, conv.weight, None, 1, 2, 2)))
+
+    bn.eval()
+    with torch.no_grad():
+        block(x)
+        torch.testing.assert_close(block(x), stock(x), rtol=1e-4, atol=1e-4)
+    bn.train()
+    block(torch.randn(2, 4, 9, 7)).square().mean().backward()
+    assert conv.weight.grad is not None and bn.weight.grad is not None
+    torch.optim.AdamW([conv.weight, *bn.parameters()], lr=0.5, fused=True).step()
+    bn.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), stock(x), rtol=1e-4, atol=1e-4)
