@@ -277,7 +277,7 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
     weight = layer._parameters.get("weight") if isinstance(layer, torch.nn.Module) else None
     if weight is None:
         return None
-    if ks.training(x, weight, layer._parameters.get("bias")):
+    if ks.training(x, weight, layer._parameters.get("bias"), bn=bn):
         ks.training_seen(_forget)
         return None
     if _autocast():

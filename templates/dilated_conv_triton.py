@@ -161,7 +161,7 @@ def dilated_conv2d(
     if config is None and rop.is_compiling():
         return _traced(x, weight, dilation, padding, bn, act)
     epilogue, fused = None, False
-    if config is None and ks.training(x, weight):
+    if config is None and ks.training(x, weight, bn=bn):
         # Autograd records (training): the stock conv, which has a backward; and the plans
         # and packs go, since training may write the weights without moving their versions.
         ks.training_seen(_forget)

@@ -198,13 +198,17 @@ def clear_folds() -> None:
     _folds.clear()
 
 
-def training(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
-    """Whether autograd records this call: grad mode on, and ``x`` or one of ``tensors`` (a
-    layer's parameters) requiring grad. Such a call runs the stock modules, which have a
-    backward, and goes through :func:`training_seen`."""
-    return torch.is_grad_enabled() and (
-        x.requires_grad or any(t is not None and t.requires_grad for t in tensors)
-    )
+def training(x: torch.Tensor, *tensors: torch.Tensor | None, bn: Any = None) -> bool:
+    """Whether autograd records this call: grad mode on, and ``x``, one of ``tensors`` (the
+    layer's weight and bias) or a parameter of the BatchNorm ``bn`` requiring grad (a
+    fine-tuned BatchNorm after a frozen conv). Such a call runs the stock modules, which have
+    a backward, and goes through :func:`training_seen`."""
+    if not torch.is_grad_enabled():
+        return False
+    if x.requires_grad or any(t is not None and t.requires_grad for t in tensors):
+        return True
+    params = getattr(bn, "_parameters", None) or {}
+    return any(t is not None and t.requires_grad for t in params.values())
 
 
 def training_seen(*clears: Callable[[], None]) -> None:

@@ -388,3 +388,27 @@ def test_the_dilated_conv_under_autograd_is_the_stock_conv_with_its_gradient() -
     bn.eval()
     with torch.no_grad():
         torch.testing.assert_close(block(x), stock(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_fine_tuned_batchnorm_after_a_frozen_conv_is_seen(tri: ModuleType) -> None:
+    """Detection fine-tuning often freezes the backbone's convs and BatchNorm statistics and
+    trains the BatchNorm's affine parameters: the conv's weight and the input need no grad,
+    the BatchNorm stays in eval mode (its batch count does not move), and a fused step writes
+    its weight and bias without moving their versions."""
+    tri.clear_config_cache()
+    block = _Block(tri).eval()
+    block.conv.weight.requires_grad_(False)
+    x = torch.randn(2, 4, 8, 6)
+    with torch.no_grad():
+        block(x)
+        block(x)
+    assert tri.replay_of(block.conv) is not None, "the kernel never ran"
+    opt = torch.optim.AdamW(block.bn.parameters(), lr=0.5, fused=True)
+    block(torch.randn(4, 4, 8, 6)).square().mean().backward()
+    opt.step()
+    # A new input layout: the replay cannot stand, and the next plan folds the BatchNorm anew.
+    y = torch.randn(2, 4, 10, 6)
+    with torch.no_grad():
+        got = block(y)
+        want = block.act(block.bn(block.conv(y)))
+    torch.testing.assert_close(got, want)
