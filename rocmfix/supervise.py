@@ -43,7 +43,16 @@ _LIVE: set[int] = set()
 _FORWARDED = (signal.SIGTERM, signal.SIGINT)
 
 
+# While a child is being started: the signals that arrived meanwhile, handled once it is
+# registered (see _start).
+_HOLDING: list[bool] = [False]
+_HELD: list[int] = []
+
+
 def _kill_live(signum: int, frame: FrameType | None) -> None:
+    if _HOLDING[0]:
+        _HELD.append(signum)
+        return
     for group in list(_LIVE):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
@@ -92,6 +101,24 @@ class Finished:
     overflow: bool = False
 
 
+def _start(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``Popen(argv)`` from ``/`` in a session of its own, its group registered for the signal
+    handler, with SIGTERM and SIGINT held meanwhile: handled inside Popen (after the fork) one
+    would leave a child nobody kills, and handled before the registration it would kill every
+    group but the new one. A signal held here acts once the child is registered."""
+    _HOLDING[0] = True
+    try:
+        proc = subprocess.Popen(argv, cwd="/", start_new_session=True, **kwargs)
+        _LIVE.add(proc.pid)
+        return proc
+    finally:
+        _HOLDING[0] = False
+        if _HELD:
+            signum = _HELD[0]
+            _HELD.clear()
+            _kill_live(signum, None)
+
+
 def _feed(stream: IO[bytes], data: bytes) -> None:
     with contextlib.suppress(OSError):
         stream.write(data)
@@ -109,15 +136,12 @@ def capped(
     """
     deadline = time.monotonic() + timeout
     with forwarding():
-        proc = subprocess.Popen(
+        proc = _start(
             argv,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd="/",
-            start_new_session=True,
         )
-        _LIVE.add(proc.pid)
         try:
             return _collect(proc, deadline, limit, stdin)
         finally:
@@ -269,18 +293,10 @@ def one_worker(
     held to its limits. Returns (ended cleanly, the item it was stopped in)."""
     with tempfile.TemporaryFile() as errors:
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=errors,
-                stdin=subprocess.DEVNULL,
-                cwd="/",
-                start_new_session=True,
-            )
+            proc = _start(argv, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL)
         except OSError as exc:
             outcome.fatal = f"cannot run {argv[0]}: {exc.strerror or exc}"
             return False, None
-        _LIVE.add(proc.pid)
         assert proc.stdout is not None
         lines: queue.Queue[object] = queue.Queue()
         thread = threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True)

@@ -423,6 +423,70 @@ def _cmdline_has(pid: int, word: bytes) -> bool:
         return False
 
 
+_SIGNAL_IN_POPEN = """
+import os, signal, subprocess, sys
+from rocmfix import supervise
+
+real = subprocess.Popen
+
+
+class Popen(real):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        print(self.pid, flush=True)
+        # The signal lands while Popen is still running, after the fork: a handler that ran
+        # here killed the groups it knew (not this one) and raised out of Popen.
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+
+
+subprocess.Popen = Popen
+try:
+    with supervise.forwarding():
+        supervise.capped([sys.executable, "-c", "import time; time.sleep(60)"], timeout=50,
+                         limit=1000)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_a_child_starts_kills_that_child_too(signum: str) -> None:
+    """A signal that arrived while supervise was starting a child (inside Popen, after the
+    fork, before the child's group was registered) killed every group but the new one and
+    raised out of Popen: the child ran on with nobody to end it (seen as a worker left
+    behind by `rocmfix tune` interrupted on a loaded machine)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_POPEN, signum],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        timeout=60,
+        check=False,
+    )
+    words = done.stdout.split()
+    assert words and words[0].isdigit(), (done.stdout, done.stderr[-2000:])
+    child = int(words[0])
+    deadline = time.monotonic() + 10
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _running(child)
+    if left:
+        os.kill(child, signal.SIGKILL)
+    assert not left, "the child started as the signal came was left running"
+    if signum == "SIGINT":
+        assert words[1:] == ["interrupted"], (done.stdout, done.stderr[-2000:])
+    else:
+        assert done.returncode == -signal.SIGTERM
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 @pytest.mark.parametrize("command", ["doctor", "tune", "kernels"])
 def test_a_signal_to_rocmfix_ends_its_worker(
