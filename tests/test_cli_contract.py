@@ -146,6 +146,30 @@ def test_a_file_someone_else_edited_says_what_to_do_next(env: InstalledEnv) -> N
     assert f"rocmfix apply --force --python {env.python} to patch it anyway" in step, step
 
 
+def test_next_names_the_patches_apply_would_take_beside_a_file_it_refuses(
+    env: InstalledEnv,
+) -> None:
+    """A file someone else edited (or one rocmfix does not recognise) refuses the whole
+    apply: beside patches that are ready, `next:` named `apply --dry-run`, which then
+    refused; it names the ready ones with --only instead, and that run goes through."""
+    releases.pip_install(env.python, releases.wheel("doclayout-yolo", "0.0.4"))
+    fake_torch(env.site, "2.5.0", hip="6.2")
+    doclayout = env.site / DOCLAYOUT_TARGET
+    doclayout.write_bytes(doclayout.read_bytes() + b"\n# my edit\n")
+    status = env.cli("status")
+    assert env.status("doclayout-dilated-conv")["verdict"] == "changed"
+    assert env.status("mineru-tokenizer")["verdict"] == "applicable"
+    step = " ".join(
+        line.strip() for line in status.stderr.splitlines()[
+            next(i for i, line in enumerate(status.stderr.splitlines())
+                 if line.startswith("next:")):]
+    )  # fmt: skip
+    assert f"rocmfix apply --dry-run --python {env.python} --only mineru-tokenizer" in step, step
+    assert env.cli("apply").returncode == 1  # what the plain command does
+    assert env.cli("apply", "--only", "mineru-tokenizer").returncode == 0
+    assert env.status("mineru-tokenizer")["verdict"] == "applied"
+
+
 def _reader_gone(*args: str, stderr_too: bool = False) -> subprocess.CompletedProcess[bytes]:
     """The CLI with its stdout (and maybe stderr) a pipe whose reader has gone: `| head`."""
     read, write = os.pipe()

@@ -204,9 +204,17 @@ def next_step(report: StatusReport) -> None:
     python = (
         "" if report.environment.in_process else f" --python {report.environment.python.executable}"
     )
+    ready = [i.patch.id for i in report.patches if i.verdict in (Verdict.APPLICABLE, Verdict.STALE)]
     if Verdict.INTERRUPTED in verdicts:
         step = f"rocmfix revert{python} (or rocmfix apply{python}) finishes the interrupted run"
-    elif verdicts & {Verdict.APPLICABLE, Verdict.STALE}:
+    elif ready and verdicts & {Verdict.CHANGED, Verdict.UNSUPPORTED}:
+        # apply refuses the whole run for one file it may not touch: name the others.
+        only = " ".join(f"--only {patch_id}" for patch_id in ready)
+        step = (
+            f"rocmfix apply --dry-run{python} {only} (a file above would refuse the whole "
+            "run), then the same without --dry-run"
+        )
+    elif ready:
         step = f"rocmfix apply --dry-run{python}, then the same without --dry-run"
     elif Verdict.CHANGED in verdicts:
         step = (
