@@ -33,8 +33,9 @@ help_hooks.arguments_show_no_type()
 
 app = typer.Typer(
     name="rocmfix",
-    help="Safe, reversible fixes for MinerU's slow paths on AMD GPUs (vllm, transformers, "
-    "DocLayout-YOLO, mineru-vl-utils).",
+    help="Safe, reversible fixes for the slow ops and crashes of MinerU and Qwen-VL models on "
+    "AMD GPUs: vllm, sglang, lmdeploy, transformers, MinerU's own models, DocLayout-YOLO, "
+    "mineru-vl-utils.",
     add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",

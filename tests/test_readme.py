@@ -46,7 +46,8 @@ def _run(command: str, actual: Path) -> str:
     redirected = ">" in words
     if redirected:
         words = words[: words.index(">")]
-    result = run_cli(*words, env={"COLUMNS": "100"})
+    # The width the README promises every command reads at.
+    result = run_cli(*words, env={"COLUMNS": "80"})
     shown = result.stderr if redirected else result.stdout + result.stderr
     return _normalise(shown, actual)
 
