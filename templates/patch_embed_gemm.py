@@ -545,13 +545,12 @@ def _impl_fake(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
 
 
 def _graph(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The op as Inductor sees it (patch_embed_op): the kernel with the eager plan's tile where
-    the eager path would launch it, F.linear elsewhere."""
+    """The op as Inductor sees it: patch_embed_op's launch with the eager plan, or F.linear."""
     if not po.takes(x, weight, bias):
         return _linear_fallback(x, weight, bias)
     _check(x, weight, bias)
-    return po.graph(x, weight, bias, _Plan(resolve_config(x.device, x.dtype), x.device),
-                    PACK_ROW_BYTES)  # fmt: skip
+    plan = _Plan(resolve_config(x.device, x.dtype), x.device)
+    return po.graph(x, weight, bias, plan, PACK_ROW_BYTES)
 
 
 # Eager calls never reach the op (triton_conv3d_patchify calls _cached_call): it is the
