@@ -11,6 +11,7 @@ import re
 import secrets
 import shutil
 import sys
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -371,9 +372,18 @@ def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
 
 def _text(raw: Any, key: str, where: str, *, optional: bool = False) -> Any:
     value = _field(raw, key, (str, type(None)) if optional else str, where)
-    if value is not None and "\0" in value:
-        raise _Bad(f"{where}.{key} holds a NUL character")
+    if value is not None:
+        _printable_only(value, f"{where}.{key}")
     return value
+
+
+def _printable_only(value: str, where: str) -> None:
+    """No interpreter, path, version or name holds a control character; one that does would
+    reach the terminal as one (a NUL cuts a path short, an escape sequence restyles or
+    retitles the terminal, a newline prints a line of the answer's own)."""
+    bad = next((c for c in value if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise _Bad(f"{where} holds a control character ({bad!r})")
 
 
 def _path(raw: Any, key: str, where: str, *, optional: bool = False) -> Path | None:
@@ -389,6 +399,8 @@ def _strings(raw: Any, key: str, where: str) -> tuple[str, ...]:
     values = _field(raw, key, list, where)
     if not all(isinstance(v, str) for v in values):
         raise _Bad(f"{where}.{key} holds something that is not a string")
+    for value in values:
+        _printable_only(value, f"{where}.{key}")
     return tuple(values)
 
 

@@ -253,6 +253,11 @@ def _hostile(case: str, tmp_path: Path) -> str:
                 },
             }
         }
+    elif case == "escape-in-executable":
+        # A terminal escape (a colour, a window title) where rocmfix prints the interpreter.
+        python["executable"] = "/usr/bin/python\x1b[31m\x1b]0;owned\x07"
+    elif case == "newline-in-torch-version":
+        answer["torch"] = {"version": "2.5.0\nnext: rm -rf ~", "hip": "6.2", "cuda": None}
     elif case == "torch-version-is-a-list":
         answer["torch"] = {"version": ["2"], "hip": None, "cuda": None}
     elif case == "extras-not-an-object":
@@ -270,18 +275,23 @@ HOSTILE = [
     "target-outside-its-folder",
     "torch-version-is-a-list",
     "extras-not-an-object",
+    "escape-in-executable",
+    "newline-in-torch-version",
 ]
 
 
 @pytest.mark.parametrize("case", HOSTILE)
 def test_a_hostile_answer_is_one_line_and_exit_1(tmp_path: Path, case: str) -> None:
     """A deeply nested answer, an integer version, a missing key, a NUL in the prefix gave
-    exit 3 ("a bug in rocmfix"); a prefix of / made /share/rocmfix."""
+    exit 3 ("a bug in rocmfix"); a prefix of / made /share/rocmfix; a terminal escape in the
+    interpreter's path reached the terminal raw, and a newline in a version printed a line of
+    the answer's own."""
     fake = _fake_python(tmp_path, _hostile(case, tmp_path))
     for command in ("status", "apply"):
         result = run_cli(command, "--python", str(fake))
         assert result.returncode == 1, (command, result.stderr)
         _one_error_line(result.stderr)
+        assert "\x1b" not in result.stdout + result.stderr, (command, result.stderr)
     assert not Path("/share/rocmfix").exists()
 
 
