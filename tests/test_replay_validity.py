@@ -267,71 +267,7 @@ def test_fx_symbolic_trace_of_a_transposed_conv_does_not_raise() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# 5. Cost: a layer whose input shape alternates plans anew on every call.
-# --------------------------------------------------------------------------------------------
-
-
-class _Compiled:
-    function, packed_metadata = "function", "metadata"
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def run(self, *args: Any) -> None:
-        self.calls.append(args)
-
-
-class _Compiling:
-    """A JITFunction stand-in (tests/test_depthwise_templates.py's): counts ``kernel[grid]``."""
-
-    def __init__(self, real: Any) -> None:
-        self.fn = real.fn
-        self.compiled = _Compiled()
-        self.launches: list[tuple[Any, ...]] = []
-        self.pre_run_hooks: list[Any] = []
-
-    def __getitem__(self, grid: Any) -> Any:
-        def launch(*args: Any, **kwargs: Any) -> _Compiled:
-            self.launches.append((grid, args, kwargs))
-            return self.compiled
-
-        return launch
-
-
-def test_a_layer_called_with_two_input_shapes_in_turn_does_not_plan_every_call() -> None:
-    """One replay per layer (_replays[id(conv)]) and _plans written but never read: a layer
-    whose input alternates between two shapes (two page sizes, a shared conv) takes _eager on
-    every call: config resolution, prepare_launch, a new Launcher, Triton's full
-    ``kernel[grid]`` binding (~18 us on a GPU host), _adopt's inspect.signature and the dry
-    probe of direct_launch, all thrown away at the next call. On this CPU with a stub kernel:
-    ~100 us a call against ~5 us for a replay, 40% of it inspect.signature in _adopt."""
-    import types
-
-    import triton as real_triton
-
-    module = load_template("depthwise_conv_triton")
-    launcher_module = module.rl
-    kernel = _Compiling(module.dk.KERNEL)
-    active = types.SimpleNamespace(get_current_device=lambda: 0,
-                                   get_current_stream=lambda device: f"stream{device}")  # fmt: skip
-    saved = list(launcher_module._launch_path)
-    launcher_module._launch_path[:] = [(real_triton.knobs, types.SimpleNamespace(active=active))]
-    module.dk.KERNEL = kernel
-    conv, bn, act = _layer()
-    try:
-        with torch.no_grad():
-            a, b = torch.randn(1, 4, 8, 6), torch.randn(1, 4, 8, 10)
-            for _ in range(3):
-                module.depthwise_conv2d(a, conv, bn, act)
-                module.depthwise_conv2d(b, conv, bn, act)
-    finally:
-        launcher_module._launch_path[:] = saved
-    # Two layouts: two kernel[grid] launches would do; every call made one.
-    assert len(kernel.launches) == 2, len(kernel.launches)
-
-
-# --------------------------------------------------------------------------------------------
-# 6. Training through the patch embed and the dilated conv: the stock op, and what was packed
+# 5. Training through the patch embed and the dilated conv: the stock op, and what was packed
 #    from the weight forgotten.
 # --------------------------------------------------------------------------------------------
 
@@ -420,7 +356,7 @@ def test_a_fine_tuned_batchnorm_after_a_frozen_conv_is_seen(tri: ModuleType) -> 
 
 
 # --------------------------------------------------------------------------------------------
-# 7. Optimizer steps (hooked), compiled training, frozen layers beside trained ones.
+# 6. Optimizer steps (hooked), compiled training, frozen layers beside trained ones.
 # --------------------------------------------------------------------------------------------
 
 
