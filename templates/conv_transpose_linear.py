@@ -157,10 +157,14 @@ _autocast = ks.any_autocast
 
 
 def _forget() -> None:
-    """What a training call makes stale (ks.training_seen): the plans, whose weight matrix is
+    """What an optimizer step makes stale (ks.training_seen): the plans, whose weight matrix is
     a copy where the weight is strided."""
     with _lock:
         _layers.clear()
+
+
+# Every optimizer step in the process calls it (ks.training_seen).
+ks.derived(_forget)
 
 
 def _settings(deconv: Any) -> tuple[Any, ...]:
@@ -304,8 +308,6 @@ def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
     if weight is None:
         return deconv(x)  # type: ignore[no-any-return]
     if ks.training(x, weight, bias):
-        if not _is_compiling():
-            ks.training_seen(_forget)
         return deconv(x)  # type: ignore[no-any-return]
     # Autocast: the module, in autocast's dtype as stock (dynamo reads the device's flag).
     if ks.autocasting(x) if _is_compiling() else _autocast():

@@ -82,10 +82,14 @@ _GELU = torch.nn.GELU
 
 
 def _forget() -> None:
-    """What a training call makes stale (ks.training_seen): the replays and the op's plans."""
+    """What an optimizer step makes stale (ks.training_seen): the replays and the op's plans."""
     with rt.LOCK:
         _replays.clear()
     _op_plans.clear()
+
+
+# Every optimizer step in the process calls it (ks.training_seen).
+ks.derived(_forget)
 
 
 def clear_config_cache() -> None:
@@ -278,8 +282,7 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
     if weight is None:
         return None
     if ks.training(x, weight, layer._parameters.get("bias"), bn=bn):
-        ks.training_seen(_forget)
-        return None
+        return None  # the stock modules, which have a backward
     if _autocast():
         return None
     # Everything a launch depends on but the tensors: their layout, the modules and their
@@ -329,7 +332,7 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
 
 def _traced(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
     """Under torch.compile: one opaque op for conv + fold + activation, or None."""
-    if torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad):
+    if ks.training(x, layer.weight, layer.bias, bn=bn):
         return None  # the op has no backward
     if ks.autocasting(x):
         return None  # the op keeps x's dtype where the conv would run in autocast's

@@ -79,9 +79,13 @@ def clear_config_cache() -> None:
 
 
 def _forget() -> None:
-    """What a training call makes stale (ks.training_seen): the plans and packed weights."""
+    """What an optimizer step makes stale (ks.training_seen): the plans and packed weights."""
     _PLANS.clear()
     dk.clear_packs()
+
+
+# Every optimizer step in the process calls it (ks.training_seen).
+ks.derived(_forget)
 
 
 def _triton_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -162,9 +166,7 @@ def dilated_conv2d(
         return _traced(x, weight, dilation, padding, bn, act)
     epilogue, fused = None, False
     if config is None and ks.training(x, weight, bn=bn):
-        # Autograd records (training): the stock conv, which has a backward; and the plans
-        # and packs go, since training may write the weights without moving their versions.
-        ks.training_seen(_forget)
+        # Autograd records (training): the stock conv, which has a backward.
         y = F.conv2d(x, weight, None, 1, padding, dilation)
     elif config is None and (dilation == 1 or ks.any_autocast() or _tracing() is not None):
         # A dense conv: the vendor libraries run it fast (MIOpen leaves out its GEMM solvers

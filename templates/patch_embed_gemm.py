@@ -77,11 +77,15 @@ def clear_config_cache() -> None:
 
 
 def _forget() -> None:
-    """What a training call makes stale (ks.training_seen): the packed weights (a fused
+    """What an optimizer step makes stale (ks.training_seen): the packed weights (a fused
     optimizer's step writes the weight without moving its version) and the calls and
     descriptors made from them."""
     for cache in (_w_desc_cache, _packed_cache, _calls):
         cache.clear()
+
+
+# Every optimizer step in the process calls it (ks.training_seen).
+ks.derived(_forget)
 
 
 def precision_class(dtype: torch.dtype) -> str:
@@ -187,7 +191,7 @@ def _packed_weight(w: torch.Tensor) -> torch.Tensor:
     the counter: vllm's weight loaders write that way, which is harmless at load time (before
     the first forward), but code that reloads weights into a live model must call
     :func:`clear_config_cache` afterwards. So do fused optimizer steps, which training runs
-    between forwards autograd records: those forget the copies (ks.training_seen). Inference
+    after each optimizer step: that forgets the copies (ks.training_seen). Inference
     tensors keep no version counter and are used as they are.
     """
     align = max(1, PACK_ROW_BYTES // w.element_size())
@@ -578,8 +582,6 @@ def triton_conv3d_patchify(
     if ks.training(x, weight, bias):
         # Autograd records (a vision tower being fine-tuned): the stock conv, which has a
         # backward; the kernel's output would carry no gradient to the weight.
-        if not rop.is_compiling():
-            ks.training_seen(_forget)
         return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
     if not rop.is_compiling():
         if ks.any_autocast() or torch._C._get_tracing_state() is not None:

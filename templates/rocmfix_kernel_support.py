@@ -15,7 +15,11 @@ depthwise conv); ``rocmfix revert`` removes it with them. Standard library and t
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
+import types
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, Optional, TypeVar
@@ -202,7 +206,7 @@ def training(x: torch.Tensor, *tensors: torch.Tensor | None, bn: Any = None) -> 
     """Whether autograd records this call: grad mode on, and ``x``, one of ``tensors`` (the
     layer's weight and bias) or a parameter of the BatchNorm ``bn`` requiring grad (a
     fine-tuned BatchNorm after a frozen conv). Such a call runs the stock modules, which have
-    a backward, and goes through :func:`training_seen`."""
+    a backward."""
     if not torch.is_grad_enabled():
         return False
     if x.requires_grad or any(t is not None and t.requires_grad for t in tensors):
@@ -211,17 +215,66 @@ def training(x: torch.Tensor, *tensors: torch.Tensor | None, bn: Any = None) -> 
     return any(t is not None and t.requires_grad for t in params.values())
 
 
-def training_seen(*clears: Callable[[], None]) -> None:
-    """A call autograd records, or one through a BatchNorm in train mode, took the stock path:
-    training may now change the layer's tensors in ways no version counter shows (a fused
-    optimizer's step writes parameters without moving their versions: ``AdamW(fused=True)``,
-    transformers' default optimizer on torch >= 2.8), so every fold and everything a kernel
-    module derived from a layer's tensors (``clears``: its plans, packed weights, replays) is
-    forgotten, and the next inference call derives them afresh. A training loop passes
-    through here every step; inference never does."""
-    _folds.clear()
-    for clear in clears:
-        clear()
+# Every dropped kernel module's forgetting of what it derived from layers' tensors (plans,
+# replays, packed weights, folds), process-wide: the modules dropped into different packages
+# (transformers', MinerU's) keep caches of their own, and one optimizer step can write the
+# tensors of any of them. In sys.modules, so every import of this file shares one list and one
+# optimizer hook; weak references, so a module imported afresh (tests) can go.
+_REGISTRY = "_rocmfix_derived_caches"
+_registry_lock = threading.Lock()
+
+
+def _registry() -> Any:
+    holder = sys.modules.get(_REGISTRY)
+    if holder is None:
+        holder = types.ModuleType(_REGISTRY)
+        holder.__dict__.update(forgets=[], hooked=False)
+        sys.modules[_REGISTRY] = holder
+    return holder
+
+
+def derived(forget: Callable[[], None]) -> None:
+    """Register a kernel module's ``forget`` (a module-level function), called by
+    :func:`training_seen` after every optimizer step in the process."""
+    with _registry_lock:
+        holder = _registry()
+        holder.forgets.append(weakref.ref(forget))
+        if not holder.hooked:
+            try:  # torch >= 2.0
+                from torch.optim.optimizer import register_optimizer_step_post_hook
+            except ImportError:
+                pass
+            else:
+                register_optimizer_step_post_hook(_after_step)
+            holder.hooked = True
+
+
+def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    # A step writes parameters, and a fused one moves no version (AdamW(fused=True), the
+    # default of transformers' Trainer on torch >= 2.8). Hooked on the step itself, not on the
+    # training forward: an inference call between the forward and the step, or a forward
+    # under torch.compile (traced code has no side effects), would plan the old values anew.
+    # It forgets every layer's plans, frozen ones' too: they plan again once a step.
+    with contextlib.suppress(Exception):  # the user's step must not fail for rocmfix
+        training_seen()
+
+
+def training_seen() -> None:
+    """An optimizer step may have written the layers' tensors without moving their versions
+    (a fused step does): every registered kernel module forgets what it derived from them
+    (:func:`derived`: its plans, replays, packed weights, and the folds), and the next
+    inference call derives them afresh. (BatchNorm's train-mode forward, which updates the
+    running statistics without moving their versions either, moves its batch count's: the
+    folds and replays stamp it.)"""
+    with _registry_lock:
+        forgets = list(_registry().forgets)
+    for ref in forgets:
+        forget = ref()
+        if forget is not None:
+            forget()
+
+
+derived(clear_folds)
 
 
 def _same(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:

@@ -528,6 +528,38 @@ class _Compiling:
         return launch
 
 
+def test_a_layer_called_with_two_input_shapes_in_turn_does_not_plan_every_call() -> None:
+    """A layer keeps one replay, so one whose input alternates between two shapes (two page
+    sizes, a shared conv) plans at every call; each plan reuses the launcher adopted for its
+    full key (Triton's ``kernel[grid]`` binding, ~18 us on a GPU host, once a layout), and
+    the kernel's signature and the direct-launch probe are read once. Before, every call
+    made a new Launcher: ~100 us a call on this CPU with a stand-in kernel, against ~5 us
+    for a replay."""
+    import types
+
+    import triton as real_triton
+
+    module = load_template("depthwise_conv_triton")
+    launcher_module = module.rl
+    kernel = _Compiling(module.dk.KERNEL)
+    active = types.SimpleNamespace(get_current_device=lambda: 0,
+                                   get_current_stream=lambda device: f"stream{device}")  # fmt: skip
+    saved = list(launcher_module._launch_path)
+    launcher_module._launch_path[:] = [(real_triton.knobs, types.SimpleNamespace(active=active))]
+    module.dk.KERNEL = kernel
+    conv, bn, act = _layer(4, (3, 3), 1, torch.float32, "relu")
+    try:
+        with torch.no_grad():
+            a, b = torch.randn(1, 4, 8, 6), torch.randn(1, 4, 8, 10)
+            for _ in range(3):
+                module.depthwise_conv2d(a, conv, bn, act)
+                module.depthwise_conv2d(b, conv, bn, act)
+    finally:
+        launcher_module._launch_path[:] = saved
+    # Two layouts: two kernel[grid] launches would do; every call made one.
+    assert len(kernel.launches) == 2, len(kernel.launches)
+
+
 def test_a_replay_launches_the_adopted_kernel_straight_with_the_calls_tensors() -> None:
     """Triton's interpreter adopts nothing, so on the CPU the direct launch is checked with a
     stand-in kernel and driver: a replay passes the compiled kernel's launcher the grid, the

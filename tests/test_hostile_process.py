@@ -497,6 +497,55 @@ def test_a_signal_while_a_child_starts_kills_that_child_too(signum: str) -> None
         assert done.returncode == -signal.SIGTERM
 
 
+_PROFILE_REPLAY = """
+import os, signal, subprocess, sys, threading
+from rocmfix.profile import replay
+
+real = subprocess.Popen
+
+
+class Popen(real):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        print(self.pid, flush=True)
+        # What timeout(1) or a CI cancellation sends while the replay worker runs.
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+
+subprocess.Popen = Popen
+replay.run(sys.argv[1], [], "cuda", {}, limit_s=50)
+"""
+
+
+def test_a_signal_during_profiles_replay_ends_its_worker(tmp_path: Path) -> None:
+    """`rocmfix profile`'s replay called supervise.one_worker without forwarding(): the
+    worker runs in a session of its own, so a SIGTERM during the replay ended rocmfix and
+    left the worker (a GPU process replaying MIOpen searches) running with nobody to end
+    it."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROFILE_REPLAY, str(fake)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        timeout=60,
+        check=False,
+    )
+    words = done.stdout.split()
+    assert words and words[0].isdigit(), (done.stdout, done.stderr[-2000:])
+    child = int(words[0])
+    deadline = time.monotonic() + 5
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _running(child)
+    if left:
+        os.kill(child, signal.SIGKILL)
+    assert done.returncode == -signal.SIGTERM
+    assert not left, "the replay worker was left running"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 @pytest.mark.parametrize("command", ["doctor", "tune", "kernels"])
 def test_a_signal_to_rocmfix_ends_its_worker(

@@ -8,10 +8,11 @@ modules. Every test failed on the code before these fixes (a review of the repla
 Training is the case version counters miss: BatchNorm's train-mode forward updates its running
 statistics inside aten's batch_norm without moving their versions, and a fused optimizer step
 (``AdamW(fused=True)``, transformers' default on torch >= 2.8) writes parameters without
-moving theirs. A call autograd records takes the stock modules and forgets what was derived
-(ks.training_seen); the BatchNorm's ``num_batches_tracked`` stamps its statistics. Writes
-through ``.data`` move no version either, outside any training step: code that does that to
-a live model calls the kernel module's ``clear_config_cache()`` (documented, not tested).
+moving theirs. A call autograd records takes the stock modules; every optimizer step makes
+the kernel modules forget what they derived (ks.training_seen, an optimizer step hook); the
+BatchNorm's ``num_batches_tracked`` stamps its statistics. Writes through ``.data`` move no
+version either, outside any training step: code that does that to a live model calls the
+kernel module's ``clear_config_cache()`` (documented, not tested).
 
 The Triton kernels run in their CPU interpreter; the transposed conv's GEMM path is reached
 with a CPU tensor that says it is on a GPU (as its own tests do).
@@ -108,6 +109,10 @@ class _Block(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.tri.depthwise_conv2d(x, self.conv, self.bn, self.act)
+        return out
+
+    def stock(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.act(self.bn(self.conv(x)))
         return out
 
 
@@ -262,71 +267,7 @@ def test_fx_symbolic_trace_of_a_transposed_conv_does_not_raise() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# 5. Cost: a layer whose input shape alternates plans anew on every call.
-# --------------------------------------------------------------------------------------------
-
-
-class _Compiled:
-    function, packed_metadata = "function", "metadata"
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def run(self, *args: Any) -> None:
-        self.calls.append(args)
-
-
-class _Compiling:
-    """A JITFunction stand-in (tests/test_depthwise_templates.py's): counts ``kernel[grid]``."""
-
-    def __init__(self, real: Any) -> None:
-        self.fn = real.fn
-        self.compiled = _Compiled()
-        self.launches: list[tuple[Any, ...]] = []
-        self.pre_run_hooks: list[Any] = []
-
-    def __getitem__(self, grid: Any) -> Any:
-        def launch(*args: Any, **kwargs: Any) -> _Compiled:
-            self.launches.append((grid, args, kwargs))
-            return self.compiled
-
-        return launch
-
-
-def test_a_layer_called_with_two_input_shapes_in_turn_does_not_plan_every_call() -> None:
-    """One replay per layer (_replays[id(conv)]) and _plans written but never read: a layer
-    whose input alternates between two shapes (two page sizes, a shared conv) takes _eager on
-    every call: config resolution, prepare_launch, a new Launcher, Triton's full
-    ``kernel[grid]`` binding (~18 us on a GPU host), _adopt's inspect.signature and the dry
-    probe of direct_launch, all thrown away at the next call. On this CPU with a stub kernel:
-    ~100 us a call against ~5 us for a replay, 40% of it inspect.signature in _adopt."""
-    import types
-
-    import triton as real_triton
-
-    module = load_template("depthwise_conv_triton")
-    launcher_module = module.rl
-    kernel = _Compiling(module.dk.KERNEL)
-    active = types.SimpleNamespace(get_current_device=lambda: 0,
-                                   get_current_stream=lambda device: f"stream{device}")  # fmt: skip
-    saved = list(launcher_module._launch_path)
-    launcher_module._launch_path[:] = [(real_triton.knobs, types.SimpleNamespace(active=active))]
-    module.dk.KERNEL = kernel
-    conv, bn, act = _layer()
-    try:
-        with torch.no_grad():
-            a, b = torch.randn(1, 4, 8, 6), torch.randn(1, 4, 8, 10)
-            for _ in range(3):
-                module.depthwise_conv2d(a, conv, bn, act)
-                module.depthwise_conv2d(b, conv, bn, act)
-    finally:
-        launcher_module._launch_path[:] = saved
-    # Two layouts: two kernel[grid] launches would do; every call made one.
-    assert len(kernel.launches) == 2, len(kernel.launches)
-
-
-# --------------------------------------------------------------------------------------------
-# 6. Training through the patch embed and the dilated conv: the stock op, and what was packed
+# 5. Training through the patch embed and the dilated conv: the stock op, and what was packed
 #    from the weight forgotten.
 # --------------------------------------------------------------------------------------------
 
@@ -412,3 +353,103 @@ def test_a_fine_tuned_batchnorm_after_a_frozen_conv_is_seen(tri: ModuleType) -> 
         got = block(y)
         want = block.act(block.bn(block.conv(y)))
     torch.testing.assert_close(got, want)
+
+
+# --------------------------------------------------------------------------------------------
+# 6. Optimizer steps (hooked), compiled training, frozen layers beside trained ones.
+# --------------------------------------------------------------------------------------------
+
+
+def test_an_inference_call_between_the_training_forward_and_the_fused_step(
+    tri: ModuleType,
+) -> None:
+    """A fused optimizer writes the parameters at the step, after the training forward: an
+    inference call in between (a sample logged between loss and step) plans and folds the
+    pre-step values, and the step moves no version. The step itself makes the plans go
+    (ks.training_seen, hooked on every optimizer step)."""
+    tri.clear_config_cache()
+    block = _Block(tri).eval()
+    x = torch.randn(2, 4, 8, 6)
+    opt = torch.optim.AdamW(block.parameters(), lr=0.5, fused=True)
+    loss = block(torch.randn(2, 4, 8, 6)).square().mean()
+    with torch.no_grad():
+        block(x)
+        block(x)
+    assert tri.replay_of(block.conv) is not None, "the kernel never ran"
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        got, want = block(x), block.stock(x)
+    torch.testing.assert_close(got, want)
+
+
+def test_training_under_torch_compile_then_eager_inference(tri: ModuleType) -> None:
+    """A compiled training loop (traced code has no side effects to forget plans with) with a
+    fused optimizer, then eager inference: the eager replay made before training must not
+    launch the fold of the old BatchNorm parameters."""
+    torch._dynamo.reset()
+    tri.clear_config_cache()
+    block = _Block(tri).eval()
+    x = torch.randn(2, 4, 8, 6)
+    with torch.no_grad():
+        block(x)
+        block(x)
+    assert tri.replay_of(block.conv) is not None, "the kernel never ran"
+    compiled = torch.compile(block, backend="aot_eager")
+    opt = torch.optim.AdamW(block.parameters(), lr=0.5, fused=True)
+    for _ in range(2):
+        compiled(torch.randn(2, 4, 8, 6)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        got, want = block(x), block.stock(x)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("trainable", ["bn_affine", "conv_bias"])
+def test_compiled_fine_tuning_with_a_frozen_conv_weight_does_not_fail(
+    tri: ModuleType, trainable: str
+) -> None:
+    """Compiled, a frozen conv weight with a trainable BatchNorm affine (or conv bias) folded
+    grad-requiring tensors into the op, which has no autograd formula: the backward raised
+    ("no autograd formula was registered"), taking the training run down. The traced path
+    asks what the eager one asks (ks.training: the conv's bias and the BatchNorm's
+    parameters too)."""
+    torch._dynamo.reset()
+    tri.clear_config_cache()
+    block = _Block(tri).eval()
+    if trainable == "conv_bias":
+        block.conv.bias = torch.nn.Parameter(torch.randn(4))
+        block.bn.requires_grad_(False)
+    block.conv.weight.requires_grad_(False)
+    compiled = torch.compile(block, backend="aot_eager")
+    x = torch.randn(2, 4, 8, 6)
+    out = compiled(x)
+    out.square().mean().backward()
+    want = block.stock(x)
+    torch.testing.assert_close(out.detach(), want.detach())
+
+
+def test_a_training_layer_does_not_replan_every_frozen_layer_each_step(tri: ModuleType) -> None:
+    """Fine-tuning a head over a frozen backbone: the frozen layer's calls need no autograd
+    and run the kernel; the head's training calls must not make it plan anew at every
+    forward (performance only: counted plans). An optimizer step does, once a step."""
+    tri.clear_config_cache()
+    frozen, head = _Block(tri).eval(), _Block(tri).eval()
+    frozen.requires_grad_(False)
+    planned: list[Any] = []
+    real = tri._eager
+
+    def counting(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> Any:
+        if layer is frozen.conv:
+            planned.append(layer)
+        return real(x, layer, bn, act)
+
+    tri._eager = counting
+    try:
+        x = torch.randn(2, 4, 8, 6)
+        for _ in range(4):
+            head(frozen(x)).sum().backward()
+    finally:
+        tri._eager = real
+    assert len(planned) == 1, f"the frozen layer planned {len(planned)} times in 4 steps"

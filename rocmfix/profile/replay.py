@@ -47,24 +47,27 @@ def run(
             else:
                 out.results[str(event.get("id"))] = event
 
-    for _attempt in range(_MAX_RESTARTS):
-        request = {
-            "device": device,
-            "backend": dict(backend),
-            "ops": list(items),
-            "templates": str(data_dir("templates")),
-            "skip": sorted(finished),
-        }
-        encoded = base64.b64encode(json.dumps(request).encode("utf-8")).decode("ascii")
-        ended, _current = supervise.one_worker(
-            guest.command(python, "profile_replay", encoded),
-            lambda _item: limit_s,
-            on_event,
-            max(limit_s, 300.0),
-            outcome,
-            finished,
-        )
-        if ended or outcome.fatal is not None or finished >= ids:
-            break
+    # SIGTERM/SIGINT to rocmfix kill the worker's group first: it runs in a session of its
+    # own, holding the GPU, and would outlive a `timeout` or a cancelled CI job.
+    with supervise.forwarding():
+        for _attempt in range(_MAX_RESTARTS):
+            request = {
+                "device": device,
+                "backend": dict(backend),
+                "ops": list(items),
+                "templates": str(data_dir("templates")),
+                "skip": sorted(finished),
+            }
+            encoded = base64.b64encode(json.dumps(request).encode("utf-8")).decode("ascii")
+            ended, _current = supervise.one_worker(
+                guest.command(python, "profile_replay", encoded),
+                lambda _item: limit_s,
+                on_event,
+                max(limit_s, 300.0),
+                outcome,
+                finished,
+            )
+            if ended or outcome.fatal is not None or finished >= ids:
+                break
     out.fatal = outcome.fatal
     return out

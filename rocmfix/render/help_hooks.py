@@ -4,6 +4,7 @@ whose private attributes move between releases."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any, cast
 
 import typer
@@ -12,37 +13,30 @@ import typer.core
 
 def flags_show_no_type() -> None:
     """typer's help shows a ``<bool>`` type beside every flag, its own --help and
-    --install-completion included, where there is no value to give; show none. This patches
-    a private attribute: a typer without it (older, newer, or another tool's) keeps its own
-    help rather than stopping rocmfix at import."""
-    option = getattr(getattr(typer, "core", None), "TyperOption", None)
-    shown = getattr(option, "display_type_rich", None)
-    if option is None or not callable(shown):
-        return
-
-    def display_type_rich(self: Any, ctx: Any) -> Any:
-        return None if getattr(self, "is_flag", False) else shown(self, ctx)
-
-    try:
-        option.display_type_rich = display_type_rich
-    except (AttributeError, TypeError):
-        return
+    --install-completion included, where there is no value to give; show none."""
+    _hide_type("TyperOption", lambda param: bool(getattr(param, "is_flag", False)))
 
 
 def arguments_show_no_type() -> None:
     """An argument with a metavar (profile's ``-- COMMAND [ARGS]...``) already says what it
-    takes; typer would add its Python type (``<list[str]>``) beside it. The same guarded
-    patch as :func:`flags_show_no_type`."""
-    argument = getattr(getattr(typer, "core", None), "TyperArgument", None)
-    shown = getattr(argument, "display_type_rich", None)
-    if argument is None or not callable(shown):
+    takes; typer would add its Python type (``<list[str]>``) beside it: show none."""
+    _hide_type("TyperArgument", lambda param: bool(getattr(param, "metavar", None)))
+
+
+def _hide_type(cls_name: str, hidden: Callable[[Any], bool]) -> None:
+    """No type in the help beside the ``typer.core`` parameter class's instances that
+    ``hidden`` picks. This patches a private attribute: a typer without it (older, newer, or
+    another tool's) keeps its own help rather than stopping rocmfix at import."""
+    cls = getattr(getattr(typer, "core", None), cls_name, None)
+    shown = getattr(cls, "display_type_rich", None)
+    if cls is None or not callable(shown):
         return
 
     def display_type_rich(self: Any, ctx: Any) -> Any:
-        return None if getattr(self, "metavar", None) else shown(self, ctx)
+        return None if hidden(self) else shown(self, ctx)
 
     try:
-        argument.display_type_rich = display_type_rich
+        cls.display_type_rich = display_type_rich
     except (AttributeError, TypeError):
         return
 
