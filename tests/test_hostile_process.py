@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -97,10 +98,31 @@ SHELLS = {
 @pytest.mark.parametrize("shell", sorted(SHELLS))
 def test_env_output_runs_nothing_it_read(env: InstalledEnv, tmp_path: Path, shell: str) -> None:
     """torch's ``__version__`` and the interpreter's path went into ``#`` lines as they
-    were: a newline in either was a command the shell ran."""
+    were: a newline in either was a command the shell ran. Now a control character anywhere
+    in the probe's answer refuses it: one error line, nothing on stdout for the shell."""
     require(shutil.which(shell) is not None, f"{shell} is not installed")
-    # The shell runs in tmp_path: a command that gets through makes a file there.
+
+    def evaluated(python: Path) -> tuple[Any, str | None]:
+        result = run_cli("env", "--shell", shell, "--python", str(python))
+        if result.returncode != 0:
+            return result, None
+        script = tmp_path / "script"
+        script.write_bytes(result.stdout_bytes)
+        done = subprocess.run(
+            [*SHELLS[shell], str(script)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,  # a command that gets through makes a file here
+            env={k: v for k, v in os.environ.items() if k != FLAG},
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return result, done.stdout
+
     fake_torch(env.site, "2.5.0", hip="6.2")
+    # The assignment does what it is for.
+    assert evaluated(env.python)[1] == "1"
     version = "2.5.0\ntouch pwned-version\n"
     (env.site / "torch" / "version.py").write_text(
         f"__version__ = {version!r}\nhip = '6.2'\ncuda = None\n"
@@ -110,26 +132,11 @@ def test_env_output_runs_nothing_it_read(env: InstalledEnv, tmp_path: Path, shel
     odd = tmp_path / "bin\ntouch pwned-path\n"
     odd.mkdir()
     (odd / "python").symlink_to(env.python)
-    flags = []
     for python in (env.python, odd / "python"):
-        result = run_cli("env", "--shell", shell, "--python", str(python))
-        assert result.returncode == 0, result.stderr
-        script = tmp_path / "script"
-        script.write_bytes(result.stdout_bytes)
-        done = subprocess.run(
-            [*SHELLS[shell], str(script)],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env={k: v for k, v in os.environ.items() if k != FLAG},
-            timeout=60,
-            check=False,
-        )
-        assert not list(tmp_path.glob("pwned*")), result.stdout
-        assert done.returncode == 0, done.stderr
-        flags.append(done.stdout)
-    # The assignment still does what it is for.
-    assert flags == ["1", ""]
+        result, flag = evaluated(python)
+        assert (result.returncode, flag, result.stdout) == (1, None, ""), result.stderr
+        assert "control character" in _one_error_line(result.stderr)
+        assert not list(tmp_path.glob("pwned*"))
 
 
 # --------------------------------------------- 8: one malformed RECORD row, in any dist-info
