@@ -306,7 +306,12 @@ class StateDir:
 
     def busy_error(self) -> LockBusyError:
         pid = self.holder()
-        if pid is not None and not fsops.pid_running(pid):
+        if pid is not None and not fsops.pid_running(pid) and self.busy():
+            # Still held now: a holder this pid namespace cannot see. (Not held: the run that
+            # named it has just finished, and the plain message below is the true one.)
+            again = self.holder()
+            if again != pid:
+                return self._held_by(again)
             return LockBusyError(
                 f"the lock {self.lock_path} is held, but the pid it names ({pid}) is not "
                 "running: another process (another user's, or one in another container) "
@@ -314,6 +319,10 @@ class StateDir:
                 hint=f"find it with `fuser -v {self.lock_path}`; once it is gone, run the "
                 "command again",
             )
+        return self._held_by(pid)
+
+    @staticmethod
+    def _held_by(pid: int | None) -> LockBusyError:
         who = f"pid {pid}" if pid is not None else "pid unknown"
         return LockBusyError(
             f"another rocmfix run ({who}) is changing this environment",

@@ -40,6 +40,24 @@ def test_second_run_fails_cleanly_while_the_lock_is_held(env: InstalledEnv) -> N
     assert env.target.read_bytes() == env.original
 
 
+def test_a_holder_that_just_finished_is_not_taken_for_an_invisible_one(tmp_path: Path) -> None:
+    """A run that found the lock held read the holder's pid after the holder had finished
+    and said the lock was held by a process that is not running (another container's), with
+    `fuser` advice: seen in test_apply_and_revert_racing. The lock no longer held, the
+    message is the plain one; still held by a pid this namespace cannot see, the other."""
+    from rocmfix.state import StateDir
+
+    state = StateDir(tmp_path / "share" / "rocmfix")
+    state.root.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    state.lock_path.write_text(gone.stdout.strip())
+    assert "another rocmfix run (pid" in state.busy_error().message
+    with state.lock_path.open("r+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        assert "is not running" in state.busy_error().message
+
+
 def test_a_run_that_finds_the_lock_held_says_so(env: InstalledEnv) -> None:
     assert env.cli("apply").returncode == 0
     patched = env.target.read_bytes()
