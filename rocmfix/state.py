@@ -306,7 +306,7 @@ class StateDir:
 
     def busy_error(self) -> LockBusyError:
         pid = self.holder()
-        if pid is not None and not fsops.pid_running(pid) and self.busy():
+        if pid is not None and not fsops.pid_running(pid) and self._held(fcntl.LOCK_EX):
             # Still held now: a holder this pid namespace cannot see. (Not held: the run that
             # named it has just finished, and the plain message below is the true one.)
             again = self.holder()
@@ -331,11 +331,16 @@ class StateDir:
 
     def busy(self) -> bool:
         """Whether another process holds the lock right now (read-only: creates nothing)."""
+        return self._held(fcntl.LOCK_SH)
+
+    def _held(self, mode: int) -> bool:
+        """Whether the lock cannot be taken in ``mode`` now: ``LOCK_SH`` sees a writer (a run),
+        ``LOCK_EX`` anyone, a reader holding it shared too. A lock taken here is let go."""
         fd = self._read_lock()
         if fd is None:
             return False
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
         finally:
