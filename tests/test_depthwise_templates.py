@@ -7,6 +7,7 @@ depthwise_conv.py) scaled down, and odd sizes. The GPU proof is bench/depthwise_
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 
@@ -528,6 +529,29 @@ class _Compiling:
         return launch
 
 
+@contextlib.contextmanager
+def _stand_in_kernel() -> Iterator[tuple[ModuleType, _Compiling]]:
+    """The entry template with its kernel a :class:`_Compiling` stand-in and Triton's driver
+    one whose current device and stream are plain functions, so the Launcher adopts the
+    stand-in's compiled kernel as it adopts Triton's (the interpreter adopts nothing)."""
+    import types
+
+    import triton as real_triton
+
+    module = load_template("depthwise_conv_triton")
+    kernel = _Compiling(module.dk.KERNEL)
+    active = types.SimpleNamespace(get_current_device=lambda: 0,
+                                   get_current_stream=lambda device: f"stream{device}")  # fmt: skip
+    path = module.rl._launch_path
+    saved = list(path)
+    path[:] = [(real_triton.knobs, types.SimpleNamespace(active=active))]
+    module.dk.KERNEL = kernel
+    try:
+        yield module, kernel
+    finally:
+        path[:] = saved
+
+
 def test_a_layer_called_with_two_input_shapes_in_turn_does_not_plan_every_call() -> None:
     """A layer keeps one replay, so one whose input alternates between two shapes (two page
     sizes, a shared conv) plans at every call; each plan reuses the launcher adopted for its
@@ -535,27 +559,12 @@ def test_a_layer_called_with_two_input_shapes_in_turn_does_not_plan_every_call()
     the kernel's signature and the direct-launch probe are read once. Before, every call
     made a new Launcher: ~100 us a call on this CPU with a stand-in kernel, against ~5 us
     for a replay."""
-    import types
-
-    import triton as real_triton
-
-    module = load_template("depthwise_conv_triton")
-    launcher_module = module.rl
-    kernel = _Compiling(module.dk.KERNEL)
-    active = types.SimpleNamespace(get_current_device=lambda: 0,
-                                   get_current_stream=lambda device: f"stream{device}")  # fmt: skip
-    saved = list(launcher_module._launch_path)
-    launcher_module._launch_path[:] = [(real_triton.knobs, types.SimpleNamespace(active=active))]
-    module.dk.KERNEL = kernel
     conv, bn, act = _layer(4, (3, 3), 1, torch.float32, "relu")
-    try:
-        with torch.no_grad():
-            a, b = torch.randn(1, 4, 8, 6), torch.randn(1, 4, 8, 10)
-            for _ in range(3):
-                module.depthwise_conv2d(a, conv, bn, act)
-                module.depthwise_conv2d(b, conv, bn, act)
-    finally:
-        launcher_module._launch_path[:] = saved
+    with _stand_in_kernel() as (module, kernel), torch.no_grad():
+        a, b = torch.randn(1, 4, 8, 6), torch.randn(1, 4, 8, 10)
+        for _ in range(3):
+            module.depthwise_conv2d(a, conv, bn, act)
+            module.depthwise_conv2d(b, conv, bn, act)
     # Two layouts: two kernel[grid] launches would do; every call made one.
     assert len(kernel.launches) == 2, len(kernel.launches)
 
@@ -565,69 +574,56 @@ def test_a_replay_launches_the_adopted_kernel_straight_with_the_calls_tensors() 
     stand-in kernel and driver: a replay passes the compiled kernel's launcher the grid, the
     current stream and every argument Triton's first launch got, this call's input and output
     in their places; a launch hook sends it through ``kernel[grid]`` again."""
-    import types
-
     import triton as real_triton
 
-    module = load_template("depthwise_conv_triton")
-    launcher_module = module.rl
-    kernel = _Compiling(module.dk.KERNEL)
-    active = types.SimpleNamespace(get_current_device=lambda: 0,
-                                   get_current_stream=lambda device: f"stream{device}")  # fmt: skip
-    saved = list(launcher_module._launch_path)
-    launcher_module._launch_path[:] = [(real_triton.knobs, types.SimpleNamespace(active=active))]
-    module.dk.KERNEL = kernel
     conv, bn, act = _layer(4, (3, 3), 1, torch.float32, "hardswish")
-    try:
-        with torch.no_grad():
-            first = torch.randn(1, 4, 8, 6)
-            module.depthwise_conv2d(first, conv, bn, act)
-            x = torch.randn(1, 4, 8, 6)
-            out = module.depthwise_conv2d(x, conv, bn, act)
-            assert len(kernel.launches) == 1 and len(kernel.compiled.calls) == 1
-            grid, args, kwargs = kernel.launches[0]
-            call = kernel.compiled.calls[0]
-            assert call[:9] == (*grid, "stream0", "function", "metadata", None, None, None)
-            # The tensors go as their addresses (the stand-in's run is no Triton launcher,
-            # so it is called as compiled.run).
-            assert call[9] == x.data_ptr() and call[13] == out.data_ptr()
-            assert out.shape == x.shape
-            assert call[10:13] == tuple(t.data_ptr() for t in args[1:4])
-            assert call[14:23] == args[5:]
-            names = list(inspect.signature(kernel.fn).parameters)[len(args) :]
-            assert call[23:] == tuple(kwargs[name] for name in names)
-            hooks = real_triton.knobs.runtime.launch_enter_hook
-            hooks.calls.append(lambda *_: None)
-            try:
-                module.depthwise_conv2d(x, conv, bn, act)
-            finally:
-                hooks.calls.pop()
-            assert len(kernel.launches) == 2 and len(kernel.compiled.calls) == 1
-            # That launch went through kernel[grid] with the tensors, not their addresses.
-            assert kernel.launches[1][1][0] is x
-            assert kernel.launches[1][1][1:4] == args[1:4]
-            # A compiled kernel whose launcher only hands its arguments on (Triton's
-            # CudaLauncher): the replay calls its C launch with them, the tensors as addresses.
-            seen: list[tuple[Any, ...]] = []
+    with _stand_in_kernel() as (module, kernel), torch.no_grad():
+        first = torch.randn(1, 4, 8, 6)
+        module.depthwise_conv2d(first, conv, bn, act)
+        x = torch.randn(1, 4, 8, 6)
+        out = module.depthwise_conv2d(x, conv, bn, act)
+        assert len(kernel.launches) == 1 and len(kernel.compiled.calls) == 1
+        grid, args, kwargs = kernel.launches[0]
+        call = kernel.compiled.calls[0]
+        assert call[:9] == (*grid, "stream0", "function", "metadata", None, None, None)
+        # The tensors go as their addresses (the stand-in's run is no Triton launcher,
+        # so it is called as compiled.run).
+        assert call[9] == x.data_ptr() and call[13] == out.data_ptr()
+        assert out.shape == x.shape
+        assert call[10:13] == tuple(t.data_ptr() for t in args[1:4])
+        assert call[14:23] == args[5:]
+        names = list(inspect.signature(kernel.fn).parameters)[len(args) :]
+        assert call[23:] == tuple(kwargs[name] for name in names)
+        hooks = real_triton.knobs.runtime.launch_enter_hook
+        hooks.calls.append(lambda *_: None)
+        try:
+            module.depthwise_conv2d(x, conv, bn, act)
+        finally:
+            hooks.calls.pop()
+        assert len(kernel.launches) == 2 and len(kernel.compiled.calls) == 1
+        # That launch went through kernel[grid] with the tensors, not their addresses.
+        assert kernel.launches[1][1][0] is x
+        assert kernel.launches[1][1][1:4] == args[1:4]
+        # A compiled kernel whose launcher only hands its arguments on (Triton's
+        # CudaLauncher): the replay calls its C launch with them, the tensors as addresses.
+        seen: list[tuple[Any, ...]] = []
 
-            class CudaLauncher:
-                launch_cooperative_grid = False
-                global_scratch_size = profile_scratch_size = 0
+        class CudaLauncher:
+            launch_cooperative_grid = False
+            global_scratch_size = profile_scratch_size = 0
 
-                def __init__(self) -> None:
-                    self.launch = lambda *a: seen.append(a)
+            def __init__(self) -> None:
+                self.launch = lambda *a: seen.append(a)
 
-                def __call__(self, gx: Any, gy: Any, gz: Any, stream: Any, function: Any,
-                             meta: Any, *args: Any) -> None:  # fmt: skip
-                    self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid,
-                                meta, args[3:])  # fmt: skip
+            def __call__(self, gx: Any, gy: Any, gz: Any, stream: Any, function: Any,
+                         meta: Any, *args: Any) -> None:  # fmt: skip
+                self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid,
+                            meta, args[3:])  # fmt: skip
 
-            kernel.compiled.run = CudaLauncher()  # type: ignore[method-assign]
-            layer = _layer(4, (3, 3), 1, torch.float32, "hardswish")[0]
-            module.depthwise_conv2d(x, layer)
-            out = module.depthwise_conv2d(x, layer)
-            assert module.replay_of(layer).launch is kernel.compiled.run.launch
-            assert len(seen) == 1 and seen[0][3:7] == ("stream0", "function", False, "metadata")
-            assert seen[0][7][0] == x.data_ptr() and seen[0][7][4] == out.data_ptr()
-    finally:
-        launcher_module._launch_path[:] = saved
+        kernel.compiled.run = CudaLauncher()  # type: ignore[method-assign]
+        layer = _layer(4, (3, 3), 1, torch.float32, "hardswish")[0]
+        module.depthwise_conv2d(x, layer)
+        out = module.depthwise_conv2d(x, layer)
+        assert module.replay_of(layer).launch is kernel.compiled.run.launch
+        assert len(seen) == 1 and seen[0][3:7] == ("stream0", "function", False, "metadata")
+        assert seen[0][7][0] == x.data_ptr() and seen[0][7][4] == out.data_ptr()

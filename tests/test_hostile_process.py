@@ -474,14 +474,11 @@ def _running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
-def test_a_signal_while_a_child_starts_kills_that_child_too(signum: str) -> None:
-    """A signal that arrived while supervise was starting a child (inside Popen, after the
-    fork, before the child's group was registered) killed every group but the new one and
-    raised out of Popen: the child ran on with nobody to end it (seen as a worker left
-    behind by `rocmfix tune` interrupted on a loaded machine)."""
+def _child_left(script: str, arg: str) -> tuple[subprocess.CompletedProcess[str], bool]:
+    """Run ``script`` (which prints the pid of the child it starts first, then is signalled),
+    and whether that child was still running 10 s after it ended (killed here if so)."""
     done = subprocess.run(
-        [sys.executable, "-c", _SIGNAL_IN_POPEN, signum],
+        [sys.executable, "-c", script, arg],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": PYTHONPATH},
@@ -497,6 +494,17 @@ def test_a_signal_while_a_child_starts_kills_that_child_too(signum: str) -> None
     left = _running(child)
     if left:
         os.kill(child, signal.SIGKILL)
+    return done, left
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_a_child_starts_kills_that_child_too(signum: str) -> None:
+    """A signal that arrived while supervise was starting a child (inside Popen, after the
+    fork, before the child's group was registered) killed every group but the new one and
+    raised out of Popen: the child ran on with nobody to end it (seen as a worker left
+    behind by `rocmfix tune` interrupted on a loaded machine)."""
+    done, left = _child_left(_SIGNAL_IN_POPEN, signum)
+    words = done.stdout.split()
     assert not left, "the child started as the signal came was left running"
     if signum == "SIGINT":
         assert words[1:] == ["interrupted"], (done.stdout, done.stderr[-2000:])
@@ -532,23 +540,7 @@ def test_a_signal_during_profiles_replay_ends_its_worker(tmp_path: Path) -> None
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\nexec sleep 60\n")
     fake.chmod(0o755)
-    done = subprocess.run(
-        [sys.executable, "-c", _PROFILE_REPLAY, str(fake)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": PYTHONPATH},
-        timeout=60,
-        check=False,
-    )
-    words = done.stdout.split()
-    assert words and words[0].isdigit(), (done.stdout, done.stderr[-2000:])
-    child = int(words[0])
-    deadline = time.monotonic() + 5
-    while _running(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = _running(child)
-    if left:
-        os.kill(child, signal.SIGKILL)
+    done, left = _child_left(_PROFILE_REPLAY, str(fake))
     assert done.returncode == -signal.SIGTERM
     assert not left, "the replay worker was left running"
 
