@@ -77,14 +77,12 @@ def clear_config_cache() -> None:
 
 
 def _forget() -> None:
-    """What an optimizer step makes stale (ks.training_seen): the packed weights (a fused
-    optimizer's step writes the weight without moving its version) and the calls and
-    descriptors made from them."""
+    """What an optimizer step makes stale: packed weights, calls, descriptors (ks.derived)."""
     for cache in (_w_desc_cache, _packed_cache, _calls):
         cache.clear()
 
 
-# Every optimizer step in the process calls it (ks.training_seen).
+# Every optimizer step calls it: a fused step writes weights without moving their version.
 ks.derived(_forget)
 
 
