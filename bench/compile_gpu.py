@@ -68,6 +68,7 @@ PARTS = (
 SMOKE = {"on": False}
 # --host-profile: cProfile over compiled forwards, patched and stock (compile_timing.host_profile)
 HOST_PROFILE = {"on": False}
+OUT_PATH = [Path("compile_gpu.json")]  # --out: the whole profiles land beside it
 SMALL_PAGES = ((1, 96, 64), (1, 64, 64), (2, 64, 96))
 SMALL_IMAGES = ((2, 4, 6), (1, 4, 6), (3, 6, 4))
 
@@ -218,7 +219,10 @@ def _timed(
             row["op_calls"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     if HOST_PROFILE["on"] and not SMOKE["on"]:
         try:
-            row["host_profile"] = {k: timing.host_profile(fns[k]) for k in ("patched", "stock")}
+            dump = f"{OUT_PATH[0].with_suffix('')}-{row['part']}-{{}}.pstats"
+            row["host_profile"] = {
+                k: timing.host_profile(fns[k], dump=dump.format(k)) for k in ("patched", "stock")
+            }
         except Exception as exc:  # noqa: BLE001
             row["host_profile"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     try:
@@ -555,6 +559,7 @@ def main() -> int:
     args = parser.parse_args()
     SMOKE["on"] = args.smoke
     HOST_PROFILE["on"] = args.host_profile
+    OUT_PATH[0] = args.out
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         if args.site:  # last: a test env's site holds a fake torch's metadata

@@ -159,11 +159,14 @@ def count_calls(
     }
 
 
-def host_profile(fn: Callable[[], Any], forwards: int = 20, top: int = 25) -> dict[str, Any]:
+def host_profile(
+    fn: Callable[[], Any], forwards: int = 20, top: int = 25, dump: str | None = None
+) -> dict[str, Any]:
     """cProfile over ``forwards`` calls of ``fn`` (warm, synchronised once at the end): where
     a compiled forward's host time goes, per forward, by function (calls, own us, cumulative
     us), the ``top`` largest by own time. cProfile's own cost inflates small functions alike
-    on both sides, so compare patched with stock, not with wall times."""
+    on both sides, so compare patched with stock, not with wall times. ``dump``: the whole
+    profile written there too (``pstats``), for the calls below the top."""
     import cProfile
     import pstats
 
@@ -180,6 +183,8 @@ def host_profile(fn: Callable[[], Any], forwards: int = 20, top: int = 25) -> di
         prof.disable()
         torch.cuda.synchronize()
     stats = pstats.Stats(prof)
+    if dump:
+        stats.dump_stats(dump)
     rows = []
     for (path, line, name), (_, calls, own, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
         where = f"{path.rsplit('/', 2)[-1] if '/' in path else path}:{line}:{name}"
