@@ -196,11 +196,14 @@ def _timed(
         timed["eager_patched"] = lambda: eager_ours(*args)
         timed["eager_stock"] = lambda: eager_stock(*args)
     with torch.inference_mode():
-        times = timing.ms(timed, reps, SMOKE["on"])
+        raw: dict[str, list[float]] = {}
+        times = timing.ms(timed, reps, SMOKE["on"], raw)
     row["ms"] = times["patched"]
     if "stock" in times:
         row["ms_stock"] = times["stock"]
         row["ratio"] = times["patched"] / times["stock"]
+        if raw:
+            row["ratio_paired_quartiles"] = timing.paired(raw, "patched", "stock")
     if "eager_stock" in times:
         row["eager_ms"], row["eager_ms_stock"] = times["eager_patched"], times["eager_stock"]
         row["eager_ratio"] = times["eager_patched"] / times["eager_stock"]
@@ -518,6 +521,8 @@ def _print_row(r: dict[str, Any], partial: bool = False) -> None:
     ms = f"{r['ms']:.3f} ms"
     if "ratio" in r:
         ms += f" vs {r['ms_stock']:.3f} = {r['ratio']:.3f}x"
+        if "ratio_paired_quartiles" in r:
+            ms += " (paired {:.3f} {:.3f} {:.3f})".format(*r["ratio_paired_quartiles"])
     replay = r.get("replay_compiled_rel_err")
     replay = f"{replay:.1e}" if isinstance(replay, float) else replay
     print(f"{line} {ms} err {r['rel_err']:.1e} replay {replay}", flush=True)

@@ -11,8 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 
-def ms(fns: dict[str, Callable[[], Any]], reps: int, smoke: bool = False) -> dict[str, float]:
-    """Median ms per call of each, alternating so clocks and neighbours hit all alike."""
+def ms(
+    fns: dict[str, Callable[[], Any]],
+    reps: int,
+    smoke: bool = False,
+    raw: dict[str, list[float]] | None = None,
+) -> dict[str, float]:
+    """Median ms per call of each, alternating so clocks and neighbours hit all alike;
+    ``raw`` gets every call's ms, in order (for ratios of neighbouring calls)."""
     import torch
 
     if smoke:
@@ -29,7 +35,16 @@ def ms(fns: dict[str, Callable[[], Any]], reps: int, smoke: bool = False) -> dic
             end.record()
             end.synchronize()
             times[key].append(start.elapsed_time(end))
+    if raw is not None:
+        raw.update(times)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def paired(raw: dict[str, list[float]], ours: str, base: str) -> list[float]:
+    """Quartiles of the ratios of neighbouring calls (``ours`` over ``base``, one round
+    each): a slow drift of the host moves both calls of a round, and cancels."""
+    ratios = sorted(a / b for a, b in zip(raw[ours], raw[base], strict=True))
+    return [round(q, 4) for q in statistics.quantiles(ratios, n=4)]
 
 
 def graph_ms(fns: dict[str, Callable[[], Any]], reps: int, smoke: bool = False) -> dict[str, float]:
