@@ -365,7 +365,8 @@ def depthwise(bursts: int, calls: int, old: str | None) -> list[dict[str, Any]]:
                 ("old entry conv+BN+act", partial(before.depthwise_conv2d, x, fused, bn, act))
             )
         direct = False
-        if plan is not None and plan.launch is not None and stub_plan is not None:
+        # A plan the bench's own calls did not make (the entry fell back) has no pieces.
+        if None not in (plan, run_plan, stub_plan) and plan.launch is not None:
             tri._replays[id(stubbed)] = tuple(stub_plan._replace(launch=lambda *args: None))
             direct = plan.launch is not plan.launcher.compiled.run
             fns += [
