@@ -401,6 +401,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
+def no_kernel_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No developer's tuned file or ROCMFIX_*_CONFIG leaks into a kernel test: the shipped
+    tiles, whatever this machine holds."""
+    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
+    for name in ("DEPTHWISE_CONV", "DILATED_CONV", "PATCH_EMBED"):
+        monkeypatch.delenv(f"ROCMFIX_{name}_CONFIG", raising=False)
+
+
+@pytest.fixture
 def no_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
     """No fault-injection hooks from the environment, and the write points counted afresh."""
     monkeypatch.delenv(fsops.TEST_HOOKS_ENV, raising=False)

@@ -9,8 +9,6 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -28,16 +26,12 @@ TILES = (
 )
 
 
+pytestmark = pytest.mark.usefixtures("no_kernel_config")
+
+
 @pytest.fixture(scope="module")
 def tri() -> ModuleType:
     return load_template("depthwise_conv_triton")
-
-
-@pytest.fixture(autouse=True)
-def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
-    monkeypatch.delenv("ROCMFIX_DEPTHWISE_CONV_CONFIG", raising=False)
-    yield
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:

@@ -15,7 +15,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -40,6 +39,9 @@ ACTS: dict[str, Any] = {
 }
 
 
+pytestmark = pytest.mark.usefixtures("no_kernel_config")
+
+
 @pytest.fixture(scope="module")
 def tri() -> ModuleType:
     return load_template("depthwise_conv_triton")
@@ -48,13 +50,6 @@ def tri() -> ModuleType:
 @pytest.fixture(scope="module")
 def vendor() -> ModuleType:
     return load_template("depthwise_conv_vendor")
-
-
-@pytest.fixture(autouse=True)
-def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
-    monkeypatch.delenv("ROCMFIX_DEPTHWISE_CONV_CONFIG", raising=False)
-    yield
 
 
 def _layer(

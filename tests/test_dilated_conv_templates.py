@@ -24,6 +24,9 @@ from conftest import load_template, require
 TEST_CFG = {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1}
 
 
+pytestmark = pytest.mark.usefixtures("no_kernel_config")
+
+
 @pytest.fixture(scope="module")
 def tri() -> ModuleType:
     pytest.importorskip("triton")
@@ -43,13 +46,6 @@ def tri_jit() -> ModuleType:
 @pytest.fixture(scope="module")
 def phase() -> ModuleType:
     return load_template("dilated_conv_phase", interpret=None)
-
-
-@pytest.fixture(autouse=True)
-def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # No developer's tuned file or env config may leak into a test.
-    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent-tuned.json"))
-    monkeypatch.delenv("ROCMFIX_DILATED_CONV_CONFIG", raising=False)
 
 
 def _ref(x: torch.Tensor, w: torch.Tensor, d: int, p: int | tuple[int, int]) -> torch.Tensor:

@@ -14,8 +14,6 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -25,7 +23,10 @@ from conftest import load_template
 
 pytest.importorskip("triton")
 # torch.jit.trace is deprecated, and what these tests prove is that a trace stays correct.
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")
+pytestmark = [
+    pytest.mark.usefixtures("no_kernel_config"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +42,6 @@ def dil() -> ModuleType:
 @pytest.fixture(scope="module")
 def pe() -> ModuleType:
     return load_template("patch_embed_gemm")
-
-
-@pytest.fixture(autouse=True)
-def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
-    for name in ("DEPTHWISE_CONV", "DILATED_CONV", "PATCH_EMBED"):
-        monkeypatch.delenv(f"ROCMFIX_{name}_CONFIG", raising=False)
-    yield
 
 
 def _planned(tri: ModuleType, conv: torch.nn.Conv2d, x: torch.Tensor) -> None:

@@ -42,6 +42,9 @@ triton = pytest.importorskip("triton")
 _counter = 0
 
 
+pytestmark = pytest.mark.usefixtures("no_kernel_config")
+
+
 def _load(scheme: str) -> ModuleType:
     return load_template(f"patch_embed_{scheme}")
 
@@ -49,14 +52,6 @@ def _load(scheme: str) -> ModuleType:
 @pytest.fixture(scope="module")
 def mods() -> dict[str, ModuleType]:
     return {scheme: _load(scheme) for scheme in SCHEMES}
-
-
-@pytest.fixture(autouse=True)
-def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # No developer's real tuned file or env override may leak into a test.
-    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
-    monkeypatch.delenv("ROCMFIX_PATCH_EMBED_CONFIG", raising=False)
-    yield
 
 
 @pytest.fixture

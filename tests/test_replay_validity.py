@@ -24,8 +24,6 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -35,19 +33,15 @@ import torch
 from conftest import load_template
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")
+pytestmark = [
+    pytest.mark.usefixtures("no_kernel_config"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning"),
+]
 
 
 @pytest.fixture(scope="module")
 def tri() -> ModuleType:
     return load_template("depthwise_conv_triton")
-
-
-@pytest.fixture(autouse=True)
-def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("ROCMFIX_TUNED_FILE", str(tmp_path / "absent.json"))
-    monkeypatch.delenv("ROCMFIX_DEPTHWISE_CONV_CONFIG", raising=False)
-    yield
 
 
 def _layer(c: int = 4, k: tuple[int, int] = (3, 3), bias: bool = False) -> tuple[Any, Any, Any]:
