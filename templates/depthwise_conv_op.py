@@ -25,12 +25,6 @@ from . import rocmfix_kernel_support as ks
 from . import rocmfix_launcher as rl
 from . import rocmfix_triton as rt
 
-# What Inductor takes as a user kernel's launch options; a HIP config's other options
-# (waves_per_eu, ...) are not kernel arguments it knows, so the graph launches without them.
-_LAUNCH_KEYS = ("num_warps", "num_stages")
-# Inductor's buffers, and the graph inputs it checks at run time, are aligned to this.
-_GPU_ALIGN = 16
-
 
 def pair(v: Any) -> tuple[int, int] | None:
     """A conv's stride or padding as two ints, or None where it is neither an int nor two."""
@@ -130,7 +124,7 @@ def graph(
         grid = (_cdiv(_cdiv(oh, rows) * ow, block_p), grid[1], grid[2])
         kwargs.update(VEC=2, BLOCK_P=block_p)
     for key in kc.launch_options(cfg):
-        if key not in _LAUNCH_KEYS:
+        if key not in rop.GRAPH_LAUNCH_KEYS:
             kwargs.pop(key, None)
     rop.wrap_triton(kernel)[grid](*args, **kwargs)
     return out
@@ -143,13 +137,8 @@ def _cdiv(a: Any, b: int) -> Any:
 def pairs_promised(x: torch.Tensor, stride: tuple[int, int], ow: Any) -> bool:
     """``depthwise_conv_kernels._pairs_fit`` on what a fake tensor knows: the widths and
     strides (symbolic ones guard: a new parity recompiles, as Inductor's own choices do), and
-    for the address, the storage offset. Inductor allocates its buffers 16-byte aligned and
-    checks at run time that a graph input it was told is aligned is, copying it where not
-    (compile_fx's copy_misaligned_inputs); an offset it cannot prove aligned reads single
-    elements, without a guard."""
-    # Only reached where torch has triton ops (2.6 and later), which all have it.
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
+    for the address, the storage offset (``rop.offset_aligned``); an offset it cannot prove
+    aligned reads single elements."""
     n, _, _, w = x.shape
     sn, sc, sh, sw = x.stride()
     return (
@@ -160,5 +149,5 @@ def pairs_promised(x: torch.Tensor, stride: tuple[int, int], ow: Any) -> bool:
         and bool(sh % 2 == 0)
         and bool(sc % 2 == 0)
         and (bool(sn % 2 == 0) or bool(n == 1))
-        and statically_known_true((x.storage_offset() * x.element_size()) % _GPU_ALIGN == 0)
+        and rop.offset_aligned(x)
     )

@@ -19,12 +19,6 @@ from . import patch_embed_kernels as pk
 from . import rocmfix_custom_op as rop
 from . import rocmfix_triton as rt
 
-# What Inductor takes as a user kernel's launch options; a HIP config's other options
-# (waves_per_eu, ...) are not kernel arguments it knows, so the graph launches without them.
-_LAUNCH_KEYS = ("num_warps", "num_stages")
-# Inductor's buffers, and the graph inputs it checks at run time, are aligned to this.
-_GPU_ALIGN = 16
-
 
 def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether the graph launches the kernel for these (fake) tensors: a CUDA/HIP device and
@@ -56,13 +50,13 @@ def graph(
     if bias is not None:
         bias = bias.contiguous()  # the kernel reads bias[n] at bias_ptr + n
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    k_align = max(1, _GPU_ALIGN // x.element_size())
+    k_align = max(1, rop.GRAPH_ALIGN // x.element_size())
     while k % k_align:
         k_align //= 2
     a_align, w_align = row_align(x), row_align(w)
     tiles = -(-m // plan.bm) * -(-n // plan.bn)
     progs = torch.sym_min(tiles, plan.programs) if plan.persistent else tiles
-    opts = {key: plan.opts[key] for key in _LAUNCH_KEYS}
+    opts = {key: plan.opts[key] for key in rop.GRAPH_LAUNCH_KEYS}
     rop.wrap_triton(pk.PTR_KERNEL)[(progs,)](
         x, w, out if bias is None else bias, out, m, n, k // k_align,
         x.stride(0) // a_align, x.stride(1), w.stride(0) // w_align, w.stride(1),
@@ -76,16 +70,13 @@ def graph(
 
 def row_align(t: torch.Tensor) -> int:
     """``patch_embed_gemm._row_align`` on what a fake tensor knows: the row stride, and for
-    the address the storage offset. Inductor allocates its buffers 16-byte aligned and copies
-    a graph input it was told is aligned when it is not (compile_fx's copy_misaligned_inputs);
-    an offset it cannot prove aligned reads single elements, without a guard."""
-    # Only reached where torch has triton ops (2.7 and later), which all have it.
+    the address the storage offset (``rop.offset_aligned``); an offset it cannot prove
+    aligned reads single elements."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    size = t.element_size()
-    if not statically_known_true((t.storage_offset() * size) % _GPU_ALIGN == 0):
+    if not rop.offset_aligned(t):
         return 1
-    align = max(1, _GPU_ALIGN // size)
+    align = max(1, rop.GRAPH_ALIGN // t.element_size())
     while align > 1 and not statically_known_true(t.stride(0) % align == 0):
         align //= 2
     return align

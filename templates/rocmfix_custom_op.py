@@ -32,6 +32,23 @@ OP_NAMESPACE = "rocmfix"
 
 Impl = Callable[..., torch.Tensor]
 
+# What Inductor takes as a user kernel's launch options in a triton op's graph body; a HIP
+# config's other options (waves_per_eu, ...) are not kernel arguments it knows, so the graph
+# launches without them.
+GRAPH_LAUNCH_KEYS = ("num_warps", "num_stages")
+# Inductor's buffers, and the graph inputs it checks at run time, are aligned to this.
+GRAPH_ALIGN = 16
+
+
+def offset_aligned(t: torch.Tensor) -> bool:
+    """Whether a graph body may take the (fake) tensor's address as GRAPH_ALIGN-aligned: its
+    storage offset proves it. Inductor allocates its buffers so, and copies a graph input it
+    was told is aligned where it is not (compile_fx's copy_misaligned_inputs); an offset it
+    cannot prove reads as unaligned, without a guard. Triton-op bodies only (torch >= 2.7)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true((t.storage_offset() * t.element_size()) % GRAPH_ALIGN == 0))
+
 
 def register_op(name: str, schema: str, cuda: Impl, cpu: Impl, fake: Impl) -> Any:
     """Define ``rocmfix::name`` once per process; its default overload, looked up once (resolving
