@@ -370,7 +370,10 @@ def test_the_depthwise_op_launches_from_a_plan_after_its_first_call(
     weight = torch.nn.Parameter(torch.randn(6, 1, 3, 3, generator=g), requires_grad=False)
 
     def check(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> None:
-        got = dw._OP(x, weight, scale, shift, [1, 1], [1, 1], 1)
+        # The op's implementation in this module: the op itself is registered once a
+        # process, by the template's first import, which an earlier test may have made
+        # (under another interpreter setting).
+        got = dw._impl(x, weight, scale, shift, [1, 1], [1, 1], 1)
         want = dw.dop.reference(x, weight, scale, shift, [1, 1], [1, 1], 1)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 

@@ -13,6 +13,7 @@ torch ops: compiled with Inductor they equal the stock modules.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import sys
@@ -30,6 +31,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 from conftest import PYTHONPATH, ROOT, load_template
+
+# Imported here, at collection, under conftest's TRITON_INTERPRET=1: first imported inside the
+# compiled_templates fixture (TRITON_INTERPRET=0 there), triton would make its language
+# helpers compiled for every later test of the process, whose interpreted kernels then fail.
+with contextlib.suppress(ImportError):
+    import triton  # noqa: F401
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch.library, "triton_op"), reason="torch < 2.6 has no triton_op"
