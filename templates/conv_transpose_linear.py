@@ -35,14 +35,6 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _pair(v: Any) -> tuple[int, int] | None:
-    if type(v) is int:
-        return v, v
-    if isinstance(v, (tuple, list)) and len(v) == 2 and all(type(i) is int for i in v):
-        return int(v[0]), int(v[1])
-    return None
-
-
 def handled(x: torch.Tensor, deconv: Any) -> bool:
     """Whether the GEMM computes ``deconv(x)``: kernel == stride, no padding, no overlap."""
     if not (
@@ -63,10 +55,10 @@ def handled(x: torch.Tensor, deconv: Any) -> bool:
         and weight.shape[0] == x.shape[1]
         and weight.dtype == x.dtype
         and weight.device == x.device
-        and _pair(deconv.stride) == k
-        and _pair(deconv.padding) == (0, 0)
-        and _pair(deconv.output_padding) == (0, 0)
-        and _pair(deconv.dilation) == (1, 1)
+        and ks.pair(deconv.stride) == k
+        and ks.pair(deconv.padding) == (0, 0)
+        and ks.pair(deconv.output_padding) == (0, 0)
+        and ks.pair(deconv.dilation) == (1, 1)
         and (deconv.bias is None or deconv.bias.dtype == x.dtype)
     )
 

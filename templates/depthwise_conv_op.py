@@ -26,15 +26,6 @@ from . import rocmfix_launcher as rl
 from . import rocmfix_triton as rt
 
 
-def pair(v: Any) -> tuple[int, int] | None:
-    """A conv's stride or padding as two ints, or None where it is neither an int nor two."""
-    if type(v) is int:
-        return v, v
-    if isinstance(v, (tuple, list)) and len(v) == 2 and all(type(i) is int for i in v):
-        return int(v[0]), int(v[1])
-    return None
-
-
 def conv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -50,7 +41,7 @@ def conv(
     ``act(conv(x) * scale + shift)``; ``config`` over the resolved one."""
     if dk.KERNEL is None:
         raise RuntimeError("triton is not importable")
-    st, pad = pair(stride), pair(padding)
+    st, pad = ks.pair(stride), ks.pair(padding)
     assert st is not None and pad is not None
     kh, kw = int(weight.shape[2]), int(weight.shape[3])
     cfg = dc.resolve_config(x.device, kh, kw, st[0], x.dtype, dc.layout_class(x))

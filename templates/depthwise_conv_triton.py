@@ -56,7 +56,7 @@ triton = rt.triton
 INTERPRETING = rt.INTERPRETING
 prepare_launch = dk.prepare_launch
 # The kernel alone (tune, doctor, tests), and the (stride, padding) pair parse, beside the op.
-conv, _pair = dop.conv, dop.pair
+conv, _pair = dop.conv, ks.pair
 # The kernel itself (None without Triton), where rocmfix's profiler looks for it.
 _dw_kernel = dk.KERNEL
 

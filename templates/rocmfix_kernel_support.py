@@ -1,7 +1,8 @@
 """Plumbing the newer rocmfix kernel templates share (rocmfix template).
 
 rocmfix drops this file, under this name, beside the kernel modules that import it (the
-depthwise conv); ``rocmfix revert`` removes it with them. Standard library and torch only.
+depthwise and transposed convs); ``rocmfix revert`` removes it with them. Standard library
+and torch only.
 
 - :func:`interpreted`: whether a ``@triton.jit`` function runs in Triton's CPU interpreter
   (``TRITON_INTERPRET=1`` when it was decorated);
@@ -9,6 +10,7 @@ depthwise conv); ``rocmfix revert`` removes it with them. Standard library and t
 - :func:`fold_bn`: an eval-mode ``BatchNorm2d`` (and the conv's bias) as a per-channel scale
   and shift, recomputed only when one of its tensors changes;
 - :func:`act_code`: the activations a kernel can apply in its store;
+- :func:`pair`: a conv's stride or padding as two ints (the depthwise and transposed convs);
 - :func:`training` / :func:`training_seen`: a call autograd records takes the stock modules,
   and everything derived from the layers' tensors is forgotten.
 """
@@ -313,6 +315,15 @@ def fold_traced(bn: Any, bias: torch.Tensor | None) -> Fold:
     if bn.bias is not None:
         shift = shift + bn.bias.float()
     return scale, shift
+
+
+def pair(v: Any) -> tuple[int, int] | None:
+    """A conv's stride or padding as two ints, or None where it is neither an int nor two."""
+    if type(v) is int:
+        return v, v
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(type(i) is int for i in v):
+        return int(v[0]), int(v[1])
+    return None
 
 
 def layer_hooked(layer: Any, bn: Any, act: Any) -> bool:
