@@ -15,7 +15,6 @@ works under torch.compile and graph capture.
 from __future__ import annotations
 
 import threading
-import warnings
 from typing import Any, Optional
 
 import torch
@@ -24,15 +23,6 @@ from . import rocmfix_kernel_support as ks
 
 SCHEME = "linear"
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    # A model calls this thousands of times a page: one warning per kind of failure.
-    key = message.split("(")[1].split(":")[0] if "(" in message else message
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def handled(x: torch.Tensor, deconv: Any) -> bool:
@@ -280,12 +270,10 @@ def conv_transpose2d(x: torch.Tensor, deconv: Any) -> torch.Tensor:
             except Exception as exc:  # noqa: BLE001 - never take the model down
                 with _lock:
                     _layers.pop(id(deconv), None)
+                y: torch.Tensor = deconv(x)  # the stock result first, then the report
                 if isinstance(x, torch.Tensor):  # not a tracer's proxy (torch.fx)
-                    _warn_once(
-                        f"rocmfix: the transposed conv as a GEMM failed ({type(exc).__name__}: "
-                        f"{exc}); running the module",
-                    )
-                return deconv(x)  # type: ignore[no-any-return]
+                    _failed(exc)
+                return y
     return _first(x, deconv)
 
 
@@ -338,11 +326,18 @@ def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
                 wm, wt, bias6 = _views(weight, bias)
             return _run(x, wm, wt, bias6, run)
     except Exception as exc:  # noqa: BLE001 - never take the model down
-        _warn_once(
-            f"rocmfix: the transposed conv as a GEMM failed ({type(exc).__name__}: {exc}); "
-            "running the module",
-        )
+        y: torch.Tensor = deconv(x)
+        _failed(exc)
+        return y
     return deconv(x)  # type: ignore[no-any-return]
+
+
+def _failed(exc: Exception) -> None:
+    ks.warn_once(
+        "conv-transpose:" + type(exc).__name__,
+        f"rocmfix: the transposed conv as a GEMM failed ({type(exc).__name__}: {exc}); "
+        "running the module",
+    )
 
 
 def _current(plan: tuple[Any, ...], deconv: Any, weight: torch.Tensor, bias: Any) -> bool:

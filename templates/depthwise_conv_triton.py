@@ -457,33 +457,35 @@ def depthwise_conv2d(
             except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
                 with rt.LOCK:
                     _replays.pop(id(conv), None)  # the next call plans anew, or marks it broken
+                y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
                 if isinstance(x, torch.Tensor):  # not a tracer's proxy (torch.fx)
                     _failed(exc)
-                return ks.stock(x, conv, bn, act)
+                return y
     if not isinstance(x, torch.Tensor):
         return ks.stock(x, conv, bn, act)  # torch.fx's symbolic trace records the modules
     if triton is None:
-        if x.is_cuda:
-            kc.warn_once("no-triton", "rocmfix: triton is not importable; depthwise convs run "
+        if x.is_cuda:  # a warning that cannot raise (ks.warn_once)
+            ks.warn_once("no-triton", "rocmfix: triton is not importable; depthwise convs run "
                          "the stock modules")  # fmt: skip
         return ks.stock(x, conv, bn, act)
     if not (x.is_cuda or INTERPRETING):
         return ks.stock(x, conv, bn, act)
     if _is_compiling():
-        y = _traced(x, conv, bn, act)
-        return ks.stock(x, conv, bn, act) if y is None else y
+        traced = _traced(x, conv, bn, act)
+        return ks.stock(x, conv, bn, act) if traced is None else traced
     if _tracing() is not None:
         return ks.stock(x, conv, bn, act)
     try:
         done = _eager(x, conv, bn, act)
     except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
+        y = ks.stock(x, conv, bn, act)
         _failed(exc)
-        done = None
+        return y
     return ks.stock(x, conv, bn, act) if done is None else done
 
 
 def _failed(exc: Exception) -> None:
-    kc.warn_once(
+    ks.warn_once(
         "depthwise:" + type(exc).__name__,
         f"rocmfix: the depthwise conv kernel failed ({type(exc).__name__}: {exc}); "
         "running the stock modules",
@@ -553,14 +555,20 @@ def _impl(
             st, pad = (int(stride[0]), int(stride[1])), (int(padding[0]), int(padding[1]))
             return _op_conv(x, weight, scale, shift, st, pad, act)
         except Exception as exc:  # noqa: BLE001
-            kc.warn_once(
+            y = _reference(x, weight, scale, shift, stride, padding, act)
+            ks.warn_once(
                 "depthwise-op:" + type(exc).__name__,
                 f"rocmfix: the depthwise conv kernel failed ({type(exc).__name__}: {exc}); "
                 "running F.conv2d",
             )
+            return y
+    return _reference(x, weight, scale, shift, stride, padding, act)
+
+
+def _reference(*args: Any) -> torch.Tensor:
     # NCHW-contiguous, as the fake says: Inductor reads the result by the fake's strides, and
     # F.conv2d keeps a channels-last input's layout (Inductor on the CPU runs convs so).
-    return dop.reference(x, weight, scale, shift, stride, padding, act).contiguous()
+    return dop.reference(*args).contiguous()
 
 
 # A triton op where torch has them (its graph body in depthwise_conv_op), else opaque; eager

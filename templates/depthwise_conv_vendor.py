@@ -6,43 +6,22 @@ PaddleOCR) and rewrote the layer's forward to call :func:`depthwise_conv2d` with
 ``rocmfix revert`` removes it. The conv runs as ``F.conv2d`` on a channels-last copy of the
 input, which MIOpen and cuDNN serve from their NHWC depthwise kernels instead of the grouped
 implicit GEMM their NCHW path falls to, then the layer's own BatchNorm and activation; the result
-is made NCHW-contiguous again, as the layer returned it. Standard library and torch only.
+is made NCHW-contiguous again, as the layer returned it. Standard library and torch only (and
+``rocmfix_kernel_support``, dropped beside it).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from . import rocmfix_kernel_support as ks
+
 SCHEME = "channels-last"
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    # A model calls this thousands of times a page: one warning per kind of failure.
-    key = message.split("(")[1].split(":")[0] if "(" in message else message
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def _stock(
-    x: torch.Tensor,
-    conv: Any,
-    bn: Callable[[torch.Tensor], torch.Tensor] | None,
-    act: Callable[[torch.Tensor], torch.Tensor] | None,
-) -> torch.Tensor:
-    y: torch.Tensor = conv(x)
-    if bn is not None:
-        y = bn(y)
-    if act is not None:
-        y = act(y)
-    return y
 
 
 def _handled(x: torch.Tensor, conv: Any) -> bool:
@@ -73,17 +52,19 @@ def depthwise_conv2d(
     depthwise convs of GPU tensors run channels-last. Anything else, and any error, runs the
     modules as the layer called them."""
     if not _handled(x, conv):
-        return _stock(x, conv, bn, act)
+        return ks.stock(x, conv, bn, act)
     try:
         xin = x.contiguous(memory_format=torch.channels_last)
         w = conv.weight.contiguous(memory_format=torch.channels_last)
         y = F.conv2d(xin, w, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
     except Exception as exc:  # noqa: BLE001 - never take the model down
-        _warn_once(
+        y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
+        ks.warn_once(
+            "depthwise-channels-last:" + type(exc).__name__,
             f"rocmfix: the channels-last depthwise conv failed ({type(exc).__name__}: {exc}); "
             "running the stock modules",
         )
-        return _stock(x, conv, bn, act)
+        return y
     if bn is not None:
         y = bn(y)
     if act is not None:

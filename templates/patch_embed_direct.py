@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from . import rocmfix_custom_op as rop
 from . import rocmfix_kernel_config as kc
+from . import rocmfix_kernel_support as ks
 from . import rocmfix_triton as rt
 
 if rt.HAS_TRITON:
@@ -151,7 +152,7 @@ def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 
 def _impl_cuda(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if not rt.HAS_TRITON:
-        kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
+        ks.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
         return _linear_fallback(a, w, bias)
     return patchify_direct(a, w, bias)
 
@@ -160,7 +161,7 @@ def _impl_cpu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> to
     if INTERPRETING:
         return patchify_direct(a, w, bias)
     if not rt.HAS_TRITON:
-        kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
+        ks.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
     return _linear_fallback(a, w, bias)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -132,22 +132,6 @@ class _Plan:
     wrapper adds on top is visible in eager mode, so the per-call work is kept to shape checks,
     two descriptors and the launch.
     """
-
-    __slots__ = (
-        "bk",
-        "bm",
-        "bn",
-        "flatten",
-        "group",
-        "half",
-        "occupancy",
-        "opts",
-        "pack",
-        "persistent",
-        "programs",
-        "tma",
-        "tma_min_m",
-    )
 
     def __init__(self, cfg: Mapping[str, Any], device: torch.device) -> None:
         self.bm, self.bn, self.bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
@@ -453,7 +437,7 @@ def _run(
             # a compiler that needs more shared memory than the one measured): one stage less
             # first, as long as that still pipelines, then the portable default. The plan
             # that fits replaces the cached one, so later calls do not fail again.
-            kc.warn_once(
+            ks.warn_once(
                 f"oor:{plan.bm}x{plan.bn}x{plan.bk}s{plan.opts['num_stages']}",
                 f"rocmfix: patch-embed config does not fit ({exc}); using a smaller one",
             )
@@ -528,18 +512,28 @@ def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 
 
 def _impl_cuda(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if not rt.HAS_TRITON:
-        kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
-        return _linear_fallback(a, w, bias)
-    return _cached_call(a, w, bias)
+    return _guarded(_cached_call, _linear_fallback, a, w, bias)
 
 
 def _impl_cpu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if INTERPRETING:
         return _run(a, w, bias, _plan_for(a.device, a.dtype), None, keep=False)[0]
-    if not rt.HAS_TRITON:
-        kc.warn_once("no-triton", "rocmfix: triton is not importable; patch embed uses F.linear")
     return _linear_fallback(a, w, bias)
+
+
+def _guarded(kernel: Callable[..., torch.Tensor], stock: Callable[..., torch.Tensor],
+             *args: Any) -> torch.Tensor:  # fmt: skip
+    """``kernel(*args)``; where triton is missing or the kernel fails, ``stock(*args)`` first,
+    then one warning, which cannot raise."""
+    try:
+        if rt.HAS_TRITON:
+            return kernel(*args)
+        failure = "triton is not importable"
+    except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
+        failure = f"the kernel failed ({type(exc).__name__}: {exc})"
+    y = stock(*args)
+    ks.warn_once(failure.split(":")[0], f"rocmfix: patch embed: {failure}; running the stock op")
+    return y
 
 
 def _impl_fake(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -574,26 +568,26 @@ def triton_conv3d_patchify(
 
     Returns ``[L, N]`` in ``x``'s dtype, computed as one GEMM with fp32 accumulation.
     """
-    if not x.is_cuda and not INTERPRETING:
-        # CPU inputs keep the stock op, bit for bit.
-        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
-    if ks.training(x, weight, bias):
-        # Autograd records (a vision tower being fine-tuned): the stock conv, which has a
-        # backward; the kernel's output would carry no gradient to the weight.
-        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
+    if (not x.is_cuda and not INTERPRETING) or ks.training(x, weight, bias):
+        # CPU inputs keep the stock op, bit for bit; so does a call autograd records (a vision
+        # tower being fine-tuned): the kernel's output would carry no gradient to the weight.
+        return _stock(x, weight, bias)
     if not rop.is_compiling():
         if ks.any_autocast() or torch._C._get_tracing_state() is not None:
             # Autocast runs the stock conv in its dtype (the GEMM keeps x's); a torch.jit
             # trace records no Triton launch.
-            return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
-        if rt.HAS_TRITON:
-            # Eager: call the implementation directly; the dispatcher round trip to a Python
-            # kernel is several microseconds of host time per call. (The interpreter takes
-            # this path too, so the CPU tests cover it.)
-            return _cached_call(x, weight, bias)
-    elif ks.autocasting(x):
-        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
+            return _stock(x, weight, bias)
+        # Eager: the implementation directly; the dispatcher round trip to a Python kernel is
+        # several microseconds of host time per call. (The interpreter takes this path too,
+        # so the CPU tests cover it.)
+        return _guarded(_cached_call, _stock, x, weight, bias)
+    if ks.autocasting(x):
+        return _stock(x, weight, bias)
     # torch.compile sees one opaque op with a fake-tensor rule. flatten(1), not
     # reshape(L, -1): the latter is ambiguous for an empty batch.
     out: torch.Tensor = _OP(x.flatten(1), weight.flatten(1), bias)
     return out
+
+
+def _stock(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)

@@ -35,13 +35,13 @@ import dataclasses
 import json
 import os
 import stat
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from . import rocmfix_custom_op as _rop
+from . import rocmfix_kernel_support as ks
 from . import rocmfix_launcher as _rl
 from . import rocmfix_triton as rt
 
@@ -58,7 +58,6 @@ HIP_LAUNCH_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 Check = Callable[[Any], Any]
 
 _lock = rt.LOCK
-_warned: set[str] = set()
 _arch_cache: dict[int, str] = {}
 _gpu_cache: dict[int, tuple[int, int]] = {}
 _tuned_cache: dict[str, Any] = {}
@@ -87,15 +86,6 @@ def emulating(emulation: Emulation) -> Iterator[None]:
         yield
     finally:
         _emulation = before
-
-
-def warn_once(key: str, message: str) -> None:
-    """Warn once per process about ``key``: a kernel runs thousands of times a page."""
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def is_hip() -> bool:
@@ -263,13 +253,13 @@ def _load_tuned(path: str) -> Any:
         text = _read_config_file(path)
         data = None if text is None else _parse_json(text)
     except Exception as exc:  # noqa: BLE001 - a broken tuned file must never stop a model
-        warn_once("tuned:" + path, f"rocmfix: cannot read tuned file {path} ({exc}); ignored")
+        ks.warn_once("tuned:" + path, f"rocmfix: cannot read tuned file {path} ({exc}); ignored")
         data = None
     if data is not None:
         ok = isinstance(data, dict) and data.get("schema") == TUNED_SCHEMA
         kernels = data.get("kernels") if ok else None
         if not isinstance(kernels, dict):
-            warn_once(
+            ks.warn_once(
                 "tuned:" + path,
                 f"rocmfix: tuned file {path} is not a schema {TUNED_SCHEMA} rocmfix file; ignored",
             )
@@ -282,7 +272,7 @@ def _load_tuned(path: str) -> Any:
 def clear() -> None:
     """Forget every parsed file, warning and arch query (every kernel's)."""
     with _lock:
-        _warned.clear()
+        ks.warned.clear()
         _arch_cache.clear()
         _gpu_cache.clear()
         _tuned_cache.clear()
@@ -338,7 +328,7 @@ class KernelConfig:
         try:
             return self._layers(entry, layers)
         except ValueError as exc:
-            warn_once(f"{self.kernel}:{source}", f"rocmfix: ignoring {source}: {exc}")
+            ks.warn_once(f"{self.kernel}:{source}", f"rocmfix: ignoring {source}: {exc}")
             return []
 
     def shipped_config(self, arch: str, layers: Sequence[str]) -> dict[str, Any]:
@@ -360,7 +350,7 @@ class KernelConfig:
         merged = self.shipped_config(arch, layers)
         tuned = _load_tuned(path).get(self.kernel, {})
         if not isinstance(tuned, Mapping):
-            warn_once(path, f"rocmfix: ignoring {path}: {self.kernel} must map arch -> config")
+            ks.warn_once(path, f"rocmfix: ignoring {path}: {self.kernel} must map arch -> config")
             tuned = {}
         for name in _names(arch):
             if name in tuned:
@@ -371,7 +361,9 @@ class KernelConfig:
             try:
                 parsed = _parse_json(env)
             except ValueError as exc:
-                warn_once(f"{self.env}:{env}", f"rocmfix: ${self.env} is not JSON ({exc}); ignored")
+                ks.warn_once(
+                    f"{self.env}:{env}", f"rocmfix: ${self.env} is not JSON ({exc}); ignored"
+                )
             else:
                 for layer in self._source(f"${self.env}", parsed, layers):
                     merged.update(layer)

@@ -12,7 +12,8 @@ and torch only.
 - :func:`act_code`: the activations a kernel can apply in its store;
 - :func:`pair`: a conv's stride or padding as two ints (the depthwise and transposed convs);
 - :func:`training` / :func:`training_seen`: a call autograd records takes the stock modules,
-  and everything derived from the layers' tensors is forgotten.
+  and everything derived from the layers' tensors is forgotten;
+- :func:`warn_once`: the one way a dropped module reports a failure, which never raises.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import sys
 import threading
 import types
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -30,6 +32,29 @@ import torch
 
 K = TypeVar("K")
 V = TypeVar("V")
+
+
+warned: set[str] = set()  # the keys warned about (rocmfix_kernel_config.clear forgets them)
+_warn_lock = threading.Lock()
+
+
+def warn_once(key: str, message: str) -> None:
+    """One ``RuntimeWarning`` per ``key`` and process (a kernel runs thousands of times a
+    page), which can never raise: under ``python -W error`` or pytest's ``filterwarnings =
+    error`` a warning turned exception would leave the user's forward, the one thing a
+    dropped module must not do. Such a filter gets the warning shown instead; an ``ignore``
+    still silences it; a ``showwarning`` that raises loses it. Callers compute the stock
+    result first, then report."""
+    with _warn_lock:
+        if key in warned:
+            return
+        warned.add(key)
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    except Exception:  # noqa: BLE001 - an "error" filter, or a showwarning that raises
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("always", RuntimeWarning)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def interpreted(kernel: Any) -> bool:

@@ -155,6 +155,7 @@ OP = Op(
             "the vendor's depthwise conv on a channels-last copy, no Triton",
             "channels-last",
             "depthwise_conv_vendor.py",
+            ("rocmfix_kernel_support.py",),
         ),
     ),
     cases=CASES,

@@ -7,7 +7,7 @@ from .conv import Conv
 # rocmfix: g2l_crm_triton was dropped here by rocmfix; revert removes it
 try:
     from .g2l_crm_triton import dilated_conv2d as _rocmfix_dilated_conv2d
-except (ImportError, OSError):
+except Exception:
     _rocmfix_dilated_conv2d = None
 
 class DilatedBlock(nn.Module):

@@ -4,7 +4,7 @@ from torch import Tensor, nn
 # rocmfix: rocmfix_depthwise_conv was dropped here by rocmfix; revert removes it
 try:
     from ..rocmfix_depthwise_conv import depthwise_conv2d as _rocmfix_depthwise_conv2d
-except (ImportError, OSError):
+except Exception:
     _rocmfix_depthwise_conv2d = None
 
 

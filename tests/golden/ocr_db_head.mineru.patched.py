@@ -5,7 +5,7 @@ from torch import nn
 # rocmfix: rocmfix_conv_transpose was dropped here by rocmfix; revert removes it
 try:
     from ..rocmfix_conv_transpose import conv_transpose2d as _rocmfix_conv_transpose2d
-except (ImportError, OSError):
+except Exception:
     _rocmfix_conv_transpose2d = None
 
 
