@@ -16,8 +16,11 @@ The file sits beside the tuned file (``measured.json`` in its folder)::
 
 It is untrusted input, read as the tuned file is: a regular file (never through a link),
 size-capped, schema-checked entry by entry; a file or an entry that fails any check reads as
-no measurement. ``status`` cannot see the GPU (its probe never imports torch), so it takes the
-newest entry for this environment's torch and ROCm build and names its arch.
+no measurement. An entry decides only for its own arch and torch/ROCm build: a home folder
+shared across a cluster's nodes holds other GPUs' results, and a gfx942 "the vendor op is
+fast" says nothing of a gfx1100. ``status`` never imports torch, so it reads this node's arch
+as the ROCm runtime does (:func:`gpu_archs`: ``HSA_OVERRIDE_GFX_VERSION``, else the KFD
+topology); where that names no single arch, nothing decides.
 """
 
 from __future__ import annotations
@@ -50,8 +53,45 @@ _VERSION = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
+# What the ROCm runtime reads a node's GPUs from, and the variable that overrides their arch.
+TOPOLOGY = Path("/sys/class/kfd/kfd/topology/nodes")
+OVERRIDE_ENV = "HSA_OVERRIDE_GFX_VERSION"
+_OVERRIDE = re.compile(r"^(\d{1,2})\.(\d{1,2})\.(\d{1,2})$")
+
+
 def path() -> Path:
     return tuned_path().parent / NAME
+
+
+def _gfx(major: int, minor: int, stepping: int) -> str:
+    # The runtime's naming: 9.0.10 is gfx90a, 11.0.0 gfx1100 (minor and stepping in hex).
+    return f"gfx{major}{minor:x}{stepping:x}"
+
+
+def gpu_archs(topology: Path = TOPOLOGY) -> frozenset[str]:
+    """This node's AMD GPU archs as the ROCm runtime (and so torch) names them: the one
+    ``HSA_OVERRIDE_GFX_VERSION`` makes every GPU, else each GPU node's ``gfx_target_version``
+    in the KFD topology; none where neither says (no AMD GPU or driver, another system)."""
+    override = _OVERRIDE.match(os.environ.get(OVERRIDE_ENV, "").strip())
+    if override:
+        return frozenset({_gfx(*(int(v) for v in override.groups()))})
+    try:
+        nodes = sorted(topology.iterdir())[:256]
+    except OSError:
+        return frozenset()
+    archs = set()
+    for node in nodes:
+        try:
+            data = fsops.read_regular(node / "properties", limit=64 * 1024)
+        except (fsops.NotRegularError, OSError):
+            continue
+        for line in (data or b"").decode("ascii", "replace").splitlines():
+            key, _, value = line.partition(" ")
+            number = value.strip()
+            if key == "gfx_target_version" and number.isdigit() and 0 < int(number) < 10**6:
+                version = int(number)  # 0 for a CPU node
+                archs.add(_gfx(version // 10000, version // 100 % 100, version % 100))
+    return frozenset(archs)
 
 
 @dataclass(frozen=True)
@@ -142,12 +182,17 @@ def read(file: Path | None = None) -> tuple[Measured, ...]:
     return tuple(found)
 
 
-def reading(op: Op, torch: TorchInfo | None, file: Path | None = None) -> Reading:
-    """What the stored measurements say about ``op`` with this torch build."""
+def reading(
+    op: Op, torch: TorchInfo | None, file: Path | None = None, archs: frozenset[str] | None = None
+) -> Reading:
+    """What the stored measurements say about ``op`` with this torch build on this node's GPU
+    (``archs``: :func:`gpu_archs` unless given)."""
     command = f"run `rocmfix doctor --op {op.name}` on the GPU"
     mine = [m for m in read(file) if m.op == op.name]
-    here = [m for m in mine if torch is not None and (m.torch, m.hip) == (torch.version, torch.hip)]
-    if not here:
+    build = [
+        m for m in mine if torch is not None and (m.torch, m.hip) == (torch.version, torch.hip)
+    ]
+    if not build:
         if mine:
             newest = max(mine, key=lambda m: m.measured_at)
             return Reading(
@@ -155,6 +200,15 @@ def reading(op: Op, torch: TorchInfo | None, file: Path | None = None) -> Readin
                 f"measured {newest.where()}, not with this torch build; {command}",
             )
         return Reading(None, f"whether the vendor op is slow depends on the GPU; {command}")
+    archs = gpu_archs() if archs is None else archs
+    if len(archs) != 1:
+        seen = ", ".join(sorted(archs)) or "none"
+        return Reading(None, f"no single AMD GPU arch seen here ({seen}); {command}")
+    (arch,) = archs
+    here = [m for m in build if m.arch == arch]
+    if not here:
+        newest = max(build, key=lambda m: m.measured_at)
+        return Reading(None, f"not measured on this GPU ({arch}), only {newest.where()}; {command}")
     newest = max(here, key=lambda m: m.measured_at)
     if newest.faster:
         return Reading(

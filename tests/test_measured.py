@@ -57,8 +57,12 @@ def store(entries: dict[str, dict[str, Any]]) -> None:
     measured_file().write_text(json.dumps({"schema": 1, "ops": ops}))
 
 
-def verdicts(env: InstalledEnv, *extra: str) -> dict[str, dict[str, Any]]:
-    result = env.cli("status", "--json", *extra)
+# The GPU the CLI sees: the ROCm runtime's own override of every GPU's arch (measured.gpu_archs).
+ON_GFX1100 = {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}
+
+
+def verdicts(env: InstalledEnv, *extra: str, gpu: dict[str, str] = ON_GFX1100) -> dict[str, Any]:
+    result = env.cli("status", "--json", *extra, env=gpu)
     assert result.returncode == 0, result.stderr
     return {p["id"]: p for p in result.json()["patches"] if p["id"].startswith("mineru-ocr")}
 
@@ -96,7 +100,7 @@ def test_status_and_apply_follow_the_measurement(mineru_rocm: InstalledEnv) -> N
     assert found[TRANSPOSE]["reason"].startswith("the vendor op measured as fast here")
 
     before = files_under(mineru_rocm.site)
-    result = mineru_rocm.cli("apply", "--scheme", "channels-last")
+    result = mineru_rocm.cli("apply", "--scheme", "channels-last", env=ON_GFX1100)
     assert result.returncode == 0, result.stderr
     assert "mineru-ocr-db-head: skipped: the vendor op measured as fast here" in result.stderr
     after = files_under(mineru_rocm.site)
@@ -108,7 +112,7 @@ def test_status_and_apply_follow_the_measurement(mineru_rocm: InstalledEnv) -> N
     assert {found[p]["verdict"] for p in DEPTHWISE} == {"applied"}
 
     # --only patches a named one whatever was measured.
-    result = mineru_rocm.cli("apply", "--only", TRANSPOSE)
+    result = mineru_rocm.cli("apply", "--only", TRANSPOSE, env=ON_GFX1100)
     assert result.returncode == 0, result.stderr
     assert verdicts(mineru_rocm)[TRANSPOSE]["verdict"] == "applied"
 
@@ -184,9 +188,66 @@ def test_doctor_stores_gpu_results_only(tmp_path: Path) -> None:
         ("depthwise-conv", "gfx1201", "triton", 3.25, today),
         ("conv-transpose", "gfx1201", "linear", 0.9, today),
     }
-    torch = TorchInfo(TORCH, HIP, None)
-    assert measured.reading(dw, torch, file).faster is True
-    assert measured.reading(ct, torch, file).faster is False
+    torch, here = TorchInfo(TORCH, HIP, None), frozenset({"gfx1201"})
+    assert measured.reading(dw, torch, file, here).faster is True
+    assert measured.reading(ct, torch, file, here).faster is False
     # Another arch's result is kept beside it.
     measured.record({"depthwise-conv": ("channels-last", 1.5)}, "gfx942", TORCH, HIP, file)
     assert {m.arch for m in measured.read(file)} == {"gfx1201", "gfx942"}
+
+
+def test_another_archs_measurement_never_decides(mineru_rocm: InstalledEnv) -> None:
+    """A home folder shared across a cluster's nodes: a gfx942 node's "the vendor op is fast"
+    read on a gfx1100 node (issue 39, item 8)."""
+    store(
+        {
+            "depthwise-conv": {"arch": "gfx942", "scheme": "triton", "speedup": 1.01},
+            "conv-transpose": {"arch": "gfx942", "scheme": "linear", "speedup": 5.0},
+        }
+    )
+    found = verdicts(mineru_rocm)
+    for pid in (*DEPTHWISE, TRANSPOSE):
+        assert found[pid]["verdict"] == "unmeasured", found[pid]
+        assert found[pid]["reason"].startswith("not measured on this GPU (gfx1100), only on gfx942")
+    before = files_under(mineru_rocm.site)
+    result = mineru_rocm.cli("apply", env=ON_GFX1100)
+    assert result.returncode == 0, result.stderr
+    assert "not measured on this GPU (gfx1100)" in result.stderr
+    assert files_under(mineru_rocm.site) == before
+    # On the gfx942 node itself the same file decides.
+    found = verdicts(mineru_rocm, gpu={"HSA_OVERRIDE_GFX_VERSION": "9.4.2"})
+    assert found[DEPTHWISE[0]]["verdict"] == "not-needed"
+    assert found[TRANSPOSE]["verdict"] == "applicable"
+
+
+def test_the_nodes_arch_is_read_as_the_rocm_runtime_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def node(index: int, properties: str) -> None:
+        (tmp_path / str(index)).mkdir()
+        (tmp_path / str(index) / "properties").write_text(properties)
+
+    monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
+    assert measured.gpu_archs(tmp_path / "absent") == frozenset()
+    node(0, "cpu_cores_count 16\ngfx_target_version 0\n")  # the CPU's node
+    assert measured.gpu_archs(tmp_path) == frozenset()
+    node(1, "simd_count 192\ngfx_target_version 110000\nmax_waves_per_simd 16\n")
+    assert measured.gpu_archs(tmp_path) == {"gfx1100"}
+    node(2, "gfx_target_version 90010\n")
+    assert measured.gpu_archs(tmp_path) == {"gfx1100", "gfx90a"}
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / "properties").symlink_to(tmp_path / "1" / "properties")  # never followed
+    assert measured.gpu_archs(tmp_path) == {"gfx1100", "gfx90a"}
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "9.4.2")
+    assert measured.gpu_archs(tmp_path) == {"gfx942"}
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "gfx1100; rm -rf /")
+    assert measured.gpu_archs(tmp_path) == {"gfx1100", "gfx90a"}
+
+    store_file = tmp_path / "measured.json"
+    measured.record({"depthwise-conv": ("triton", 6.1)}, "gfx1100", TORCH, HIP, store_file)
+    dw, torch = op("depthwise-conv"), TorchInfo(TORCH, HIP, None)
+    for archs, says in ((frozenset(), "(none)"), (frozenset({"gfx1100", "gfx90a"}), "gfx90a")):
+        found = measured.reading(dw, torch, store_file, archs)
+        assert found.faster is None and "no single AMD GPU arch seen here" in found.reason
+        assert says in found.reason
+    assert measured.reading(dw, torch, store_file, frozenset({"gfx1100"})).faster is True
