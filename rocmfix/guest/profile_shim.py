@@ -34,14 +34,7 @@ _PREFIX = "rocmfix.module:"
 # The line that called a conv/matmul-family function, from a TorchFunctionMode active only
 # inside profiled model calls (cheap: one frame walk per such call, no Python-stack tracer).
 _SRC = "rocmfix.src:"
-_state: dict[str, Any] = {
-    "prof": None,
-    "done": False,
-    "pid": None,
-    "t0": 0.0,
-    "calls": 0,
-    "set_log": False,
-}
+_state: dict[str, Any] = dict(prof=None, done=False, pid=None, t0=0.0, calls=0, set_log=False)
 # Profilers stopped around a fork (a profiler running across a fork deadlocks the child), each
 # with its start time; written out together at exit.
 _finished: list[Any] = []
@@ -106,7 +99,14 @@ class _TorchFinder:
         return spec
 
 
+def _mark(kind: str) -> None:
+    """An empty ``shim-PID`` or ``torch-PID``: what the report can say when no op was recorded."""
+    with contextlib.suppress(Exception):
+        os.close(os.open(os.path.join(_DIR, f"{kind}-{os.getpid()}"), os.O_CREAT | os.O_WRONLY))
+
+
 def _arm(torch: Any) -> None:
+    _mark("torch")
     try:
         _state["pid"] = os.getpid()
         _state["t0"] = time.time()
@@ -398,8 +398,7 @@ def _dump() -> None:
         if prof is not None:
             prof.stop()
             _finished.append(prof)
-        if _finished:
-            _write(_finished)
+        _write(_finished)  # with no profiler too: torch imported, no model call (or none kept)
     except Exception as exc:  # noqa: BLE001
         _note(f"profile not written: {exc!r}")
 
@@ -422,30 +421,14 @@ def _backend() -> dict[str, Any]:
     return out
 
 
-def _frame(name: str) -> tuple[str, int, str] | None:
-    """``path/to/file.py(123): func`` -> (file, line, func), else None."""
-    head, sep, func = name.partition("): ")
-    if not sep or "(" not in head:
-        return None
-    path, _, line = head.rpartition("(")
-    if not line.isdigit():
-        return None
-    return path, int(line), func
-
-
 _NOT_OPS = ("autograd", "profiler", "cuda", "c10d_profiler")
 
 
 def _is_op(name: str) -> bool:
     """An operator's event (``aten::conv2d``, a custom op's ``ns::name``), not an annotation."""
     space, sep, rest = name.partition("::")
-    return (
-        bool(sep)
-        and space.isidentifier()
-        and space not in _NOT_OPS
-        and bool(rest)
-        and rest.replace(".", "_").isidentifier()
-    )
+    ok = bool(sep) and space.isidentifier() and space not in _NOT_OPS
+    return ok and rest.replace(".", "_").isidentifier()
 
 
 def _is_torch_file(path: str) -> bool:
@@ -566,6 +549,7 @@ def _write(profs: list[Any]) -> None:
         "cuda_used": bool(cuda),
         "backend": _backend(),
         "env": {k: v for k, v in os.environ.items() if k.startswith(("MIOPEN_", "TORCH_"))},
+        "calls": int(_state["calls"]),
         "ops": ops,
     }
     if os.environ.get("ROCMFIX_PROFILE_TRACE") == "1":
@@ -590,6 +574,7 @@ def _install() -> None:
     if "KINETO_LOG_LEVEL" not in os.environ:
         os.environ["KINETO_LOG_LEVEL"] = "6"
         _state["set_log"] = True
+    _mark("shim")
     sys.meta_path.insert(0, _TorchFinder())
 
 
