@@ -239,6 +239,71 @@ def test_at_a_terminal_the_command_has_it_and_ctrl_c_ends_the_command() -> None:
         os.close(fd)
 
 
+# ------------------------------------------------------------- 39.5: padding="same"/"valid"
+
+
+def _convs(model_run: tuple[Any, Path, Path]) -> dict[str, dict[str, Any]]:
+    result, _out, _victim = model_run
+    doc = _split(result.stdout)
+    return {op["modules"][0].split(" ")[0]: op for op in doc["ops"] if op["conv"]}
+
+
+def test_string_padding_is_recorded_and_used_by_the_analysis(
+    model_run: tuple[Any, Path, Path],
+) -> None:
+    """padding="same" was read as 0: a 96x96 output taken for 93x93 in the FLOP count, the
+    replay, the repro and the MIOpenDriver line."""
+    convs = _convs(model_run)
+    even, odd, valid = convs["even"], convs["odd"], convs["valid"]
+    assert even["conv"]["padding_mode"] == "same" and even["conv"]["padding"] == [1, 1]
+    assert even["conv"]["pad_far"] == [1, 1]
+    assert odd["conv"]["padding_mode"] == "same" and odd["conv"]["padding"] == [2, 2]
+    assert odd["conv"]["pad_far"] == [0, 0]
+    assert valid["conv"]["padding"] == [0, 0]
+    # 96x96 out for "same" (8 out channels, 8 * 4 * 4 per output), 94x94 for "valid".
+    assert even["flops"] == 2 * 8 * 96 * 96 * 8 * 4 * 4
+    assert valid["flops"] == 2 * 8 * 94 * 94 * 8 * 3 * 3
+    for row in (even, odd):
+        forms = {f["label"]: f for f in row["forms"]}
+        assert forms["as run"]["ms"] is not None, forms
+
+
+def test_string_padding_reaches_the_repro_and_the_miopen_line() -> None:
+    from rocmfix.profile import analyse
+    from rocmfix.profile.model import OpStat
+
+    op = {"name": "aten::conv2d", "shapes": [[1, 8, 96, 96], [8, 8, 4, 4]],
+          "concrete": [None, None, None, [1, 1], "same", [1, 1], 1]}  # fmt: skip
+    conv = analyse.conv_params(op)
+    row = OpStat(key="k", op="conv2d", shapes=((1, 8, 96, 96), (8, 8, 4, 4)),
+                 dtypes=("float32",), layout="contiguous", conv=conv, calls=2, total_ms=2.0,
+                 first_ms=1.0, steady_ms=1.0, share=1.0, flops=None, bytes=None, tflops=None,
+                 gbps=None, roofline=None, modules=(), source=None, kernels=(),
+                 pids=(1,))  # fmt: skip
+    repro = analyse.repro(row, "cpu", {})
+    assert "padding='same'" in repro and "far side one more" in repro
+    scope: dict[str, Any] = {}
+    exec(repro.replace("range(10)", "range(1)"), scope)
+    assert tuple(scope["y"].shape) == (1, 8, 96, 96)
+    # MIOpen gets the input torch padded on the far side: 97x97, padding 1.
+    assert "-H 97 -W 97 " in str(analyse.miopen_driver(row))
+    assert " -p 1 -q 1 " in str(analyse.miopen_driver(row))
+
+
+# ------------------------------------------------------------- 39.9: an expanded input
+
+
+def test_an_expanded_input_is_replayed_as_the_expanded_view_it_was(
+    model_run: tuple[Any, Path, Path],
+) -> None:
+    """empty_strided with a 0 stride, then normal_(): the replay of the call as it ran failed
+    ("more than one element of the written-to tensor refers to a single memory location")."""
+    wide = _convs(model_run)["wide"]
+    assert wide["layout"] == "strided"
+    forms = {f["label"]: f for f in wide["forms"]}
+    assert forms["as run"]["error"] is None and forms["as run"]["ms"] is not None, forms
+
+
 # ------------------------- 39.7 and 43.5: what a run with nothing to profile says, and how
 
 

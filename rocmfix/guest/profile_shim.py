@@ -490,6 +490,8 @@ def _op_record(event: Any, dtypes_by_id: dict[int, list[Any]] | None = None) -> 
     concrete = []
     for value in list(getattr(event, "concrete_inputs", None) or []):
         concrete.append(value if isinstance(value, (int, float, bool, list, str)) else None)
+    if event.name in ("aten::conv1d", "aten::conv2d", "aten::conv3d") and concrete[4:5] == [None]:
+        concrete[4] = _string_padding(event)
     strides = getattr(event, "structured_input_strides", None) or []
     return {
         "name": event.name,
@@ -518,6 +520,18 @@ def _op_record(event: Any, dtypes_by_id: dict[int, list[Any]] | None = None) -> 
         "source": list(source) if source else None,
         "thread": int(event.thread),
     }
+
+
+def _string_padding(event: Any) -> Any:
+    """conv1d/2d/3d's padding="same" or "valid", which the profiler records as None: the
+    aten::convolution torch's _convolution_mode issued has padding, or a padded input, if "same"."""
+    for mode in event.cpu_children:
+        for child in mode.cpu_children if mode.name == "aten::_convolution_mode" else ():
+            if child.name == "aten::convolution":
+                pad = (list(child.concrete_inputs or []) + [None] * 5)[4] or [0]
+                moved = list(child.input_shapes[0]) != list(event.input_shapes[0])
+                return "same" if moved or any(pad) else "valid"
+    return None
 
 
 def _write(profs: list[Any]) -> None:
