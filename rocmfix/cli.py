@@ -516,8 +516,8 @@ def profile_(
             on_warning=render.warning,
         )
         render_profile.profile_table(report)
-        if out_dir is not None and report.ops:
-            render_profile.write_out(report, out_dir)
+        if report.out_dir is not None and report.ops:
+            render_profile.write_out(report, report.out_dir)
         if as_json:
             render_profile.profile_json(report)
         return report.exit_code

@@ -144,6 +144,18 @@ def test_a_new_out_folder_is_made_private_and_a_private_one_is_used(tmp_path: Pa
     assert run_cli("profile", "--out", str(new), "--", "true").returncode == 0
 
 
+def test_an_out_folder_opened_to_others_during_the_run_is_a_note_not_a_lost_report(
+    tmp_path: Path,
+) -> None:
+    """Checked again after the command (it may have run for hours): a refusal then must not
+    take the report and the command's exit code with it."""
+    out = tmp_path / "out"
+    result = run_cli("profile", "--out", str(out), "--", "sh", "-c", f"chmod 777 {out}; exit 4")
+    assert result.returncode == 4, result.stderr
+    assert not _errors(result.stderr) and "nothing was written there" in result.stderr
+    assert not any(out.iterdir())
+
+
 # ------------------------------------------------------------------------ 39.3: signals
 
 GRANDCHILD = r"""

@@ -55,7 +55,12 @@ def run(
         found = collect.collect(folder)
         files: list[str] = []
         if out_dir is not None:
-            out_dir = out_folder(out_dir)
+            try:  # checked again: the command had hours to change it
+                out_dir = out_folder(out_dir)
+            except UsageError as exc:
+                found.notes.append(f"{exc.message}; nothing was written there")
+                out_dir = None
+        if out_dir is not None:
             for trace in found.traces:
                 with contextlib.suppress(fsops.NotRegularError):
                     fsops.copy_regular(trace, out_dir / trace.name)
