@@ -352,6 +352,34 @@ def test_a_command_that_drops_the_profiler_is_named_before_it_runs(command: list
     assert "no process" not in result.stderr and "did not load" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (["python", "job.py"], []),
+        (["python3.11", "-W", "error", "-X", "dev", "job.py"], []),
+        (["python", "-c", "x", "-I"], []),  # -I is the program's argument there
+        (["python", "-WerrorI", "job.py"], []),  # "errorI" is -W's value
+        (["python", "-IS", "job.py"], ["-I", "-S"]),
+        (["/usr/bin/python3", "-W", "error", "-E", "job.py"], ["-E"]),
+        (["env", "A=1", "PYTHONPATH=x", "python", "job.py"], ["env PYTHONPATH="]),
+        (["env", "--unset", "PYTHONPATH", "python", "job.py"], ["env -u"]),
+        (["env", "-i", "python", "job.py"], ["env -i"]),
+        (["env", "A=1", "-i", "job"], []),  # "-i" is the command there
+        (["env", "-C", "/tmp", "python", "-I", "job.py"], ["-I"]),
+        (["sh", "-c", "python -I job.py"], []),  # inside a script: known only afterwards
+    ],
+)
+def test_the_command_lines_that_drop_the_profiler_are_read_as_python_and_env_read_them(
+    command: list[str], named: list[str]
+) -> None:
+    from rocmfix.profile.launch import shim_blockers
+
+    found = shim_blockers(command)
+    assert len(found) == len(named), found
+    for why, flag in zip(found, named, strict=True):
+        assert flag in why, found
+
+
 # ------------------------------------------------------------- 43.6: a clean JSON file
 
 

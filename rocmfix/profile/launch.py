@@ -63,7 +63,7 @@ def run(command: Sequence[str], folder: Path, window: Window, trace: bool) -> su
 
 
 _PYTHON = re.compile(r"python[0-9.]*")
-_WHY = {"I": "isolated mode", "E": "ignores PYTHON* variables", "S": "skips site and sitecustomize"}
+_WHY = {"I": "ignores PYTHONPATH (isolated mode)", "E": "ignores PYTHONPATH", "S": "skips site"}
 _ENV_TAKES = ("-u", "--unset", "-C", "--chdir", "-S", "--split-string")
 
 
@@ -82,13 +82,15 @@ def shim_blockers(command: Sequence[str]) -> list[str]:
             elif not options or not word.startswith("-"):
                 break
             if word in ("-i", "--ignore-environment", "-"):
-                found.append("`env -i` clears the environment, the PYTHONPATH that loads it too")
-            elif word in ("-u", "--unset") and argv[at + 1 : at + 2] == ["PYTHONPATH"]:
-                found.append("`env -u PYTHONPATH` removes the PYTHONPATH that loads it")
+                found.append("`env -i` clears the environment, rocmfix's PYTHONPATH with it")
+            elif word in ("-uPYTHONPATH", "--unset=PYTHONPATH") or (
+                word in ("-u", "--unset") and argv[at + 1 : at + 2] == ["PYTHONPATH"]
+            ):
+                found.append("`env -u PYTHONPATH` removes rocmfix's PYTHONPATH")
             elif word.split("=", 1)[0] == "PYTHONPATH" and "=" in word:
                 found.append(
-                    "`env PYTHONPATH=...` replaces the PYTHONPATH that loads it (set "
-                    "PYTHONPATH before `rocmfix profile`: it keeps yours after its own)"
+                    "`env PYTHONPATH=...` replaces rocmfix's PYTHONPATH (set PYTHONPATH "
+                    "before `rocmfix profile` instead: it keeps yours after its own)"
                 )
             elif word in ("-S", "--split-string") or word.startswith("--split-string="):
                 break
@@ -101,7 +103,7 @@ def shim_blockers(command: Sequence[str]) -> list[str]:
             at += 1
             for n, letter in enumerate("" if word.startswith("--") else word[1:]):
                 if letter in "IES":
-                    found.append(f"`python -{letter}` ({_WHY[letter]}) does not load it")
+                    found.append(f"`python -{letter}` {_WHY[letter]}")
                 if letter in "cm":  # the rest is the program and its arguments
                     return found
                 if letter in "WX":  # its value: the rest of the word, or the next one
