@@ -71,22 +71,36 @@ _PREVIOUS: dict[int, Any] = {}
 
 
 @contextlib.contextmanager
+def _handling(
+    signums: Sequence[int], handler: Callable[[int, FrameType | None], None]
+) -> Iterator[dict[int, Any]]:
+    """While inside, ``handler`` handles ``signums`` (yields the handlers it replaced). A
+    signal rocmfix was started to ignore (nohup) stays ignored, for the children too; off the
+    main thread, where no handler can be set, nothing changes."""
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in signums:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, handler)
+    try:
+        yield previous
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+@contextlib.contextmanager
 def forwarding() -> Iterator[None]:
     """While inside, SIGTERM and SIGINT kill the children's groups before they act."""
-    if threading.current_thread() is not threading.main_thread() or _PREVIOUS:
-        # Another forwarding() holds the handlers, or signals cannot be handled here.
+    if _PREVIOUS:  # another forwarding() holds the handlers
         yield
         return
-    for signum in _FORWARDED:
-        # A signal rocmfix was started to ignore (nohup) stays ignored, for the children too.
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            _PREVIOUS[signum] = signal.signal(signum, _kill_live)
-    try:
-        yield
-    finally:
-        for number, handler in _PREVIOUS.items():
-            signal.signal(number, handler)
-        _PREVIOUS.clear()
+    with _handling(_FORWARDED, _kill_live) as previous:
+        _PREVIOUS.update(previous)
+        try:
+            yield
+        finally:
+            _PREVIOUS.clear()
 
 
 # What a user's stop request can be: a terminal's Ctrl-C, `timeout`/`kill`, a closed terminal.
@@ -129,27 +143,20 @@ def run_passing_signals(argv: Sequence[str], env: Mapping[str, str]) -> Ran:
                 os.tcsetpgrp(tty, os.getpid())
             signal.signal(signal.SIGTTOU, signal.SIG_DFL)
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in _PASSED:
-            # A signal rocmfix was started to ignore (nohup) stays ignored, for the command too.
-            if signal.getsignal(signum) is not signal.SIG_IGN:
-                previous[signum] = signal.signal(signum, on_signal)
     try:
-        proc = subprocess.Popen(list(argv), env=dict(env), preexec_fn=child)
-        with contextlib.suppress(OSError):
-            os.setpgid(proc.pid, proc.pid)  # also here: the signal handler may need it first
-        group.append(proc.pid)
-        if received:  # arrived while it was being started
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, received[0])
-        code = _wait_foreground(proc, tty)
+        with _handling(_PASSED, on_signal):
+            proc = subprocess.Popen(list(argv), env=dict(env), preexec_fn=child)
+            with contextlib.suppress(OSError):
+                os.setpgid(proc.pid, proc.pid)  # also here: the signal handler may need it first
+            group.append(proc.pid)
+            if received:  # arrived while it was being started
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, received[0])
+            code = _wait_foreground(proc, tty)
     finally:
         if tty is not None:
             _give_terminal(tty, os.getpgrp())
             os.close(tty)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     return Ran(128 - code if code < 0 else code, received[0] if received else None)
 
 
