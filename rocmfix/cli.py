@@ -455,7 +455,8 @@ def profile_(
         typer.Option(
             "--json",
             help="After the command ends, print a JSON document (schema rocmfix-profile/1) on "
-            "stdout, after anything the command printed there.",
+            "stdout, after anything the command printed there. For a file of JSON alone, use "
+            "--out DIR: it writes DIR/profile.json.",
         ),
     ] = False,
     out_dir: Annotated[
@@ -506,11 +507,17 @@ def profile_(
         args = command[1:] if command and command[0] == "--" else command
         window = profile_mod.Window(skip_seconds, skip_calls, seconds, calls)
         report = profile_mod.run(
-            args, all_patches(), window=window, top=top, out_dir=out_dir, python=python
+            args,
+            all_patches(),
+            window=window,
+            top=top,
+            out_dir=out_dir,
+            python=python,
+            on_warning=render.warning,
         )
         render_profile.profile_table(report)
-        if out_dir is not None and report.ops:
-            render_profile.write_out(report, out_dir)
+        if report.out_dir is not None and report.ops:
+            render_profile.write_out(report, report.out_dir)
         if as_json:
             render_profile.profile_json(report)
         return report.exit_code

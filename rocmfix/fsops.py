@@ -18,13 +18,14 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 TEMP_TAG = ".rocmfix-"
 TEMP_SUFFIX = ".tmp"
@@ -181,10 +182,15 @@ def file_mode(folder: Path) -> int:
 
 
 def atomic_write(
-    path: Path, data: bytes, *, like: os.stat_result | None = None, expect: Any = UNCHECKED
+    path: Path,
+    data: bytes | BinaryIO,
+    *,
+    like: os.stat_result | None = None,
+    expect: Any = UNCHECKED,
 ) -> None:
-    """Replace ``path`` with ``data``; mode and owner come from ``like`` (the old file), else
-    from the folder. ``expect``: what the file must hold at the moment of the replace."""
+    """Replace ``path`` with ``data`` (bytes, or an open file to copy from); mode and owner
+    come from ``like`` (the old file), else from the folder. ``expect``: what the file must
+    hold at the moment of the replace. A link at ``path`` is replaced, never written through."""
     write_point(path)
     fd, tmp_name = tempfile.mkstemp(
         dir=path.parent, prefix=f".{path.name}{TEMP_TAG}", suffix=TEMP_SUFFIX
@@ -192,7 +198,10 @@ def atomic_write(
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            if isinstance(data, bytes):
+                handle.write(data)
+            else:
+                shutil.copyfileobj(data, handle, 1 << 20)
             handle.flush()
             os.fsync(handle.fileno())
         if like is not None:
@@ -288,6 +297,57 @@ def make_dirs(path: Path) -> list[Path]:
         give_to_folder_owner(folder)
         made.append(folder)
     return made
+
+
+class UnsafeFolderError(Exception):
+    """A folder the user named for rocmfix's output that others could plant links in."""
+
+
+def own_folder(path: Path) -> Path:
+    """``path`` as a folder only this user writes: an existing one must be a real folder
+    (not a link) owned by this user and not writable by group or others; a missing one is
+    made (its parents as :func:`make_dirs` makes them, itself 0700). Nothing is followed at
+    the last component; raises :class:`UnsafeFolderError` with the reason."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        try:
+            make_dirs(path.parent)
+            os.mkdir(path, 0o700)
+        except OSError as exc:
+            raise UnsafeFolderError(f"cannot create {path}: {exc.strerror or exc}") from None
+        info = os.lstat(path)
+    except OSError as exc:
+        raise UnsafeFolderError(f"cannot use {path}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafeFolderError(f"{path} is a symbolic link; name the folder itself")
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeFolderError(f"{path} exists and is not a folder")
+    if info.st_uid != os.geteuid():
+        raise UnsafeFolderError(f"{path} belongs to {owner_name(path)}, not to this user")
+    if info.st_mode & 0o022:
+        raise UnsafeFolderError(
+            f"{path} is writable by other users (mode {info.st_mode & 0o777:o})"
+        )
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UnsafeFolderError(f"{path} is not writable")
+    return path
+
+
+def copy_regular(source: Path, dest: Path) -> None:
+    """Copy the regular file ``source`` (never through a link, never a FIFO) to ``dest``,
+    written beside it and renamed into place."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(source, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularError(f"{source} is a symbolic link") from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularError(f"{source} is not a regular file")
+        atomic_write(dest, handle)
 
 
 def remove(path: Path, *, expect: Any = UNCHECKED) -> None:

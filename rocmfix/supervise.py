@@ -71,22 +71,134 @@ _PREVIOUS: dict[int, Any] = {}
 
 
 @contextlib.contextmanager
+def _handling(
+    signums: Sequence[int], handler: Callable[[int, FrameType | None], None]
+) -> Iterator[dict[int, Any]]:
+    """While inside, ``handler`` handles ``signums`` (yields the handlers it replaced). A
+    signal rocmfix was started to ignore (nohup) stays ignored, for the children too; off the
+    main thread, where no handler can be set, nothing changes."""
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in signums:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, handler)
+    try:
+        yield previous
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+@contextlib.contextmanager
 def forwarding() -> Iterator[None]:
     """While inside, SIGTERM and SIGINT kill the children's groups before they act."""
-    if threading.current_thread() is not threading.main_thread() or _PREVIOUS:
-        # Another forwarding() holds the handlers, or signals cannot be handled here.
+    if _PREVIOUS:  # another forwarding() holds the handlers
         yield
         return
-    for signum in _FORWARDED:
-        # A signal rocmfix was started to ignore (nohup) stays ignored, for the children too.
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            _PREVIOUS[signum] = signal.signal(signum, _kill_live)
+    with _handling(_FORWARDED, _kill_live) as previous:
+        _PREVIOUS.update(previous)
+        try:
+            yield
+        finally:
+            _PREVIOUS.clear()
+
+
+# What a user's stop request can be: a terminal's Ctrl-C, `timeout`/`kill`, a closed terminal.
+_PASSED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How the user's command ended: its exit code (128 + N for signal N, as a shell says
+    it), and the first signal rocmfix received and passed on to it, if any."""
+
+    code: int
+    passed: int | None = None
+
+
+def run_passing_signals(argv: Sequence[str], env: Mapping[str, str]) -> Ran:
+    """Run the user's command, whose output and terminal are its own, in a process group of
+    its own, and wait for it. SIGTERM, SIGHUP and SIGINT to rocmfix are passed on to that
+    group (unlike :func:`forwarding`, which kills rocmfix's own helpers): the command decides
+    how it ends, as it would under a shell. Where rocmfix is the terminal's foreground job, the
+    command's group is made the foreground (Ctrl-C and Ctrl-Z reach it; a stopped command
+    stops rocmfix too, and `fg` resumes both), and the terminal is taken back afterwards.
+
+    Raises OSError when ``argv[0]`` cannot be run."""
+    tty = _foreground_tty()
+    received: list[int] = []
+    group: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        if group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group[0], signum)
+
+    def child() -> None:  # between fork and exec: system calls only
+        os.setpgid(0, 0)
+        if tty is not None:
+            signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(tty, os.getpid())
+            signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+
     try:
-        yield
+        with _handling(_PASSED, on_signal):
+            proc = subprocess.Popen(list(argv), env=dict(env), preexec_fn=child)
+            with contextlib.suppress(OSError):
+                os.setpgid(proc.pid, proc.pid)  # also here: the signal handler may need it first
+            group.append(proc.pid)
+            if received:  # arrived while it was being started
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, received[0])
+            code = _wait_foreground(proc, tty)
     finally:
-        for number, handler in _PREVIOUS.items():
-            signal.signal(number, handler)
-        _PREVIOUS.clear()
+        if tty is not None:
+            _give_terminal(tty, os.getpgrp())
+            os.close(tty)
+    return Ran(128 - code if code < 0 else code, received[0] if received else None)
+
+
+def _foreground_tty() -> int | None:
+    """A descriptor on the controlling terminal when this process's group is its foreground."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if os.tcgetpgrp(fd) == os.getpgrp():
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _give_terminal(tty: int, pgid: int) -> None:
+    # From a background group tcsetpgrp would stop rocmfix with SIGTTOU.
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(tty, pgid)
+    finally:
+        signal.signal(signal.SIGTTOU, previous)
+
+
+def _wait_foreground(proc: subprocess.Popen[bytes], tty: int | None) -> int:
+    """The command's return code as Popen gives it; a stop (Ctrl-Z) stops rocmfix as well."""
+    while True:
+        _pid, status = os.waitpid(proc.pid, os.WUNTRACED if tty is not None else 0)
+        if tty is not None and os.WIFSTOPPED(status):
+            _give_terminal(tty, os.getpgrp())
+            os.kill(os.getpid(), signal.SIGSTOP)
+            # `fg` continued rocmfix: the command gets the terminal back and goes on too.
+            _give_terminal(tty, proc.pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGCONT)
+            continue
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        return proc.returncode
 
 
 @dataclass(frozen=True)

@@ -146,13 +146,17 @@ def _calibrate(torch: Any, gpu: bool) -> dict[str, Any]:
 def _tensor(
     torch: Any, shape: list[int], dtype: str, strides: list[int] | None, device: str
 ) -> Any:
-    """A random tensor of the recorded shape, dtype and strides (so its memory layout)."""
+    """A random tensor of the recorded shape, dtype and strides (so its memory layout). An
+    expanded input (stride 0: one element seen at many places) is replayed as what it was,
+    the expanded view of a smaller tensor: random values cannot be written into it."""
     dtype = getattr(torch, dtype)
     if strides and len(strides) == len(shape):
-        t = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        base = [1 if st == 0 else n for n, st in zip(shape, strides)]
+        t = torch.empty_strided(base, [st or 1 for st in strides], dtype=dtype, device=device)
     else:
         t = torch.empty(shape, dtype=dtype, device=device)
-    return t.normal_() if t.is_floating_point() else t.zero_()
+    t = t.normal_() if t.is_floating_point() else t.zero_()
+    return t.expand(shape)
 
 
 def _dtype_name(raw: str | None) -> str:
@@ -215,8 +219,15 @@ def _replay(torch: Any, gpu: bool, item: dict[str, Any], templates: str | None) 
             forms["contiguous"] = lambda: conv(xn, wn, b, stride, padding, dilation, groups)
     kernel = list(w.shape[2:])
     st = list(stride) * dims if len(stride) == 1 else list(stride)
-    pd = list(padding) * dims if len(padding) == 1 else list(padding)
     dl = list(dilation) * dims if len(dilation) == 1 else list(dilation)
+    if isinstance(padding, str):
+        # "same"/"valid" as torch resolves it. An odd total is padded one more on the far
+        # side: rocmfix's kernels take symmetric numbers, so they are left out there.
+        total = [0 if padding == "valid" else d * (k - 1) for k, d in zip(kernel, dl)]
+        pd = [t // 2 for t in total]
+        templates = None if any(t % 2 for t in total) else templates
+    else:
+        pd = list(padding) * dims if len(padding) == 1 else list(padding)
     plain = kernel == st and not any(pd) and all(d == 1 for d in dl)
     if groups == 1 and plain and not transposed:
         forms["reshape+matmul"] = lambda: _gemm_conv(torch, x, w, b, kernel)

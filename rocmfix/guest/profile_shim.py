@@ -34,14 +34,7 @@ _PREFIX = "rocmfix.module:"
 # The line that called a conv/matmul-family function, from a TorchFunctionMode active only
 # inside profiled model calls (cheap: one frame walk per such call, no Python-stack tracer).
 _SRC = "rocmfix.src:"
-_state: dict[str, Any] = {
-    "prof": None,
-    "done": False,
-    "pid": None,
-    "t0": 0.0,
-    "calls": 0,
-    "set_log": False,
-}
+_state: dict[str, Any] = dict(prof=None, done=False, pid=None, t0=0.0, calls=0, set_log=False)
 # Profilers stopped around a fork (a profiler running across a fork deadlocks the child), each
 # with its start time; written out together at exit.
 _finished: list[Any] = []
@@ -106,7 +99,14 @@ class _TorchFinder:
         return spec
 
 
+def _mark(kind: str) -> None:
+    """An empty ``shim-PID`` or ``torch-PID``: what the report can say when no op was recorded."""
+    with contextlib.suppress(Exception):
+        os.close(os.open(os.path.join(_DIR, f"{kind}-{os.getpid()}"), os.O_CREAT | os.O_WRONLY))
+
+
 def _arm(torch: Any) -> None:
+    _mark("torch")
     try:
         _state["pid"] = os.getpid()
         _state["t0"] = time.time()
@@ -398,8 +398,7 @@ def _dump() -> None:
         if prof is not None:
             prof.stop()
             _finished.append(prof)
-        if _finished:
-            _write(_finished)
+        _write(_finished)  # with no profiler too: torch imported, no model call (or none kept)
     except Exception as exc:  # noqa: BLE001
         _note(f"profile not written: {exc!r}")
 
@@ -422,30 +421,14 @@ def _backend() -> dict[str, Any]:
     return out
 
 
-def _frame(name: str) -> tuple[str, int, str] | None:
-    """``path/to/file.py(123): func`` -> (file, line, func), else None."""
-    head, sep, func = name.partition("): ")
-    if not sep or "(" not in head:
-        return None
-    path, _, line = head.rpartition("(")
-    if not line.isdigit():
-        return None
-    return path, int(line), func
-
-
 _NOT_OPS = ("autograd", "profiler", "cuda", "c10d_profiler")
 
 
 def _is_op(name: str) -> bool:
     """An operator's event (``aten::conv2d``, a custom op's ``ns::name``), not an annotation."""
     space, sep, rest = name.partition("::")
-    return (
-        bool(sep)
-        and space.isidentifier()
-        and space not in _NOT_OPS
-        and bool(rest)
-        and rest.replace(".", "_").isidentifier()
-    )
+    ok = bool(sep) and space.isidentifier() and space not in _NOT_OPS
+    return ok and rest.replace(".", "_").isidentifier()
 
 
 def _is_torch_file(path: str) -> bool:
@@ -507,6 +490,8 @@ def _op_record(event: Any, dtypes_by_id: dict[int, list[Any]] | None = None) -> 
     concrete = []
     for value in list(getattr(event, "concrete_inputs", None) or []):
         concrete.append(value if isinstance(value, (int, float, bool, list, str)) else None)
+    if event.name in ("aten::conv1d", "aten::conv2d", "aten::conv3d") and concrete[4:5] == [None]:
+        concrete[4] = _string_padding(event)
     strides = getattr(event, "structured_input_strides", None) or []
     return {
         "name": event.name,
@@ -535,6 +520,18 @@ def _op_record(event: Any, dtypes_by_id: dict[int, list[Any]] | None = None) -> 
         "source": list(source) if source else None,
         "thread": int(event.thread),
     }
+
+
+def _string_padding(event: Any) -> Any:
+    """conv1d/2d/3d's padding="same" or "valid", which the profiler records as None: the
+    aten::convolution torch's _convolution_mode issued has padding, or a padded input, if "same"."""
+    for mode in event.cpu_children:
+        for child in mode.cpu_children if mode.name == "aten::_convolution_mode" else ():
+            if child.name == "aten::convolution":
+                pad = (list(child.concrete_inputs or []) + [None] * 5)[4] or [0]
+                moved = list(child.input_shapes[0]) != list(event.input_shapes[0])
+                return "same" if moved or any(pad) else "valid"
+    return None
 
 
 def _write(profs: list[Any]) -> None:
@@ -566,6 +563,7 @@ def _write(profs: list[Any]) -> None:
         "cuda_used": bool(cuda),
         "backend": _backend(),
         "env": {k: v for k, v in os.environ.items() if k.startswith(("MIOPEN_", "TORCH_"))},
+        "calls": int(_state["calls"]),
         "ops": ops,
     }
     if os.environ.get("ROCMFIX_PROFILE_TRACE") == "1":
@@ -590,6 +588,7 @@ def _install() -> None:
     if "KINETO_LOG_LEVEL" not in os.environ:
         os.environ["KINETO_LOG_LEVEL"] = "6"
         _state["set_log"] = True
+    _mark("shim")
     sys.meta_path.insert(0, _TorchFinder())
 
 

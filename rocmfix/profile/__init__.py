@@ -4,18 +4,30 @@ thing, and name the fix. Nothing here prints; the report is :class:`ProfileRepor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import shutil
-from collections.abc import Sequence
+import signal
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from rocmfix import fsops
 from rocmfix.errors import UsageError
 from rocmfix.patch import Patch
 
 from . import analyse, collect, launch, replay
 from .model import SCHEMA, Calibration, OpStat, ProfileReport, Window
 
-__all__ = ["SCHEMA", "ProfileReport", "Window", "run"]
+__all__ = ["SCHEMA", "ProfileReport", "Window", "out_folder", "run"]
+
+
+def out_folder(path: Path) -> Path:
+    """``--out``: a folder only this user can write (made if missing), or a usage error."""
+    try:
+        return fsops.own_folder(path)
+    except fsops.UnsafeFolderError as exc:
+        raise UsageError(
+            f"--out: {exc}", hint="name a new folder, or one of yours that only you can write"
+        ) from None
 
 
 def run(
@@ -27,23 +39,40 @@ def run(
     out_dir: Path | None,
     python: str | None,
     replay_ops: bool = True,
+    on_warning: Callable[[str], None] = lambda _message: None,
 ) -> ProfileReport:
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} exists and is not a folder")
+    # Everything that can refuse is checked before the command starts (it may run for hours).
+    if not command:
+        raise UsageError("no command to profile", hint="rocmfix profile -- python my_script.py")
+    if out_dir is not None:
+        out_dir = out_folder(out_dir)
+    blockers = launch.shim_blockers(command)
+    for blocker in blockers:
+        on_warning(f"rocmfix's profiler will not load: {blocker}")
     with launch.workspace() as folder:
-        code = launch.run(command, folder, window, trace=out_dir is not None)
+        ran = launch.run(command, folder, window, trace=out_dir is not None)
+        code = ran.code
         found = collect.collect(folder)
         files: list[str] = []
         if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
+            try:  # checked again: the command had hours to change it
+                out_dir = out_folder(out_dir)
+            except UsageError as exc:
+                found.notes.append(f"{exc.message}; nothing was written there")
+                out_dir = None
+        if out_dir is not None:
             for trace in found.traces:
-                if trace.is_file() and not trace.is_symlink():
-                    shutil.copyfile(trace, out_dir / trace.name)
+                with contextlib.suppress(fsops.NotRegularError):
+                    fsops.copy_regular(trace, out_dir / trace.name)
                     files.append(str(out_dir / trace.name))
-    groups = found.groups
-    total_us = sum(sum(g.times_us) for g in groups.values())
     notes = list(found.notes)
+    groups = found.groups
+    if ran.passed is not None:
+        skipped = "; the replay was skipped" if groups else ""
+        notes.append(f"rocmfix passed {signal.Signals(ran.passed).name} on to the command{skipped}")
+    total_us = sum(sum(g.times_us) for g in groups.values())
     if not groups:
+        notes.insert(0, _nothing(command, found, blockers))
         return ProfileReport(tuple(command), code, found.device, None, tuple(found.processes),
                              0.0, None, (), window, tuple(notes), None, ())  # fmt: skip
     rows = analyse.rows(groups, total_us, None)
@@ -52,7 +81,11 @@ def run(
     first = groups[rows[0].key]
     target = python or first.python
     hip = found.hip
-    replayed = replay.run(target, items, found.device, first.backend)
+    # Stopped by a signal: the user wants rocmfix gone, not minutes of replays and calibration.
+    stopped = ran.passed is not None
+    replayed = (
+        replay.Replayed() if stopped else replay.run(target, items, found.device, first.backend)
+    )
     if replayed.fatal:
         notes.append(f"replay: {replayed.fatal}")
     calibration = None
@@ -100,3 +133,25 @@ def _keyed(
         index = int(str(item["id"])[2:])
         out.append((hot[index].key, item))
     return out
+
+
+def _nothing(command: Sequence[str], found: collect.Collected, blockers: Sequence[str]) -> str:
+    """Why no op was recorded, as far as the markers the shim left can tell."""
+    what = f"`{' '.join(command)}`"
+    if found.torch_pids and found.model_calls:
+        return (f"nothing to profile: {what} made {found.model_calls} model calls, and none "
+                "ran an op inside the window (--skip-calls, --skip-seconds)")  # fmt: skip
+    lost = found.torch_pids - found.written
+    if lost > 0:
+        return (f"nothing to profile: {lost} process{'es' if lost > 1 else ''} of {what} imported "
+                "torch and ended before writing its profile (killed, or os._exit)")  # fmt: skip
+    if found.torch_pids:
+        return (f"nothing to profile: {what} imported torch but ran no nn.Module (rocmfix "
+                "profiles model calls: forwards of an outermost nn.Module)")  # fmt: skip
+    if found.shim_pids:
+        return f"nothing to profile: no process of {what} imported torch"
+    why = "; ".join(blockers) or (
+        "it ran no Python, or a Python that ignores PYTHONPATH or skips site (-I, -E, -S, a "
+        "PYTHONPATH of its own, an `env -i`)"
+    )
+    return f"nothing to profile: rocmfix's profiler did not load in any process of {what}: {why}"

@@ -63,8 +63,19 @@ def conv_params(op: Mapping[str, Any]) -> dict[str, Any] | None:
         # (input, weight, bias, stride, padding, output_padding, groups, dilation)
         return {"stride": at(3, [1]), "padding": at(4, [0]), "dilation": at(7, [1]),
                 "groups": at(6, 1), "transposed": True, "output_padding": at(5, [0])}  # fmt: skip
-    return {"stride": at(3, [1]), "padding": at(4, [0]), "dilation": at(5, [1]),
-            "groups": at(6, 1), "transposed": False, "output_padding": [0]}  # fmt: skip
+    params = {"stride": at(3, [1]), "padding": at(4, [0]), "dilation": at(5, [1]),
+              "groups": at(6, 1), "transposed": False, "output_padding": [0]}  # fmt: skip
+    mode = params["padding"]
+    shapes = op.get("shapes") or []
+    if isinstance(mode, str) and len(shapes) > 1 and len(shapes[1]) >= 3:
+        # padding="same"/"valid", as torch resolves it: the total d*(k-1) split with the far
+        # side (bottom/right) one more where it is odd (torch pads the input by that first).
+        kernel = shapes[1][2:]
+        dl = _expand(params["dilation"], len(kernel))
+        total = [0 if mode == "valid" else d * (k - 1) for k, d in zip(kernel, dl, strict=False)]
+        params.update(padding=[t // 2 for t in total], padding_mode=mode,
+                      pad_far=[t % 2 for t in total])  # fmt: skip
+    return params
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -85,10 +96,9 @@ def work(op: Mapping[str, Any]) -> tuple[float | None, float | None]:
         x, w = shapes[0], shapes[1]
         dims = len(x) - 2
         st, pd = _expand(params["stride"], dims), _expand(params["padding"], dims)
-        dl = _expand(params["dilation"], dims)
-        out = [
-            (x[2 + i] + 2 * pd[i] - dl[i] * (w[2 + i] - 1) - 1) // st[i] + 1 for i in range(dims)
-        ]
+        dl, far = _expand(params["dilation"], dims), params.get("pad_far") or [0] * dims
+        out = [(x[2 + i] + 2 * pd[i] + far[i] - dl[i] * (w[2 + i] - 1) - 1) // st[i] + 1
+               for i in range(dims)]  # fmt: skip
         outputs = x[0] * w[0] * math.prod(out)
         flops = 2.0 * outputs * _numel(w[1:])
         return flops, float(size * (_numel(x) + _numel(w) + outputs))
@@ -241,8 +251,11 @@ def repro(row: OpStat, device: str, backend: Mapping[str, Any]) -> str:
     if len(row.shapes) > 2 and row.shapes[2]:
         lines.append(f"b = torch.randn({list(row.shapes[2])}, device=dev, dtype=dt)")
         bias = "b"
-    call = (f"{fn}(x, w, {bias}, stride={conv.get('stride')}, padding={conv.get('padding')}, "
+    padding = conv.get("padding_mode") or conv.get("padding")
+    call = (f"{fn}(x, w, {bias}, stride={conv.get('stride')}, padding={padding!r}, "
             f"dilation={conv.get('dilation')}, groups={conv.get('groups')})")  # fmt: skip
+    if any(conv.get("pad_far") or ()):
+        lines.append("# padding='same', odd total: torch pads the far side one more (F.pad first)")
     if conv.get("transposed"):
         call = (f"torch.nn.functional.conv_transpose{dims}d(x, w, {bias}, "
                 f"stride={conv.get('stride')}, padding={conv.get('padding')}, "
@@ -269,6 +282,9 @@ def miopen_driver(row: OpStat) -> str | None:
     n, c, h, w = row.shapes[0]
     k, _cg, y, x = row.shapes[1]
     st, pd, dl = (_expand(conv[n_], 2) for n_ in ("stride", "padding", "dilation"))
+    # padding="same" with an odd total: MIOpen gets the input torch padded on the far side.
+    far = conv.get("pad_far") or [0, 0]
+    h, w = h + far[0], w + far[1]
     base = {"float32": "conv", "float16": "convfp16", "bfloat16": "convbfp16"}
     kind = base.get(row.dtypes[0] if row.dtypes else "float32", "conv")
     return (

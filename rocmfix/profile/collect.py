@@ -45,6 +45,12 @@ class Collected:
     traces: list[Path]
     # A ROCm build of torch ran (the repro then carries a MIOpenDriver line).
     hip: bool = False
+    # Where no op was recorded, what is known: the processes that loaded rocmfix's shim, those
+    # that imported torch, and the model calls (outermost forwards) the latter made.
+    shim_pids: int = 0
+    torch_pids: int = 0
+    written: int = 0
+    model_calls: int = 0
 
 
 def layout(shape: list[int], strides: list[int]) -> str:
@@ -115,9 +121,14 @@ def collect(folder: Path) -> Collected:
         for op in body["ops"]
     )
     groups: dict[str, Group] = {}
+    model_calls = 0
     for body, _path in files:
         ops = [op for op in body["ops"] if _valid(op)]
         pid = int(body.get("pid", 0))
+        calls = body.get("calls")
+        model_calls += calls if isinstance(calls, int) and calls > 0 else 0
+        if not ops:
+            continue
         processes.append(
             Process(
                 pid=pid,
@@ -153,4 +164,9 @@ def collect(folder: Path) -> Collected:
                     group.callees[str(name)] = None
     traces = sorted(folder.glob("trace-*.json"))
     hip = any(bool(body.get("hip")) for body, _ in files)
-    return Collected(processes, groups, "cuda" if cuda else "cpu", notes, traces, hip)
+    found = Collected(processes, groups, "cuda" if cuda else "cpu", notes, traces, hip)
+    found.shim_pids = len(list(folder.glob("shim-*")))
+    found.torch_pids = len(list(folder.glob("torch-*")))
+    found.written = len(files)
+    found.model_calls = model_calls
+    return found

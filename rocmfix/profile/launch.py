@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
-import signal
-import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from rocmfix import supervise
 from rocmfix.errors import UsageError
 
 from .model import Window
@@ -41,8 +41,8 @@ def workspace() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run(command: Sequence[str], folder: Path, window: Window, trace: bool) -> int:
-    """The command's exit code (128 + N for a signal, as a shell reports it)."""
+def run(command: Sequence[str], folder: Path, window: Window, trace: bool) -> supervise.Ran:
+    """How the command ended (its exit code: 128 + N for a signal, as a shell reports it)."""
     if not command:
         raise UsageError("no command to profile", hint="rocmfix profile -- python my_script.py")
     env = dict(os.environ)
@@ -54,16 +54,59 @@ def run(command: Sequence[str], folder: Path, window: Window, trace: bool) -> in
         env["ROCMFIX_PROFILE_TRACE"] = "1"
     else:
         env.pop("ROCMFIX_PROFILE_TRACE", None)
-    # Ctrl-C reaches the command (same process group); rocmfix waits for it and reports.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        try:
-            proc = subprocess.Popen(list(command), env=env)
-        except FileNotFoundError:
-            raise UsageError(f"command not found: {command[0]}") from None
-        except PermissionError:
-            raise UsageError(f"cannot run {command[0]}: permission denied") from None
-        code = proc.wait()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    return 128 - code if code < 0 else code
+        return supervise.run_passing_signals(command, env)
+    except FileNotFoundError:
+        raise UsageError(f"command not found: {command[0]}") from None
+    except PermissionError:
+        raise UsageError(f"cannot run {command[0]}: permission denied") from None
+
+
+_PYTHON = re.compile(r"python[0-9.]*")
+_WHY = {"I": "ignores PYTHONPATH (isolated mode)", "E": "ignores PYTHONPATH", "S": "skips site"}
+_ENV_TAKES = ("-u", "--unset", "-C", "--chdir", "-S", "--split-string")
+
+
+def shim_blockers(command: Sequence[str]) -> list[str]:
+    """Why rocmfix's profiler will not load in the command's Python, where its command line
+    says so: an ``env`` that sets or clears PYTHONPATH, a ``python`` run with -I, -E or -S.
+    (A script that does the same inside is found only afterwards: no process loaded it.)"""
+    found: list[str] = []
+    argv = list(command)
+    if argv and os.path.basename(argv[0]) == "env":
+        at, options = 1, True
+        while at < len(argv):
+            word = argv[at]
+            if "=" in word and not word.startswith("-"):
+                options = False  # options come before the first NAME=VALUE
+            elif not options or not word.startswith("-"):
+                break
+            if word in ("-i", "--ignore-environment", "-"):
+                found.append("`env -i` clears the environment, rocmfix's PYTHONPATH with it")
+            elif word in ("-uPYTHONPATH", "--unset=PYTHONPATH") or (
+                word in ("-u", "--unset") and argv[at + 1 : at + 2] == ["PYTHONPATH"]
+            ):
+                found.append("`env -u PYTHONPATH` removes rocmfix's PYTHONPATH")
+            elif word.split("=", 1)[0] == "PYTHONPATH" and "=" in word:
+                found.append(
+                    "`env PYTHONPATH=...` replaces rocmfix's PYTHONPATH (set PYTHONPATH "
+                    "before `rocmfix profile` instead: it keeps yours after its own)"
+                )
+            elif word in ("-S", "--split-string") or word.startswith("--split-string="):
+                break
+            at += 2 if word in _ENV_TAKES else 1
+        argv = argv[at:]
+    if argv and _PYTHON.fullmatch(os.path.basename(argv[0])):
+        at = 1
+        while at < len(argv) and argv[at].startswith("-") and argv[at] not in ("-", "--"):
+            word = argv[at]
+            at += 1
+            for n, letter in enumerate("" if word.startswith("--") else word[1:]):
+                if letter in "IES":
+                    found.append(f"`python -{letter}` {_WHY[letter]}")
+                if letter in "cm":  # the rest is the program and its arguments
+                    return found
+                if letter in "WX":  # its value: the rest of the word, or the next one
+                    at += n + 2 == len(word)
+                    break
+    return found

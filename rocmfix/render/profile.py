@@ -9,9 +9,8 @@ import sys
 from typing import Any, TextIO
 
 from rocmfix import __version__
-from rocmfix.errors import RocmfixError
 from rocmfix.profile.model import FLAG_SHARE, SCHEMA, OpStat, ProfileReport
-from rocmfix.render.console import err, error, wrapper
+from rocmfix.render.console import err, wrapper
 
 WIDTH = 80
 BAR = 10
@@ -81,9 +80,7 @@ def summary(report: ProfileReport) -> str:
 def profile_table(report: ProfileReport, stream: TextIO | None = None) -> None:
     w = (stream or sys.stderr).write
     if not report.ops:
-        command = " ".join(report.command)
-        error(RocmfixError(f"nothing to profile: no process of `{command}` imported torch "
-                           f"(exit code {report.exit_code})."))  # fmt: skip
+        # A note, not an error: the command ran; the first note says why nothing was recorded.
         console = err()
         for note in report.notes:
             console.print(wrapper(console)(f"note: {note}", "  ", "      "))
@@ -164,11 +161,18 @@ def profile_json(report: ProfileReport, stream: TextIO | None = None) -> None:
 
 def write_out(report: ProfileReport, folder: Any) -> None:
     """profile.json and one repro snippet per flagged op without a fix, in ``--out``."""
+    import io
     from pathlib import Path
 
-    base = Path(folder)
-    with open(base / "profile.json", "w", encoding="utf-8") as handle:
-        profile_json(report, handle)
+    from rocmfix import fsops
+    from rocmfix.profile import out_folder
+
+    # Checked again and written beside, then renamed: nothing written through a link.
+    base = out_folder(Path(folder))
+    text = io.StringIO()
+    profile_json(report, text)
+    fsops.atomic_write(base / "profile.json", text.getvalue().encode("utf-8"))
     for n, row in enumerate(report.ops):
         if row.fix is not None and row.fix.kind == "none" and row.fix.repro:
-            (base / f"repro-{n + 1}-{row.op}.py").write_text(row.fix.repro, encoding="utf-8")
+            repro = row.fix.repro.encode("utf-8")
+            fsops.atomic_write(base / f"repro-{n + 1}-{row.op}.py", repro)
