@@ -506,15 +506,8 @@ def profile_(
     def body() -> int:
         args = command[1:] if command and command[0] == "--" else command
         window = profile_mod.Window(skip_seconds, skip_calls, seconds, calls)
-        report = profile_mod.run(
-            args,
-            all_patches(),
-            window=window,
-            top=top,
-            out_dir=out_dir,
-            python=python,
-            on_warning=render.warning,
-        )
+        report = profile_mod.run(args, all_patches(), window=window, top=top, out_dir=out_dir,
+                                 python=python, on_warning=render.warning)  # fmt: skip
         render_profile.profile_table(report)
         if report.out_dir is not None and report.ops:
             render_profile.write_out(report, report.out_dir)

@@ -330,7 +330,18 @@ def test_a_command_with_no_python_is_a_note_not_an_error() -> None:
 def test_torch_imported_but_no_module_run_says_so() -> None:
     result = run_cli("profile", "--", PY, "-c", "import torch; torch.ones(2) + 1", timeout=300)
     assert result.returncode == 0 and not _errors(result.stderr), result.stderr
-    assert "imported torch but ran no nn.Module" in result.stderr, result.stderr
+    assert "imported torch and ran no nn.Module" in " ".join(result.stderr.split()), result.stderr
+
+
+def test_a_child_the_profiler_cannot_see_is_not_said_to_have_skipped_torch() -> None:
+    """A wrapper ran with the profiler; its `python -I` child imported torch unseen: the report
+    said that no process imported torch."""
+    child = "import subprocess, sys; subprocess.run([sys.executable, '-I', '-c', 'import torch'])"
+    result = run_cli("profile", "--", PY, "-c", child, timeout=300)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 0 and not _errors(result.stderr), result.stderr
+    assert "no process" not in said and "1 Python process of" in said, said
+    assert "none imported torch (a Python that ignores PYTHONPATH" in said, said
 
 
 @pytest.mark.parametrize(

@@ -136,22 +136,28 @@ def _keyed(
 
 
 def _nothing(command: Sequence[str], found: collect.Collected, blockers: Sequence[str]) -> str:
-    """Why no op was recorded, as far as the markers the shim left can tell."""
+    """Why no op was recorded, as far as the markers the shim left can tell: it sees only the
+    processes it loaded in, so it says what those did, never what the others did not."""
     what = f"`{' '.join(command)}`"
-    if found.torch_pids and found.model_calls:
+    seen, torch = found.shim_pids, found.torch_pids
+    if torch and found.model_calls:
         return (f"nothing to profile: {what} made {found.model_calls} model calls, and none "
                 "ran an op inside the window (--skip-calls, --skip-seconds)")  # fmt: skip
-    lost = found.torch_pids - found.written
+    lost = torch - found.written
     if lost > 0:
-        return (f"nothing to profile: {lost} process{'es' if lost > 1 else ''} of {what} imported "
-                "torch and ended before writing its profile (killed, or os._exit)")  # fmt: skip
-    if found.torch_pids:
-        return (f"nothing to profile: {what} imported torch but ran no nn.Module (rocmfix "
-                "profiles model calls: forwards of an outermost nn.Module)")  # fmt: skip
-    if found.shim_pids:
-        return f"nothing to profile: no process of {what} imported torch"
-    why = "; ".join(blockers) or (
-        "it ran no Python, or a Python that ignores PYTHONPATH or skips site (-I, -E, -S, a "
-        "PYTHONPATH of its own, an `env -i`)"
-    )
+        return (f"nothing to profile: {_processes(lost)} of {what} imported torch and ended "
+                "before writing the profile (killed, or os._exit)")  # fmt: skip
+    if torch:
+        return (f"nothing to profile: {_processes(torch)} of {what} imported torch and ran no "
+                "nn.Module (rocmfix profiles model calls: forwards of an outermost "
+                "nn.Module)")  # fmt: skip
+    unseen = "ignores PYTHONPATH or skips site (-I, -E, -S, a PYTHONPATH of its own, `env -i`)"
+    if seen:
+        return (f"nothing to profile: {_processes(seen)} of {what} ran with rocmfix's profiler "
+                f"and none imported torch (a Python that {unseen} is not seen)")  # fmt: skip
+    why = "; ".join(blockers) or f"it ran no Python, or a Python that {unseen}"
     return f"nothing to profile: rocmfix's profiler did not load in any process of {what}: {why}"
+
+
+def _processes(n: int) -> str:
+    return f"{n} Python process{'es' if n != 1 else ''}"
