@@ -72,7 +72,8 @@ def _device_name(torch: Any, gpu: bool) -> str:
         return str(torch.cuda.get_device_name(0))
     import platform
 
-    return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"CPU ({platform.machine()}, {threads} thread{'s' if threads != 1 else ''})"
 
 
 def _backend(torch: Any, flags: dict[str, Any]) -> None:
@@ -83,6 +84,9 @@ def _backend(torch: Any, flags: dict[str, Any]) -> None:
         "cudnn.allow_tf32": lambda v: setattr(torch.backends.cudnn, "allow_tf32", bool(v)),
         "matmul.allow_tf32": lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", bool(v)),
         "float32_matmul_precision": torch.set_float32_matmul_precision,
+        # The run's own thread count: a CPU op replayed on more threads than it ran on, on a
+        # loaded machine, waits on the scheduler and reads many times slower than it ran.
+        "num_threads": lambda v: torch.set_num_threads(max(1, int(v))),
     }
     for key, value in flags.items():
         if key in setters:
