@@ -129,6 +129,46 @@ def test_an_hgnet_v2_report_is_whole_piped_and_at_80_columns(tmp_path: Path) -> 
     assert _flagged(doc) == _flagged(again), (_flagged(doc), _flagged(again))
 
 
+DET_HEAD = r"""
+import importlib.util, sys, types
+import torch
+torch.set_num_threads(1)
+# MinerU's package __init__ pulls its document stack (docvortex); the OCR head needs none of it.
+spec = importlib.util.find_spec("mineru")
+sys.modules["mineru"] = pkg = types.ModuleType("mineru")
+pkg.__path__ = list(spec.submodule_search_locations)
+from mineru.model._internal.pytorchocr.modeling.heads.det_db_head import Head
+torch.manual_seed(0)
+head = Head(64).eval()  # random weights
+with torch.no_grad():
+    for _ in range(4):
+        head(torch.randn(1, 64, 120, 84))
+print("head ran")
+"""
+
+
+@pytest.mark.network
+def test_ocr_dets_transposed_convs_name_mineru_ocr_db_head_and_why(tmp_path: Path) -> None:
+    # MinerU 4.0.12's own DB head (PP-OCR det): two ConvTranspose2d, kernel 2, stride 2.
+    script = tmp_path / "det.py"
+    script.write_text(DET_HEAD)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(releases.importable("mineru", "4.0.12"))])}
+    done = run_cli("profile", "--json", "--top", "4", "--", PY, str(script), env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = _document(done.stdout)
+    ups = [r for r in doc["ops"] if r["op"] == "conv_transpose2d"]
+    assert len(ups) == 2, [(r["op"], r["source"]) for r in doc["ops"]]
+    lines = [line.strip() for line in done.stderr.splitlines()]
+    for row in ups:
+        assert "/heads/det_db_head.py:" in row["source"] and row["patch"] == "mineru-ocr-db-head"
+        fix = row["fix"]
+        assert fix["kind"] == "none" and fix["patch_id"] == "mineru-ocr-db-head", fix
+        assert fix["why"].startswith("Route det_db_head.py's transposed convs around MIOpen; ")
+        assert fix["why"].endswith("not proposed here: CPU inputs take the stock path (its "
+                                   "routes take GPU inputs only)")  # fmt: skip
+        assert f"patch mineru-ocr-db-head: {fix['why']}" in lines, done.stderr
+
+
 def _ms(value: float) -> str:
     from rocmfix.render.profile import _ms as ms
 
