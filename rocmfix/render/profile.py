@@ -125,11 +125,11 @@ def _head(row: OpStat, width: int | None) -> list[str]:
     bar = "█" * filled + "░" * (BAR - filled)
     left = f"{row.share:6.1%} {bar}  "
     numbers = f" {row.calls:>6} {_ms(row.mean_ms):>8}"
-    column = SHAPE if width is None else max(SHAPE, width - len(left) - len(numbers))
-    what = _wrap(row.op + "  " + _shape(row), None if width is None else column, "", "")
-    if width is None or len(what) == 1:
-        return [left + what[0].ljust(SHAPE) + numbers]
-    return [left + what[0].ljust(column) + numbers, *(" " * len(left) + w for w in what[1:])]
+    # At a terminal the column takes what the numbers leave (45 at 80 columns); a longer op
+    # and shape go on under it. Numbers stay under their headers unless the shape is wider.
+    column = None if width is None else max(12, width - len(left) - len(numbers))
+    what = _wrap(row.op + "  " + _shape(row), column, "", "")
+    return [left + what[0].ljust(SHAPE) + numbers, *(" " * len(left) + w for w in what[1:])]
 
 
 def _fix_lines(row: OpStat, report: ProfileReport) -> list[str]:
