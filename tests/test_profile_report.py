@@ -318,6 +318,12 @@ def test_a_patch_that_routes_an_op_is_named_with_why_it_is_or_is_not_proposed() 
                            "GEMM + shuffle": {"ms": 1.0, "ok": True}}}, head, False, "cuda",
                            True, {}, total_ms=200.0)  # fmt: skip
     assert fast["fix"].kind == "patch" and fast["fix"].why == head.summary
+    # A first call that dwarfs the steady ones is not what a patch removes: said so.
+    slow_first = analyse.verdict(up, {"status": "ok", "forms": {"as run": {"ms": 4.0, "ok": True},
+                                 "GEMM + shuffle": {"ms": 1.0, "ok": True}}}, head, False,
+                                 "cuda", False, {}, total_ms=600.0)  # fmt: skip
+    assert slow_first["flagged"] and slow_first["fix"].kind == "none"
+    assert "its first call took 400ms, which the patch does not change" in slow_first["fix"].why
 
 
 def test_rates_show_their_digits_and_piped_lines_are_whole() -> None:

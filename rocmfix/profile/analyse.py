@@ -456,9 +456,13 @@ def _not_proposed(
         why = f"the op takes {row.share:.1%} of the run, under {FLAG_SHARE:.0%}"
     elif own and base is not None and base.ms:
         form = min(own, key=lambda f: f.ms or math.inf)
-        speedup = base.ms / (form.ms or math.inf)
+        speedup = min(base.ms, row.steady_ms) / (form.ms or math.inf)
         why = (f"its {form.label} form measured {speedup:.1f}x the op as it ran here, under "
                f"the {FLAG_SPEEDUP:.0f}x a fix needs")  # fmt: skip
+        if speedup >= FLAG_SPEEDUP:  # not proposed for its first call, which no patch removes
+            why = (f"its first call took {row.first_ms:.0f}ms, which the patch does not "
+                   f"change (its {form.label} form measured {speedup:.1f}x on the steady "
+                   "calls)")  # fmt: skip
     else:
         why = "the patch's formulation was not replayed here"
     return f"{patch.summary}; not proposed here: {why}"
