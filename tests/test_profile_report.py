@@ -87,6 +87,7 @@ def test_an_hgnet_v2_report_is_whole_piped_and_at_80_columns(tmp_path: Path) -> 
     # Piped, nothing is cut: every module, source line and kernel whole on its line.
     assert "…" not in report
     lines = report.splitlines()
+    assert all(line == line.rstrip() for line in lines), report
     for row in doc["ops"]:
         for text in (
             row["modules"][:1],

@@ -98,7 +98,7 @@ def _wrap(text: str, width: int | None, first: str, rest: str) -> list[str]:
                 line, glue = rest, ""
             line += glue + piece
         joiner = " "
-    return [*lines, line]
+    return [text.rstrip() for text in [*lines, line]]
 
 
 def summary(report: ProfileReport) -> str:
