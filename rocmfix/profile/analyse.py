@@ -180,16 +180,17 @@ def rows(
         steady = statistics.median(times[1:]) if len(times) > 1 else times[0]
         host = group.host_us if group.host_us != times and len(group.host_us) > 1 else None
         flops, moved = work(op)
-        mean_s = total / len(times) / 1e6 if times else 0.0
-        tflops = flops / mean_s / 1e12 if flops and mean_s > 0 else None
-        gbps = moved / mean_s / 1e9 if moved and mean_s > 0 else None
+        # Rates are a steady call's, for the same reason (a stalled call is not the kernel).
+        call_s = steady / 1e6
+        tflops = flops / call_s / 1e12 if flops and call_s > 0 else None
+        gbps = moved / call_s / 1e9 if moved and call_s > 0 else None
         roof = None
-        if calibration and flops and moved and mean_s > 0:
+        if calibration and flops and moved and call_s > 0:
             dtype = DTYPE.get(str((op.get("dtypes") or ["float"])[0]).lower(), "float32")
             peak = calibration.matmul_tflops.get(dtype) or calibration.matmul_tflops.get("float32")
             if peak:
                 bound = min(peak * 1e12, flops / moved * calibration.copy_gbps * 1e9)
-                roof = (flops / mean_s) / bound if bound > 0 else None
+                roof = (flops / call_s) / bound if bound > 0 else None
         source = op.get("source")
         # The profiler's Python frames carry the line of the function's ``def``, not the call.
         where = (
@@ -408,7 +409,7 @@ def verdict(
         hot
         and row.roofline is not None
         and row.roofline < FLAG_ROOFLINE
-        and row.mean_ms >= (ROOFLINE_MIN_MS_GPU if device == "cuda" else ROOFLINE_MIN_MS_CPU)
+        and row.steady_ms >= (ROOFLINE_MIN_MS_GPU if device == "cuda" else ROOFLINE_MIN_MS_CPU)
     ):
         # Shorter calls are bound by their launch, not by the kernel: no verdict on those.
         fields.update(flagged=True, reason=f"{row.roofline:.1%} of this machine's roofline")
