@@ -67,8 +67,26 @@ def _document(stdout: str) -> dict[str, Any]:
     return doc
 
 
-def _flagged(doc: dict[str, Any]) -> set[str]:
-    return {f"{r['op']} {r['shapes'][:2]} {r['source']}" for r in doc["ops"] if r["flagged"]}
+def _disagree(one: dict[str, Any], two: dict[str, Any]) -> list[str]:
+    """The ops two runs of one script judge differently beyond the noise at the threshold: one
+    flags it, the other neither flags it, nor gave no verdict (a replay that did not reproduce
+    its run says so), nor measured its best alternative within 1.25x of the 2x threshold (an op
+    at 2.06x in one run and 1.9x in the next is the same op, measured twice)."""
+    from rocmfix.profile.model import FLAG_SPEEDUP
+
+    def rows(doc: dict[str, Any]) -> dict[str, Any]:
+        return {f"{r['op']} {r['shapes'][:2]} {r['source']}": r for r in doc["ops"]}
+
+    out = []
+    a, b = rows(one), rows(two)
+    for key in a.keys() & b.keys():
+        x, y = a[key], b[key]
+        if x["flagged"] == y["flagged"] or x["replay_note"] or y["replay_note"]:
+            continue
+        near = [r["speedup"] for r in (x, y) if r["speedup"] is not None]
+        if not (near and all(FLAG_SPEEDUP / 1.25 <= v <= FLAG_SPEEDUP * 1.25 for v in near)):
+            out.append(f"{key}: {x['reason'] or x['speedup']} / {y['reason'] or y['speedup']}")
+    return out
 
 
 @pytest.mark.network
@@ -126,8 +144,8 @@ def test_an_hgnet_v2_report_is_whole_piped_and_at_80_columns(tmp_path: Path) -> 
             facts.append(row["fix"]["why"])
         for fact in facts:
             assert re.sub(r"\s+", "", fact or "") in flat, (fact, body)
-    # Two runs of the same script flag the same ops.
-    assert _flagged(doc) == _flagged(again), (_flagged(doc), _flagged(again))
+    # Two runs of the same script flag the same ops (beyond the noise at the threshold).
+    assert not _disagree(doc, again), _disagree(doc, again)
 
 
 DET_HEAD = r"""
