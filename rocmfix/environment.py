@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import fsops, guest, mineru, supervise
-from .errors import ProbeError, UsageError
+from .errors import ProbeError, UsageError, printable
 from .guest import probe
 from .mineru import MinerU
 from .patch import Patch, TorchInfo
@@ -263,12 +263,6 @@ def _python_version(python: str) -> str | None:
     return out if done.returncode == 0 and out.replace(".", "").isdigit() else None
 
 
-def _printable(text: str, limit: int = 120) -> str:
-    """``text`` as one line a terminal shows as it is: control characters as ``?``."""
-    line = "".join(c if c.isprintable() else "?" for c in text.strip())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
 def _framed(out: bytes, begin: str, end: str) -> bytes:
     """What a child wrote between ``begin`` and ``end``; ValueError when it wrote no frame."""
     first = out.rfind(begin.encode("ascii"))
@@ -280,7 +274,7 @@ def _framed(out: bytes, begin: str, end: str) -> bytes:
 
 def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The probe's answer, and the stray output the interpreter printed around it."""
-    name = _printable(python, 300)
+    name = printable(python, 300)
     nonce = secrets.token_hex(8)
     request = {**request, "frame": nonce}
     encoded = base64.b64encode(json.dumps(request).encode("utf-8")).decode("ascii")
@@ -307,7 +301,7 @@ def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], st
             f"{name} is Python {version}: rocmfix reads environments of Python 3.8 or newer"
         )
     if done.returncode != 0 and version is None:
-        said = _printable(_meaningful(stderr, *argv[2:]), 200)
+        said = printable(_meaningful(stderr, *argv[2:]), 200)
         raise ProbeError(
             f"{name} does not look like a Python interpreter: it did not run "
             f"`{os.path.basename(python)} -c CODE` (exit {done.returncode})" + f": {said}",
@@ -316,7 +310,7 @@ def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], st
     if done.returncode != 0:
         raise ProbeError(
             f"{name} could not be probed (exit {done.returncode}): "
-            + _printable(_meaningful(stderr, *argv[2:]), 200),
+            + printable(_meaningful(stderr, *argv[2:]), 200),
             hint="is it a Python 3.8+ interpreter?",
         )
     begin, end = probe.frame(nonce)
@@ -346,7 +340,7 @@ def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], st
     more = f" (and {len(lines) - 1} more lines)" if len(lines) > 1 else ""
     return data, (
         f"{name} printed at startup (a sitecustomize or .pth file?), ignored: "
-        f'"{_printable(lines[0])}"{more}'
+        f'"{printable(lines[0], 120)}"{more}'
     )
 
 
@@ -454,9 +448,9 @@ def _unreadable(data: Mapping[str, Any]) -> tuple[str, ...]:
     notes = []
     for name, problems in raw.items():
         said = problems if isinstance(problems, list) else [problems]
-        first = _printable(str(said[0]) if said else "?")
+        first = printable(str(said[0]) if said else "?", 120)
         more = f" ({len(said) - 1} more)" if len(said) > 1 else ""
-        notes.append(f"{_printable(str(name), 60)}'s metadata could not be read: {first}{more}")
+        notes.append(f"{printable(str(name), 60)}'s metadata could not be read: {first}{more}")
     return tuple(notes)
 
 
@@ -504,7 +498,7 @@ def _parse(data: dict[str, Any], in_process: bool) -> Environment:
         )
     except _Bad as exc:
         raise ProbeError(
-            f"the probe's answer does not hold what it must: {_printable(str(exc), 200)}",
+            f"the probe's answer does not hold what it must: {printable(str(exc), 200)}",
             hint="is --python a Python interpreter rocmfix can trust to answer?",
         ) from None
 

@@ -52,3 +52,14 @@ class AnchorNotFoundError(RocmfixError):
 
 class WriteError(RocmfixError):
     """Writing failed part-way; the run rolled back what it had written."""
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` as one line a terminal shows as it is: every character that is not printable
+    (control characters: ESC, BEL, the C1 block, newlines; line separators, bidi overrides)
+    as ``?``, so nothing from a trace, the target environment or the user's code reaches the
+    terminal as a control sequence. The one escaping function of every renderer (through
+    render/console.py) and of the probe's answers; with ``limit``, clipped to it *after*
+    the escaping, so a clip never cuts a sequence in half."""
+    line = "".join(c if c.isprintable() else "?" for c in text.strip())
+    return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"

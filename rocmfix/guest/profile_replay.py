@@ -72,7 +72,8 @@ def _device_name(torch: Any, gpu: bool) -> str:
         return str(torch.cuda.get_device_name(0))
     import platform
 
-    return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"CPU ({platform.machine()}, {threads} thread{'s' if threads != 1 else ''})"
 
 
 def _backend(torch: Any, flags: dict[str, Any]) -> None:
@@ -83,6 +84,9 @@ def _backend(torch: Any, flags: dict[str, Any]) -> None:
         "cudnn.allow_tf32": lambda v: setattr(torch.backends.cudnn, "allow_tf32", bool(v)),
         "matmul.allow_tf32": lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", bool(v)),
         "float32_matmul_precision": torch.set_float32_matmul_precision,
+        # The run's own thread count: a CPU op replayed on more threads than it ran on, on a
+        # loaded machine, waits on the scheduler and reads many times slower than it ran.
+        "num_threads": lambda v: torch.set_num_threads(max(1, int(v))),
     }
     for key, value in flags.items():
         if key in setters:
@@ -95,33 +99,69 @@ def _sync(torch: Any, gpu: bool) -> None:
         torch.cuda.synchronize()
 
 
-def _time_ms(
-    torch: Any, gpu: bool, fn: Callable[[], Any], budget_s: float = 0.5, reps: int = 25
-) -> tuple[float, float]:
-    """(first call ms, median steady ms)."""
-    _sync(torch, gpu)
+def _time_ms(torch: Any, gpu: bool, fn: Callable[[], Any]) -> tuple[float, float]:
+    """(first call ms, median steady ms) of one callable."""
+    got = _time_forms(torch, gpu, {"": fn})[""]
+    if isinstance(got, Exception):
+        raise got
+    first, ms = got
+    return float(first), float(ms)
+
+
+def _time_forms(
+    torch: Any,
+    gpu: bool,
+    forms: dict[str, Callable[[], Any]],
+    budget_s: float = 0.5,
+    reps: int = 25,
+) -> dict[str, Any]:
+    """Each form's (first call ms, median steady ms), or the exception it raised: first calls,
+    then rounds that call every form once in turn, so a machine's load falls on all of them
+    alike (timed one after another, a form timed in a quiet second read 26x "faster"). A form
+    whose one call outlasts the budget (a native Conv3d at 5476 patches) is timed once more,
+    not three times: the op's time limit covers every form of it."""
+    out: dict[str, Any] = {}
+    live: dict[str, tuple[Callable[[], Any], float, list[float]]] = {}
+    for label, fn in forms.items():
+        try:
+            _sync(torch, gpu)
+            start = time.perf_counter()
+            fn()
+            _sync(torch, gpu)
+            live[label] = (fn, (time.perf_counter() - start) * 1e3, [])
+        except Exception as exc:  # noqa: BLE001 - that form's error, the others go on
+            out[label] = exc
+    deadline = time.perf_counter() + budget_s * max(1, len(live))
+
+    def wanted(first: float, times: list[float]) -> bool:
+        least = 3 if first < budget_s * 1e3 else 1
+        return len(times) < reps and (len(times) < least or time.perf_counter() < deadline)
+
+    while any(wanted(first, times) for _fn, first, times in live.values()):
+        for label, (fn, first, times) in list(live.items()):
+            if not wanted(first, times):
+                continue
+            try:
+                times.append(_one_ms(torch, gpu, fn))
+            except Exception as exc:  # noqa: BLE001
+                out[label] = exc
+                del live[label]
+    for label, (_fn, first, times) in live.items():
+        out[label] = (first, statistics.median(times))
+    return out
+
+
+def _one_ms(torch: Any, gpu: bool, fn: Callable[[], Any]) -> float:
+    if gpu:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        return float(a.elapsed_time(b))
     start = time.perf_counter()
     fn()
-    _sync(torch, gpu)
-    first = (time.perf_counter() - start) * 1e3
-    times: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    # A form whose one call outlasts the budget (a native Conv3d at 5476 patches) is timed
-    # once more, not three times: the op's time limit covers every form of it.
-    least = 3 if first < budget_s * 1e3 else 1
-    while len(times) < reps and (len(times) < least or time.perf_counter() < deadline):
-        if gpu:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return first, statistics.median(times)
+    return (time.perf_counter() - start) * 1e3
 
 
 def _calibrate(torch: Any, gpu: bool) -> dict[str, Any]:
@@ -272,10 +312,14 @@ def _replay(torch: Any, gpu: bool, item: dict[str, Any], templates: str | None) 
 
             forms["rocmfix Triton"] = implicit_gemm
     results: dict[str, dict[str, Any]] = {}
+    timed = _time_forms(torch, gpu, forms)
     ref = None
     for label, fn in forms.items():
         try:
-            first, ms = _time_ms(torch, gpu, fn)
+            got = timed[label]
+            if isinstance(got, Exception):
+                raise got
+            first, ms = got
             out = fn()
             if ref is None:
                 ref = out.double()

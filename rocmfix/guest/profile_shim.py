@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from typing import Any
 
 _DIR = os.environ.get("ROCMFIX_PROFILE_DIR", "")
@@ -141,10 +142,11 @@ def _start() -> None:
     if _state["prof"] is not None or _state["done"]:
         return
     activities = list(torch.profiler.supported_activities())  # type: ignore[no-untyped-call]
-    # No with_stack: its Python tracer costs gigabytes on a real model; the module hooks name
-    # the module and the file of its forward instead.
-    prof = torch.profiler.profile(activities=activities, record_shapes=True)
-    prof.start()
+    # No with_stack (gigabytes of events). torch's warning about this profiler is not the command's.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
+        prof = torch.profiler.profile(activities=activities, record_shapes=True)
+        prof.start()
     _state["prof"] = prof
     _state["started"] = time.time()
     if _state["set_log"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,6 +46,10 @@ FIRST_CALL_RATIO = 5.0
 FIRST_CALL_MIN_MS_CPU = 100.0
 FIRST_CALL_MIN_MS_GPU = 1.0
 SDPA_MATH = "aten::_scaled_dot_product_attention_math"
+# A replay whose "as run" time is further than this factor from the run's own steady time did
+# not reproduce the run: it gives no verdict (a 2-core CPU under load read 36 ms for a conv the
+# run took 5.5 ms for, and flagged it 101.8x and then 121.7x "faster").
+REPLAY_AGREES = 2.0
 
 
 def conv_params(op: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -180,19 +185,22 @@ def rows(
         op = group.op
         times = group.times_us
         total = sum(times)
-        steady = (sum(times[1:]) / (len(times) - 1)) if len(times) > 1 else times[0]
+        # A steady call is the median of the calls after the first: a mean carries the stalls
+        # of a loaded machine's scheduler into the figure the replay is checked against.
+        steady = statistics.median(times[1:]) if len(times) > 1 else times[0]
         host = group.host_us if group.host_us != times and len(group.host_us) > 1 else None
         flops, moved = work(op)
-        mean_s = total / len(times) / 1e6 if times else 0.0
-        tflops = flops / mean_s / 1e12 if flops and mean_s > 0 else None
-        gbps = moved / mean_s / 1e9 if moved and mean_s > 0 else None
+        # Rates are a steady call's, for the same reason (a stalled call is not the kernel).
+        call_s = steady / 1e6
+        tflops = flops / call_s / 1e12 if flops and call_s > 0 else None
+        gbps = moved / call_s / 1e9 if moved and call_s > 0 else None
         roof = None
-        if calibration and flops and moved and mean_s > 0:
+        if calibration and flops and moved and call_s > 0:
             dtype = DTYPE.get(str((op.get("dtypes") or ["float"])[0]).lower(), "float32")
             peak = calibration.matmul_tflops.get(dtype) or calibration.matmul_tflops.get("float32")
             if peak:
                 bound = min(peak * 1e12, flops / moved * calibration.copy_gbps * 1e9)
-                roof = (flops / mean_s) / bound if bound > 0 else None
+                roof = (flops / call_s) / bound if bound > 0 else None
         source = op.get("source")
         # The profiler's Python frames carry the line of the function's ``def``, not the call.
         where = (
@@ -224,7 +232,7 @@ def rows(
                 kernels=tuple(sorted(group.kernels, key=lambda k: -group.kernels[k]))[:4],
                 pids=tuple(group.pids),
                 host_first_ms=host[0] / 1e3 if host else None,
-                host_steady_ms=sum(host[1:]) / (len(host) - 1) / 1e3 if host else None,
+                host_steady_ms=statistics.median(host[1:]) / 1e3 if host else None,
             )
         )
     out.sort(key=lambda r: -r.total_ms)
@@ -390,7 +398,18 @@ def verdict(
     base = next((f for f in forms if f.label == "as run" and f.ms), None)
     others = [f for f in forms if f.label != "as run" and f.ok and f.ms]
     best = min(others, key=lambda f: f.ms or math.inf) if others else None
-    speedup = base.ms / best.ms if base and best and base.ms and best.ms else None
+    if base is not None and base.ms and row.steady_ms > 0:
+        apart = max(base.ms / row.steady_ms, row.steady_ms / base.ms)
+        if apart > REPLAY_AGREES:
+            # The replay did not reproduce the run (thread count, affinity, warm-up, a machine
+            # under load): comparing its forms would be comparing noise.
+            note = (f"the replay ran it in {base.ms:.2f}ms where the run's steady calls took "
+                    f"{row.steady_ms:.2f}ms ({apart:.1f}x apart, more than "
+                    f"{REPLAY_AGREES:.0f}x: other threads, load or warm-up)")  # fmt: skip
+            best = None
+    # Against the slower-looking of the run's own time and the replay's, never the noisier one.
+    anchor = min(base.ms, row.steady_ms) if base is not None and base.ms else None
+    speedup = anchor / best.ms if anchor and best and best.ms else None
     fields: dict[str, Any] = {"forms": tuple(forms), "replay_note": note,
                               "best": best.label if best else None, "speedup": speedup,
                               "flagged": False, "reason": None}  # fmt: skip
@@ -406,7 +425,7 @@ def verdict(
         hot
         and row.roofline is not None
         and row.roofline < FLAG_ROOFLINE
-        and row.mean_ms >= (ROOFLINE_MIN_MS_GPU if device == "cuda" else ROOFLINE_MIN_MS_CPU)
+        and row.steady_ms >= (ROOFLINE_MIN_MS_GPU if device == "cuda" else ROOFLINE_MIN_MS_CPU)
     ):
         # Shorter calls are bound by their launch, not by the kernel: no verdict on those.
         fields.update(flagged=True, reason=f"{row.roofline:.1%} of this machine's roofline")
@@ -414,27 +433,56 @@ def verdict(
         # First-call cost no setting explains (a one-time compile, a lazy init): a repro.
         reason = _first_reason(row)
         fields.update(flagged=True, reason=reason)
-    if not fields["flagged"]:
-        return fields
     gpu = device == "cuda"
     schemes = SCHEME_OF.get(patch.op.name, {}) if patch is not None and patch.op else {}
     scheme = schemes.get(best.label) if best is not None and startup is None else None
     # rocmfix's routes take GPU inputs only (CPU inputs run the stock line): a patch is the fix
     # on a GPU, where it changes what runs; on a torch that is not ROCm, apply needs --force.
-    if patch is not None and scheme is not None and scheme in patch.scheme_names and gpu:
+    proposed = fields["flagged"] and scheme is not None and gpu
+    if patch is not None and proposed and scheme in patch.scheme_names:
         command = f"rocmfix apply --only {patch.id}"
         if scheme != patch.default_scheme:
             command += f" --scheme {scheme}"
         if not hip:
             command += " --force"
-        fields["fix"] = Fix(kind="patch", patch_id=patch.id, command=command, speedup=speedup)
-    else:
+        fields["fix"] = Fix(kind="patch", patch_id=patch.id, command=command, speedup=speedup,
+                            why=patch.summary)  # fmt: skip
+    elif fields["flagged"] or patch is not None:
+        flagged = fields["flagged"]
         fields["fix"] = Fix(
             kind="none",
-            repro=repro(row, device, backend) if row.conv else None,
-            driver=miopen_driver(row) if hip else None,
+            patch_id=patch.id if patch is not None else None,
+            repro=repro(row, device, backend) if row.conv and flagged else None,
+            driver=miopen_driver(row) if hip and flagged else None,
+            why=_not_proposed(patch, row, fields, base, gpu) if patch is not None else None,
         )
     return fields
+
+
+def _not_proposed(
+    patch: Patch, row: OpStat, fields: Mapping[str, Any], base: Form | None, gpu: bool
+) -> str:
+    """What a patch that routes this op does, and why it is not the fix here."""
+    labels = SCHEME_OF.get(patch.op.name, {}) if patch.op is not None else {}
+    own = [f for f in fields["forms"] if f.label in labels and f.ok and f.ms]
+    if not gpu:
+        why = "CPU inputs take the stock path (its routes take GPU inputs only)"
+    elif fields["replay_note"]:
+        why = "the replay gave no verdict"
+    elif not fields["flagged"] and row.share < FLAG_SHARE:
+        why = f"the op takes {row.share:.1%} of the run, under {FLAG_SHARE:.0%}"
+    elif own and base is not None and base.ms:
+        form = min(own, key=lambda f: f.ms or math.inf)
+        speedup = min(base.ms, row.steady_ms) / (form.ms or math.inf)
+        why = (f"its {form.label} form measured {speedup:.1f}x the op as it ran here, under "
+               f"the {FLAG_SPEEDUP:.0f}x a fix needs")  # fmt: skip
+        if speedup >= FLAG_SPEEDUP:  # not proposed for its first call, which no patch removes
+            why = (f"its first call took {row.first_ms:.0f}ms, which the patch does not "
+                   f"change (its {form.label} form measured {speedup:.1f}x on the steady "
+                   "calls)")  # fmt: skip
+    else:
+        why = "the patch's formulation was not replayed here"
+    return f"{patch.summary}; not proposed here: {why}"
 
 
 def replay_items(rows_: Sequence[OpStat], groups: Mapping[str, Group]) -> list[dict[str, Any]]:

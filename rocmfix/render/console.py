@@ -25,7 +25,7 @@ from rich.text import Text
 
 from rocmfix.checks import EnvWarning
 from rocmfix.environment import Environment
-from rocmfix.errors import RocmfixError
+from rocmfix.errors import RocmfixError, printable
 from rocmfix.results import Verdict
 
 STYLE = {
@@ -65,10 +65,13 @@ Wrap = Callable[..., Text]
 
 def wrapper(console: Console) -> Wrap:
     """Wrap plain text at the terminal's width, never inside a word (a version, a path);
-    piped output is not wrapped at all, so each reason stays one greppable line."""
+    piped output is not wrapped at all, so each reason stays one greppable line. The text
+    passes :func:`printable` first: what it quotes from a trace, the environment or the
+    user's code reaches the terminal as text, never as a control sequence."""
     width = max(console.width, 60) if console.is_terminal else None
 
     def wrap(text: str, first: str, rest: str, bold: int = 0) -> Text:
+        text = printable(text)
         if width:
             # A word too wide for the room the indent leaves (a long path) hangs less, rather
             # than have the terminal cut it in two.
@@ -194,7 +197,8 @@ def progress(title: str) -> Iterator[Callable[[int, int, str], None]]:
             task = bar.add_task("starting", total=None)
 
             def update(done: int, total: int, label: str) -> None:
-                bar.update(task, completed=done, total=total or None, description=escape(label))
+                label = escape(printable(label))
+                bar.update(task, completed=done, total=total or None, description=label)
 
             yield update
         return
@@ -203,7 +207,7 @@ def progress(title: str) -> Iterator[Callable[[int, int, str], None]]:
     def plain(done: int, total: int, label: str) -> None:
         if done != last[0]:
             last[0] = done
-            console.print(f"{title} [{done}/{total}] {escape(label)}")
+            console.print(f"{title} [{done}/{total}] {escape(printable(label))}")
 
     yield plain
 
@@ -217,7 +221,9 @@ def failures(failures: Sequence[str], worker_log: str) -> None:
         console.print(labelled(console, "failed", line, "red"))
     if worker_log.strip():
         console.print("worker output (last lines):", style="dim")
-        console.print(escape(worker_log.strip()[-1500:]), style="dim")
+        tail = worker_log.strip()[-1500:].splitlines()
+        shown = (" " * (len(line) - len(line.lstrip(" "))) + printable(line) for line in tail)
+        console.print(Text("\n".join(shown)), style="dim")
 
 
 def duration(ms: float | None) -> str:
@@ -269,6 +275,7 @@ def grid(
     takes what is left of the terminal and wraps between words under itself, or starts a
     line of its own where too little is left. Piped, no line is wrapped or ends in spaces."""
     fixed = len(header) - 1
+    rows = [[(printable(value), style) for value, style in row] for row in rows]
     cells = [row for row in rows if len(row) == len(header)]
     widths = [max([len(header[i]), *(len(row[i][0]) for row in cells)]) for i in range(fixed)]
     start = indent + sum(w + 2 for w in widths)

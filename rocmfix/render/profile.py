@@ -1,19 +1,25 @@
-"""``profile``: the report on stderr (the command's own stdout stays the command's), 80 columns;
+"""``profile``: the report on stderr (the command's own stdout stays the command's), laid out
+for the terminal's width and never cut;
 ``--json`` on stdout after the command has ended, and in ``--out``."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from typing import Any, TextIO
 
 from rocmfix import __version__
+from rocmfix.errors import printable
 from rocmfix.profile.model import FLAG_SHARE, SCHEMA, OpStat, ProfileReport
 from rocmfix.render.console import err, wrapper
 
-WIDTH = 80
 BAR = 10
+SHAPE = 34  # the op and call shape column
+INDENT = " " * 8
+HANG = " " * 10
+DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
 
 
 def _ms(value: float | None) -> str:
@@ -24,6 +30,14 @@ def _ms(value: float | None) -> str:
     if value >= 1:
         return f"{value:.2f}ms"
     return f"{value * 1e3:.0f}us"
+
+
+def _rate(per_s: float, unit: str) -> str:
+    """A rate with the prefix that shows its digits: 41.2 GFLOP/s, not 0.04 TFLOP/s."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if per_s >= scale:
+            return f"{per_s / scale:.3g} {prefix}{unit}"
+    return f"{per_s:.3g} {unit}"
 
 
 def _shape(row: OpStat) -> str:
@@ -37,11 +51,7 @@ def _shape(row: OpStat) -> str:
             if any(v != neutral for v in values):
                 parts.append(tag + "x".join(str(v) for v in dict.fromkeys(values)))
     if row.dtypes:
-        parts.append(
-            {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(
-                row.dtypes[0], row.dtypes[0]
-            )
-        )
+        parts.append(DTYPE.get(row.dtypes[0], row.dtypes[0]))
     if row.layout == "channels-last":
         parts.append("NHWC")
     return " ".join(parts)
@@ -52,13 +62,43 @@ def _verdict(row: OpStat) -> str:
         return "patched"
     if row.flagged:
         return "SLOW: " + (row.reason or "")
+    if row.replay_note:
+        return "no verdict: " + row.replay_note
     if row.speedup is not None:
         return f"ok (best alt {row.speedup:.1f}x)"
     return "ok" if row.share >= FLAG_SHARE and row.forms else "-"
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _pieces(word: str, room: int) -> list[str]:
+    """A word wider than the room (a long path) in pieces that each end at a ``/``, so the
+    terminal never cuts it where it likes; a piece still too wide is cut at the room."""
+    pieces: list[str] = []
+    for part in re.split("(?<=/)", word):
+        if pieces and len(pieces[-1]) + len(part) <= room:
+            pieces[-1] += part
+        else:
+            pieces += [part[i : i + room] for i in range(0, len(part), room)] or [""]
+    return [p for p in pieces if p]
+
+
+def _wrap(text: str, width: int | None, first: str, rest: str) -> list[str]:
+    """``text`` after :func:`printable`, as lines of at most ``width`` columns broken between
+    words (a word too wide, at its ``/``s), each piece whole; piped (no width), one line."""
+    text = printable(text)
+    if width is None:
+        return [first + text]
+    lines: list[str] = []
+    line, joiner = first, ""
+    for word in text.split(" "):
+        room = width - len(rest)
+        for n, piece in enumerate(_pieces(word, room) if len(word) > room else [word]):
+            glue = joiner if n == 0 else ""
+            if line.strip() and len(line) + len(glue) + len(piece) > width:
+                lines.append(line)
+                line, glue = rest, ""
+            line += glue + piece
+        joiner = " "
+    return [text.rstrip() for text in [*lines, line]]
 
 
 def summary(report: ProfileReport) -> str:
@@ -77,76 +117,100 @@ def summary(report: ProfileReport) -> str:
     return line + f"{fixed} {verb} a fix: " + "; ".join(commands)
 
 
+def _head(row: OpStat, width: int | None) -> list[str]:
+    """The row's first line: share, bar, op and call shape, calls, mean. At a terminal the
+    shape wraps under its own column rather than push the numbers past the edge (the op's
+    name is the trace's: :func:`_wrap` escapes it)."""
+    filled = round(row.share * BAR)
+    bar = "█" * filled + "░" * (BAR - filled)
+    left = f"{row.share:6.1%} {bar}  "
+    numbers = f" {row.calls:>6} {_ms(row.mean_ms):>8}"
+    # At a terminal the column takes what the numbers leave (45 at 80 columns); a longer op
+    # and shape go on under it. Numbers stay under their headers unless the shape is wider.
+    column = None if width is None else max(12, width - len(left) - len(numbers))
+    what = _wrap(row.op + "  " + _shape(row), column, "", "")
+    return [left + what[0].ljust(SHAPE) + numbers, *(" " * len(left) + w for w in what[1:])]
+
+
+def _fix_lines(row: OpStat, report: ProfileReport) -> list[str]:
+    fix = row.fix
+    if fix is None:
+        return []
+    lines = []
+    if fix.kind == "patch":
+        lines.append(f"fix: {fix.command} ({fix.speedup or 0:.1f}x measured here)")
+    elif fix.kind in ("env", "setting"):
+        lines.append(f"fix: {fix.command}")
+        if fix.why:
+            lines.append(fix.why)
+    elif fix.kind == "none" and row.flagged:
+        lines.append(
+            "fix: none yet; repro" + (" in --out" if report.out_dir else " with --out DIR")
+        )
+        if fix.driver:
+            lines.append(fix.driver)
+    if fix.kind == "none" and fix.patch_id and fix.why:
+        # A patch routes this op but is not the fix here: say what it does and why not.
+        lines.append(f"patch {fix.patch_id}: {fix.why}")
+    return lines
+
+
 def profile_table(report: ProfileReport, stream: TextIO | None = None) -> None:
-    w = (stream or sys.stderr).write
+    """The report, on stderr: at a terminal every line fits its width (wrapped between words,
+    never cut); piped, one line per item, nothing wrapped or cut. Every string from the trace,
+    the environment or the user's code passes :func:`printable` before it is laid out."""
     if not report.ops:
         # A note, not an error: the command ran; the first note says why nothing was recorded.
         console = err()
         for note in report.notes:
             console.print(wrapper(console)(f"note: {note}", "  ", "      "))
         return
+    console = err()
+    width = max(console.width, 60) if stream is None and console.is_terminal else None
+    out: list[str] = [""]
+
+    def item(text: str, first: str = "", rest: str = "    ") -> None:
+        out.extend(_wrap(text, width, first, rest))
+
     kind = "device" if report.device == "cuda" else "CPU"
     procs = len(report.processes)
-    w("\n" + _clip(f"rocmfix profile · {procs} torch process{'es' if procs != 1 else ''} · "
-                   f"{report.device_name or report.device} · {_ms(report.total_ms)} of {kind} time",
-                   WIDTH) + "\n")  # fmt: skip
+    plural = "es" if procs != 1 else ""
+    device = report.device_name or report.device
+    item(f"rocmfix profile · {procs} torch process{plural} · {device} · "
+         f"{_ms(report.total_ms)} of {kind} time")  # fmt: skip
     cal = report.calibration
     if cal is not None:
         rates = ", ".join(
-            f"{k.replace('float', 'fp')} {v:.2f}" for k, v in cal.matmul_tflops.items()
+            f"{DTYPE.get(k, k)} {_rate(v * 1e12, 'FLOP/s')}" for k, v in cal.matmul_tflops.items()
         )
-        w(
-            _clip(f"measured here: matmul TFLOP/s {rates} · copy {cal.copy_gbps:.1f} GB/s", WIDTH)
-            + "\n"
-        )
-    w("\n share             op  call shape                          calls     mean\n")
+        item(f"measured here: matmul {rates} · copy {_rate(cal.copy_gbps * 1e9, 'B/s')}")
+    out += ["", " share             op  call shape                          calls     mean"]
     for row in report.ops:
-        filled = round(row.share * BAR)
-        bar = "█" * filled + "░" * (BAR - filled)
-        what = _clip(row.op + "  " + _shape(row), 34)
-        head = f"{row.share:6.1%} {bar}  {what:<34} {row.calls:>6} {_ms(row.mean_ms):>8}"
-        w(head + "\n")
-        where = " · ".join(
-            x for x in ((row.modules[0] if row.modules else ""), row.source or "") if x
-        )
+        out.extend(_head(row, width))
+        where = " · ".join(x for x in ((row.modules[0] if row.modules else ""), row.source) if x)
         if where:
-            w("        " + _clip(where, WIDTH - 8) + "\n")
+            item(where, INDENT, HANG)
         facts = []
         if row.kernels:
             facts.append(row.kernels[0])
         if row.tflops is not None:
-            facts.append(f"{row.tflops:.2f} TFLOP/s, {row.gbps or 0:.0f} GB/s")
+            rate = _rate(row.tflops * 1e12, "FLOP/s")
+            facts.append(f"{rate}, {_rate((row.gbps or 0) * 1e9, 'B/s')}")
         if row.roofline is not None:
             facts.append(f"{row.roofline:.0%} of roofline")
         if row.calls > 1:
             facts.append(f"first {_ms(row.first_ms)}, then {_ms(row.steady_ms)}")
         if facts:
-            w("        " + _clip(" · ".join(facts), WIDTH - 8) + "\n")
-        w("        " + _clip(_verdict(row), WIDTH - 8) + "\n")
-        fix = row.fix
-        if fix is not None and fix.kind == "patch":
-            w(
-                "        "
-                + _clip(f"fix: {fix.command} ({fix.speedup:.1f}x measured here)", WIDTH - 8)
-                + "\n"
-            )
-        elif fix is not None and fix.kind in ("env", "setting"):
-            w("        " + _clip(f"fix: {fix.command}", WIDTH - 8) + "\n")
-            if fix.why:
-                w("        " + _clip(fix.why, WIDTH - 8) + "\n")
-        elif fix is not None and fix.kind == "none" and row.flagged:
-            w(
-                "        fix: none yet; repro"
-                + (" in --out" if report.out_dir else " with --out DIR")
-                + "\n"
-            )
-            if fix.driver:
-                w("        " + fix.driver + "\n")
-    w("\n" + summary(report) + "\n")
+            item(" · ".join(facts), INDENT, HANG)
+        item(_verdict(row), INDENT, HANG)
+        for line in _fix_lines(row, report):
+            item(line, INDENT, HANG)
+    out += ["", *_wrap(summary(report), width, "", "    ")]
     if report.exit_code:
-        w(f"the command exited with {report.exit_code}\n")
+        out.append(f"the command exited with {report.exit_code}")
     for note in report.notes[:10]:
-        w(_clip(f"note: {note}", WIDTH) + "\n")
+        item(f"note: {note}", "", "      ")
+    (stream or sys.stderr).write("\n".join(out) + "\n")
 
 
 def as_json(report: ProfileReport) -> dict[str, Any]:
