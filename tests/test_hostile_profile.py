@@ -277,7 +277,7 @@ def test_string_padding_is_recorded_and_used_by_the_analysis(
     assert valid["flops"] == 2 * 8 * 94 * 94 * 8 * 3 * 3
     for row in (even, odd):
         forms = {f["label"]: f for f in row["forms"]}
-        assert forms["as run"]["ms"] is not None, forms
+        assert "as run" in forms and forms["as run"]["ms"] is not None, row
 
 
 def test_string_padding_reaches_the_repro_and_the_miopen_line() -> None:
