@@ -5,6 +5,7 @@ from . import (
     doclayout_dilated_conv,
     lmdeploy_vision,
     mineru_pytorchocr,
+    mineru_tables,
     mineru_tokenizer,
     sglang_vision,
     transformers_hgnet,
@@ -21,4 +22,5 @@ PATCHES = (
     *mineru_pytorchocr.PATCHES,
     doclayout_dilated_conv.PATCH,
     mineru_tokenizer.PATCH,
+    *mineru_tables.PATCHES,
 )
