@@ -140,9 +140,9 @@ def classify(site: Site, module: cst.Module, ctx: TargetContext) -> Classificati
         return Classification(CodeShape.UNKNOWN, f"calls {HELPER} but does not define it")
     call = _session_call(function)
     if call is None:
+        through = " (it calls table_ort_session)" if calls(function, "table_ort_session") else ""
         return Classification(
-            CodeShape.FIXED_UPSTREAM,
-            f"{site.scope} makes no InferenceSession itself (its caller's patch covers it)",
+            CodeShape.FIXED_UPSTREAM, f"{site.scope} makes no InferenceSession itself{through}"
         )
     code = module.code_for_node(function)
     if any(provider in code for provider in AMD_PROVIDERS):

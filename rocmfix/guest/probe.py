@@ -181,9 +181,9 @@ def _read(
     return found
 
 
-def _gfx(nodes: str) -> List[str]:
-    """The architectures the kernel's KFD lists, one ``properties`` file a node."""
-    found: List[str] = []
+def _gfx(nodes: str) -> List[int]:
+    """The ``gfx_target_version`` of each GPU node the kernel's KFD lists."""
+    found: List[int] = []
     try:
         names = sorted(os.listdir(nodes))[:64]
     except OSError:
@@ -197,10 +197,7 @@ def _gfx(nodes: str) -> List[str]:
         for line in text.splitlines():
             key, _, value = line.partition(" ")
             if key == "gfx_target_version" and value.strip().isdigit() and int(value) > 0:
-                number = int(value)
-                major, minor, step = number // 10000, number // 100 % 100, number % 100
-                if minor < 16 and step < 16:
-                    found.append("gfx%d%x%x" % (major, minor, step))
+                found.append(int(value))
     return found
 
 
