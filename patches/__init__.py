@@ -20,7 +20,7 @@ PATCHES = (
     *lmdeploy_vision.PATCHES,
     *transformers_hgnet.PATCHES,
     *mineru_pytorchocr.PATCHES,
+    *mineru_tables.PATCHES,
     doclayout_dilated_conv.PATCH,
     mineru_tokenizer.PATCH,
-    *mineru_tables.PATCHES,
 )

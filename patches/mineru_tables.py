@@ -39,6 +39,7 @@ AMD_PROVIDERS = ("MIGraphXExecutionProvider", "ROCMExecutionProvider")
 # The onnxruntime builds that list one of them (each one's get_available_providers(),
 # tests/test_mineru_tables.py); all of them install into the same onnxruntime/ folder.
 AMD_BUILDS = ("onnxruntime-migraphx", "onnxruntime-rocm")
+NO_AMD_BUILD = f"no {' or '.join(AMD_BUILDS)} is installed: the CPU runs MinerU's tables either way"
 
 # Runs in the user's interpreter, inside MinerU's module: standard library and onnxruntime
 # only, and every failure of its own is MinerU's stock call.
@@ -129,32 +130,29 @@ def _amd_note(ctx: TargetContext) -> str | None:
 
 def classify(site: Site, module: cst.Module, ctx: TargetContext) -> Classification:
     function = _scope(module, site.scope)
+    if function is not None and calls(function, HELPER):
+        if _has_helper(module):
+            return Classification(CodeShape.PATCHED, f"{site.scope} asks for MIGraphX/ROCm")
+        return Classification(CodeShape.UNKNOWN, f"calls {HELPER} but does not define it")
+    note = _amd_note(ctx)
+    if note is None:
+        # One wording for every site, so that status and apply say it once.
+        return Classification(CodeShape.FIXED_UPSTREAM, NO_AMD_BUILD)
     if function is None:
         return Classification(
             CodeShape.FIXED_UPSTREAM,
             f"has no {site.scope}: this MinerU makes its table sessions elsewhere",
         )
-    if calls(function, HELPER):
-        if _has_helper(module):
-            return Classification(CodeShape.PATCHED, f"{site.scope} asks for MIGraphX/ROCm")
-        return Classification(CodeShape.UNKNOWN, f"calls {HELPER} but does not define it")
     call = _session_call(function)
     if call is None:
         through = " (it calls table_ort_session)" if calls(function, "table_ort_session") else ""
         return Classification(
-            CodeShape.FIXED_UPSTREAM, f"{site.scope} makes no InferenceSession itself{through}"
+            CodeShape.FIXED_UPSTREAM, f"makes no InferenceSession of its own{through}"
         )
     code = module.code_for_node(function)
     if any(provider in code for provider in AMD_PROVIDERS):
         return Classification(
             CodeShape.FIXED_UPSTREAM, f"{site.scope} already asks for an AMD provider"
-        )
-    note = _amd_note(ctx)
-    if note is None:
-        return Classification(
-            CodeShape.FIXED_UPSTREAM,
-            "no onnxruntime build with an AMD provider is installed "
-            f"({' or '.join(AMD_BUILDS)}): the CPU runs {site.what} either way",
         )
     return Classification(
         CodeShape.NEEDS_PATCH,

@@ -171,6 +171,8 @@ def onnx_note(use: MinerUUse) -> str:
 # (distribution, what MinerU's code names it by) in MinerU 4's "auto" order on a Linux GPU.
 ENGINES = (("vllm", "vllm"), ("lmdeploy", "lmdeploy"), ("mineru-llama-cpp", "mineru_llama_cpp"))
 TABLE_PATCHES = "mineru-table-"
+AMD_ONNXRUNTIME = ("onnxruntime-migraphx", "onnxruntime-rocm")
+SMALL, TABLES = "layout, OCR, formulas", "tables"
 
 
 @dataclass(frozen=True)
@@ -197,43 +199,32 @@ def _small(env: Environment, mineru: MinerU) -> Placement:
     needs = mineru.found.torch_needs
     missing = [n for n in needs or () if n not in env.installed]
     if missing:
-        return Placement(
-            "layout, OCR, formulas",
-            f"ONNX on the CPU (no {', '.join(missing)})",
-            f"install {', '.join(missing)} to run them in torch, where rocmfix's patches work",
-        )
-    return Placement("layout, OCR, formulas", _device(env))
+        todo = f"pip install {' '.join(missing)} for torch, where rocmfix's patches work"
+        return Placement(SMALL, "ONNX on the CPU", todo)
+    return Placement(SMALL, _device(env))
 
 
 def _tables(env: Environment, applied: Collection[str]) -> Placement:
     owner = env.system.onnxruntime
     if owner is None or owner.package is None:
-        return Placement("tables (ONNX)", "nowhere: onnxruntime is not installed")
+        return Placement(TABLES, "nowhere: onnxruntime is not installed")
     build = f"{owner.package} {owner.version or ''}".rstrip()
     listed = ONNXRUNTIME_BUILDS.get(owner.package, ())
     amd = [p for p in listed if p.startswith(("MIGraphX", "ROCM"))]
-    patched = any(p.startswith(TABLE_PATCHES) for p in applied)
-    if amd and patched:
-        where = f"{amd[0]} from {build} (rocmfix's patch); slanet-plus on the CPU"
-        return Placement("tables (ONNX)", where)
+    other = [n for n in owner.claimants if n != owner.package and n in AMD_ONNXRUNTIME]
+    if amd and any(p.startswith(TABLE_PATCHES) for p in applied):
+        return Placement(TABLES, f"{amd[0]} ({build}); slanet-plus on the CPU")
     if amd:
-        where = f"the CPU: {build} has {amd[0]}, which MinerU never asks for"
-        return Placement("tables (ONNX)", where, "rocmfix apply (its mineru-table patch)")
-    shadowed = [
-        n
-        for n in owner.claimants
-        if n != owner.package and n in ("onnxruntime-rocm", "onnxruntime-migraphx")
-    ]
-    if shadowed:
-        where = f"the CPU: onnxruntime/ holds {build}'s files, not {shadowed[0]}'s"
-        return Placement("tables (ONNX)", where, f"pip install --force-reinstall {shadowed[0]}")
+        return Placement(
+            TABLES, f"the CPU: MinerU never asks {build} for {amd[0]}", "rocmfix apply"
+        )
+    if other:
+        where = f"the CPU: onnxruntime/ holds {build}, not {other[0]}"
+        return Placement(TABLES, where, f"pip install --force-reinstall {other[0]}")
     if "CUDAExecutionProvider" in listed:
-        return Placement("tables (ONNX)", f"CUDA from {build}, where a GPU is visible")
-    return Placement(
-        "tables (ONNX)",
-        f"the CPU ({build} lists no GPU provider)",
-        "pip install onnxruntime-migraphx, then rocmfix apply",
-    )
+        return Placement(TABLES, f"CUDA ({build}), where a GPU is visible")
+    todo = "pip install onnxruntime-migraphx, then rocmfix apply"
+    return Placement(TABLES, f"the CPU ({build} has no GPU provider)", todo)
 
 
 def _vlm(env: Environment, mineru: MinerU) -> Placement:
@@ -247,8 +238,8 @@ def _vlm(env: Environment, mineru: MinerU) -> Placement:
         return Placement("VLM", "no engine MinerU names is installed (vllm, lmdeploy, llama.cpp)")
     rest = f" (also: {', '.join(named[1:])})" if len(named) > 1 else ""
     # MinerU 4 picks an engine itself ("auto"); before it, the backend named with -b did.
-    how = "MinerU's auto pick on a Linux GPU" if ENGINES[2][1] in found.strings else "its -b"
-    return Placement("VLM", f"{named[0]}: {how}{rest}")
+    how = "MinerU's pick on a Linux GPU" if ENGINES[2][1] in found.strings else "its -b vlm-*"
+    return Placement("VLM", f"{named[0]} ({how}){rest}")
 
 
 def placements(env: Environment, applied: Collection[str]) -> tuple[Placement, ...]:

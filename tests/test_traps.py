@@ -181,21 +181,24 @@ def test_which_onnxruntime_owns_the_folder(tmp_path: Path, last: str) -> None:
     assert sorted(owner["claimants"]) == sorted(ORT)
     shadowed = {w["code"]: w for w in doc["warnings"]}["onnxruntime-shadowed"]
     assert f"its files are {last}'s" in shadowed["message"]
-    tables = next(r for r in doc["runs"] if r["models"] == "tables (ONNX)")
+    tables = next(r for r in doc["runs"] if r["models"] == "tables")
     if last == "onnxruntime":
-        assert (
-            "onnxruntime/ holds onnxruntime 1.32.0's files, not onnxruntime-migraphx's"
-            in (tables["where"])
-        )
+        said = "the CPU: onnxruntime/ holds onnxruntime 1.32.0, not onnxruntime-migraphx"
+        assert tables["where"] == said
         assert tables["todo"] == "pip install --force-reinstall onnxruntime-migraphx"
     else:
-        assert "has MIGraphXExecutionProvider, which MinerU never asks for" in tables["where"]
+        said = (
+            "the CPU: MinerU never asks onnxruntime-migraphx 1.27.1 for MIGraphXExecutionProvider"
+        )
+        assert tables["where"] == said
+        assert tables["todo"] == "rocmfix apply"
         applied = env.cli("apply")
         assert applied.returncode == 0, applied.stderr
-        tables = next(
-            r for r in env.cli("status", "--json").json()["runs"] if "tables" in r["models"]
+        runs = env.cli("status", "--json").json()["runs"]
+        tables = next(r for r in runs if r["models"] == "tables")
+        assert tables["where"] == (
+            "MIGraphXExecutionProvider (onnxruntime-migraphx 1.27.1); slanet-plus on the CPU"
         )
-        assert tables["where"].startswith("MIGraphXExecutionProvider from onnxruntime-migraphx")
     screen = at_terminal(80, "status", "--python", str(env.python))
     fits(screen, 80)
     assert "Where MinerU 4.0.12 runs" in screen
@@ -209,7 +212,7 @@ def test_where_minerus_models_run(tmp_path: Path) -> None:
     runs = {r["models"]: r for r in env.cli("status", "--json").json()["runs"]}
     small = runs["layout, OCR, formulas"]
     # MinerU 4 lists what its torch path needs (runtime/device.py); torchvision is not here.
-    assert small["where"].startswith("ONNX on the CPU (no ") and "torchvision" in small["where"]
-    assert runs["tables (ONNX)"]["where"] == "nowhere: onnxruntime is not installed"
-    assert runs["VLM"]["where"] == "vllm 0.19.1: MinerU's auto pick on a Linux GPU"
+    assert small["where"] == "ONNX on the CPU" and "torchvision" in small["todo"]
+    assert runs["tables"]["where"] == "nowhere: onnxruntime is not installed"
+    assert runs["VLM"]["where"] == "vllm 0.19.1 (MinerU's pick on a Linux GPU)"
     assert run_cli("status", "--python", str(env.python)).returncode == 0

@@ -98,9 +98,8 @@ def runs_block(console: Console, report: StatusReport) -> None:
     wrap = wrapper(console)
     console.print(f"[bold]Where MinerU {escape(mineru.version)} runs[/]")
     for item in found:
-        console.print(wrap(f"{item.models}: {item.where}", "  ", "    "))
-        if item.todo:
-            console.print(wrap(f"to change: {item.todo}", "    ", "    "), style="dim")
+        todo = f"; {item.todo}" if item.todo else ""
+        console.print(wrap(f"{item.models}: {item.where}{todo}", "  ", "    "))
 
 
 def verdicts_block(console: Console, report: StatusReport) -> None:
