@@ -170,7 +170,12 @@ class _Wrap(cst.CSTTransformer):
         if original_node is not self.target:
             return updated_node
         self.done = True
-        first = cst.Arg(updated_node.func)
+        # The session type goes first, laid out as the model argument was (its own line in a
+        # call written one argument a line).
+        comma = updated_node.args[0].comma
+        if not isinstance(comma, cst.Comma):
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        first = cst.Arg(updated_node.func, comma=comma)
         return updated_node.with_changes(func=cst.Name(HELPER), args=[first, *updated_node.args])
 
 
