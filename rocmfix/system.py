@@ -124,11 +124,17 @@ def parse(raw: Any) -> tuple[System, tuple[str, ...]]:
     if isinstance(onnx, dict):
         claimants = tuple(n for n in ONNXRUNTIME_BUILDS if ONNXRUNTIME_INIT in listings.get(n, ()))
         owner = Owner(_clean(onnx.get("package_name")), _clean(onnx.get("__version__")), claimants)
-    for name, value in (("gfx", gfx), ("devices", devices), ("modules", modules)):
+    platform = _clean(raw.get("platform", ""))
+    for name, value in (
+        ("platform", platform),
+        ("gfx", gfx),
+        ("devices", devices),
+        ("modules", modules),
+    ):
         if value is None:
             bad.append(name)
     system = System(
-        platform=_clean(raw.get("platform")) or "",
+        platform=platform or "",
         env=env,
         gfx=gfx or (),
         devices=devices or {},

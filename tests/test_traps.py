@@ -216,3 +216,26 @@ def test_where_minerus_models_run(tmp_path: Path) -> None:
     assert runs["tables"]["where"] == "nowhere: onnxruntime is not installed"
     assert runs["VLM"]["where"] == "vllm 0.19.1 (MinerU's pick on a Linux GPU)"
     assert run_cli("status", "--python", str(env.python)).returncode == 0
+
+
+def test_a_hostile_system_answer_gives_less_evidence_and_says_so() -> None:
+    found, notes = machine.parse(
+        {
+            "platform": "linux\x1b]0;owned\x07",
+            "env": {"HSA_OVERRIDE_GFX_VERSION": "11.0.0\n; rm -rf ~", "OK": "1"},
+            "gfx": [110000, "gfx1100"],
+            "devices": {"/dev/kfd": "yes"},
+            "modules": {"amdsmi": True},
+            "listings": {"vllm": "vllm/_C.abi3.so", "torch-c-dlpack-ext": ["a\x00b"]},
+            "owners": {"onnxruntime": {"package_name": ["onnxruntime"], "__version__": "1"}},
+        }
+    )
+    assert found.platform == "" and found.env == {"OK": "1"}
+    assert found.gfx == () and found.devices == {} and found.modules == {"amdsmi": True}
+    assert found.listings == {}
+    assert found.onnxruntime is not None and found.onnxruntime.package is None
+    said = " ".join(notes)
+    parts = ("platform", "env", "gfx", "devices", "listings.vllm", "listings.torch-c-dlpack-ext")
+    for part in parts:
+        assert f"system.{part} was not" in said
+    assert machine.parse("nonsense")[1] == ("the probe's system facts are not an object; ignored",)
