@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from patches import mineru_tables
+from rocmfix.system import ONNXRUNTIME_BUILDS
 
 import releases
 from conftest import InstalledEnv
@@ -172,6 +173,11 @@ def test_patched_session_asks_for_what_the_build_lists(
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
+    # What status says each build lists (rocmfix.system) is what the build lists.
+    gpu = {
+        p for p in out["available"] if p not in ("CPUExecutionProvider", "AzureExecutionProvider")
+    }
+    assert gpu == set(ONNXRUNTIME_BUILDS[build])
     stock = ["CPUExecutionProvider"]  # what MinerU 4.0.12 asks for where CUDA is not listed
     unet, slanet = out["models"]["unet.onnx"], out["models"]["slanet-plus.onnx"]
     if first is None:
