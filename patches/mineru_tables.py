@@ -7,13 +7,15 @@ the UNet about 20x and the classifier about 12x faster than the CPU, bit-exact
 (AIwork4me/MinerU-ROCm, docs/hardware-matrix.md); slanet-plus crashes MIGraphX
 (AMDMIGraphX#5078) and keeps what MinerU asked for.
 
-Where MinerU makes a table model's session (read from the wheels, 3.4.0-4.0.12):
+Where MinerU makes a table model's session (read from every wheel, 2.0.0-4.0.12):
 
-- 4.0.x (from the release that added it): ``table_ort_session`` in
-  ``mineru/model/runtime/onnx.py`` makes every table session.
-- 3.4.x (and 4.0.0's UNet): ``OrtInferSession.__init__`` in
-  ``mineru/model/table/rec/unet_table/utils.py``; 3.4.x's classifier in
-  ``PaddleTableClsModel.__init__`` (``mineru/model/table/cls/paddle_table_cls.py``).
+- 4.0.5-4.0.12: ``table_ort_session`` in ``mineru/model/runtime/onnx.py`` makes every table
+  session.
+- 2.7.0-4.0.4: the UNet's in ``OrtInferSession.__init__``
+  (``mineru/model/table/rec/unet_table/utils.py``); 2.7.0-4.0.0a5: the classifier's in
+  ``PaddleTableClsModel.__init__`` (``mineru/model/table/cls/paddle_table_cls.py``;
+  4.0.0a6-4.0.4 make it with ``ort_session``, CPU for every ONNX model, left alone).
+- Before 2.7: none of these files.
 
 The rewrite wraps the first ``InferenceSession(model, ...)`` call of that function in
 ``_rocmfix_table_session``, a function it adds after the module's imports: it asks for
@@ -198,19 +200,19 @@ FILES = (
         "mineru-table-session",
         "mineru/model/runtime/onnx.py",
         Site("table_ort_session", "the table models"),
-        "4.0.x: table_ort_session, every table model's session",
+        "4.0.5-4.0.12: table_ort_session, every table model's session",
     ),
     (
         "mineru-table-unet",
         "mineru/model/table/rec/unet_table/utils.py",
         Site("OrtInferSession.__init__", "the wired-table UNet"),
-        "3.4.x-4.0.0: OrtInferSession makes the UNet's session",
+        "2.7.0-4.0.4: OrtInferSession makes the UNet's session",
     ),
     (
         "mineru-table-cls",
         "mineru/model/table/cls/paddle_table_cls.py",
         Site("PaddleTableClsModel.__init__", "the table classifier"),
-        "3.4.x: PaddleTableClsModel makes the classifier's session",
+        "2.7.0-4.0.0a5: PaddleTableClsModel makes the classifier's session",
     ),
 )
 
