@@ -102,6 +102,7 @@ LMDEPLOY_ERAS = ("0.6.0", "0.10.0", "0.17.0")
 MINERU_SAMPLE = ("2.0.0", "2.5.4", "2.7.6", "3.0.0")
 MINERU_BOUNDARY = ("0.1.0", "0.1.1", "0.1.13", "0.1.14")
 MINERU_SAMPLE_SIZE = 12
+TABLES_ONNXRUNTIME = ("onnxruntime-migraphx", "1.27.1")
 # ``unmeasured``: a patch whose verdict follows doctor's measurement, with none stored.
 OK_VERDICTS = {"applicable", "not-needed", "unsupported", "unmeasured"}
 FRESH_BAD = {"changed", "stale", "interrupted", "applied", "not-installed"}
@@ -323,6 +324,11 @@ def build_env(project: str, version: str, workdir: Path) -> Env:
             wheel = releases.wheel(project, version)
         releases.pip_install(python, wheel)
         site = releases.site_packages(python)
+    if project == "mineru":
+        # The table patches apply only beside an onnxruntime build with an AMD provider:
+        # its real METADATA and RECORD are what their verdict reads.
+        with _download_lock:
+            releases.partial_install(python, *TABLES_ONNXRUNTIME, [])
     return Env(project, version, root, python, site)
 
 

@@ -5,6 +5,7 @@ from . import (
     doclayout_dilated_conv,
     lmdeploy_vision,
     mineru_pytorchocr,
+    mineru_tables,
     mineru_tokenizer,
     sglang_vision,
     transformers_hgnet,
@@ -19,6 +20,7 @@ PATCHES = (
     *lmdeploy_vision.PATCHES,
     *transformers_hgnet.PATCHES,
     *mineru_pytorchocr.PATCHES,
+    *mineru_tables.PATCHES,
     doclayout_dilated_conv.PATCH,
     mineru_tokenizer.PATCH,
 )

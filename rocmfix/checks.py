@@ -7,6 +7,7 @@ often as the patches. Each check reads what the probe reported; none imports any
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -133,6 +134,7 @@ def environment_warnings(env: Environment) -> tuple[EnvWarning, ...]:
             )
         )
     out.extend(_mixed(env))
+    out.extend(traps(env))
     out.extend(
         EnvWarning(
             "probe",
@@ -158,3 +160,145 @@ def _fallbacks() -> str:
         f"`rocmfix apply --scheme {scheme}` ({', '.join(names)})"
         for scheme, names in by_scheme.items()
     )
+
+
+# The engine traps that end a first run on ROCm (issue 42): one row each, the evidence the
+# probe's answer shows (one line; None where it shows none) and the one line that fixes it.
+# Each fix fits an 80-column terminal under its four-column indent.
+@dataclass(frozen=True)
+class Trap:
+    code: str
+    evidence: Callable[[Environment], str | None]
+    fix: str
+
+
+# Architectures ROCm 7.x ships kernels for, where an override only swaps in another's.
+NATIVE_GFX = frozenset(
+    ("gfx908", "gfx90a", "gfx942", "gfx950", "gfx1030", "gfx1100", "gfx1101", "gfx1102",
+     "gfx1150", "gfx1151", "gfx1200", "gfx1201")
+)  # fmt: skip
+
+
+def _rocm_torch(env: Environment) -> str:
+    assert env.torch is not None
+    return f"torch {env.torch.version} (ROCm {env.torch.hip})"
+
+
+def _cuda_vllm(env: Environment) -> str | None:
+    vllm, system = env.installed.get("vllm"), env.system
+    if not is_rocm(env) or vllm is None or system.lists("vllm", "vllm/_rocm_C."):
+        return None
+    if not system.lists("vllm", "vllm/_C."):
+        return None
+    return (
+        f"vllm {vllm.version} is a CUDA build (its RECORD has vllm/_C, no vllm/_rocm_C) "
+        f"beside {_rocm_torch(env)}: 'Device string must not be empty' (MinerU#4655)"
+    )
+
+
+def _no_amdsmi(env: Environment) -> str | None:
+    vllm = env.installed.get("vllm")
+    if not is_rocm(env) or vllm is None or env.system.modules.get("amdsmi", True):
+        return None
+    return (
+        f"vllm {vllm.version} finds ROCm through amdsmi, which this environment cannot "
+        "import: its platform will not resolve to ROCm (vllm#41585)"
+    )
+
+
+def _no_kfd(env: Environment) -> str | None:
+    vllm, devices = env.installed.get("vllm"), env.system.devices
+    if not is_rocm(env) or vllm is None or devices.get("/dev/kfd", True):
+        return None
+    return (
+        "no /dev/kfd here: amdsmi enumerates no GPU, so vllm's platform will not "
+        "resolve to ROCm (vllm#46110; a container started without the device?)"
+    )
+
+
+def _override(env: Environment) -> str | None:
+    value = env.system.env.get("HSA_OVERRIDE_GFX_VERSION")
+    parts = (value or "").split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts) or not env.system.gfx:
+        return None
+    major, minor, step = map(int, parts)
+    if minor > 15 or step > 15:
+        return None
+    wanted = f"gfx{major}{minor:x}{step:x}"
+    for own in env.system.gfx:
+        if own == wanted:
+            continue
+        if own[3:-2] != str(major):
+            return (
+                f"HSA_OVERRIDE_GFX_VERSION={value} asks for {wanted} on a {own}: across "
+                "majors, which ROCm rejects since rocm-systems#5686"
+            )
+        if own in NATIVE_GFX:
+            return (
+                f"HSA_OVERRIDE_GFX_VERSION={value} runs {wanted}'s kernels on a {own}, "
+                "which ROCm supports natively"
+            )
+    return None
+
+
+def _dlpack(env: Environment) -> str | None:
+    ext = env.installed.get("torch-c-dlpack-ext")
+    addons = env.system.listings.get("torch-c-dlpack-ext", ())
+    if not is_rocm(env) or ext is None or any("rocm" in a or "hip" in a for a in addons):
+        return None
+    cuda = [a.rsplit("/", 1)[-1] for a in addons if "cuda" in a]
+    if not cuda:
+        return None
+    return (
+        f"torch-c-dlpack-ext {ext.version} ships CUDA and CPU addons only ({cuda[-1]}), "
+        f"beside {_rocm_torch(env)}: it loads the CUDA one and aborts vllm's import"
+    )
+
+
+def _turbomind(env: Environment) -> str | None:
+    lmdeploy, mineru = env.installed.get("lmdeploy"), env.mineru
+    if not is_rocm(env) or lmdeploy is None or mineru is None:
+        return None
+    if "turbomind" not in mineru.found.strings or not env.system.platform.startswith("win"):
+        return None
+    if env.system.env.get("MINERU_LMDEPLOY_BACKEND", "").strip():
+        return None
+    return (
+        f"mineru {mineru.version} picks lmdeploy's turbomind on Windows whenever "
+        f"torch.cuda.is_available(), as ROCm's torch says: turbomind is CUDA-only"
+    )
+
+
+def _onnx_shadowed(env: Environment) -> str | None:
+    owner = env.system.onnxruntime
+    if owner is None or len(owner.claimants) < 2:
+        return None
+    claim = " and ".join(f"{n} {env.versions.get(n, '?')}" for n in owner.claimants)
+    every = "both" if len(owner.claimants) == 2 else "all"
+    return (
+        f"{claim} {every} install into onnxruntime/, and the last install won: its files are "
+        f"{owner.package or 'unknown'}'s (RapidTable#32)"
+    )
+
+
+TRAPS: tuple[Trap, ...] = (
+    Trap("vllm-cuda-build", _cuda_vllm, "install a ROCm build of vllm (the rocm/vllm image)"),
+    Trap(
+        "rocm-platform", _no_amdsmi, "pip install /opt/rocm/share/amd_smi (the amdsmi of your ROCm)"
+    ),
+    Trap("no-gpu-device", _no_kfd, "start the container with --device=/dev/kfd --device=/dev/dri"),
+    Trap("gfx-override", _override, "unset HSA_OVERRIDE_GFX_VERSION"),
+    Trap("dlpack-cuda", _dlpack, "pip uninstall torch-c-dlpack-ext"),
+    Trap("turbomind-rocm", _turbomind, "set MINERU_LMDEPLOY_BACKEND=pytorch"),
+    Trap(
+        "onnxruntime-shadowed",
+        _onnx_shadowed,
+        "pip uninstall every onnxruntime build, then install the one you want",
+    ),
+)
+
+
+def traps(env: Environment) -> list[EnvWarning]:
+    """The rows of :data:`TRAPS` this environment shows."""
+    found = ((trap, trap.evidence(env)) for trap in TRAPS)
+    return [EnvWarning(trap.code, seen, trap.fix) for trap, seen in found if seen is not None]

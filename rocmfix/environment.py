@@ -13,11 +13,12 @@ import shutil
 import sys
 import unicodedata
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import fsops, guest, mineru, supervise
+from . import system as machine
 from .errors import ProbeError, UsageError, printable
 from .guest import probe
 from .mineru import MinerU
@@ -30,6 +31,7 @@ from .state import StateDir
 EXTRAS: tuple[str, ...] = (
     *("torch", "triton", "pytorch-triton-rocm", "flash-attn", "vllm", "mineru"),
     *("torchvision", "accelerate", "safetensors"),
+    *machine.EXTRAS,
 )
 # Paths whose presence the checks need: flash-attn's Triton backend for AMD.
 EXISTS = {"flash-attn": ["flash_attn/flash_attn_triton_amd"]}
@@ -124,6 +126,7 @@ class Environment:
     # What the probe met on the way that the user should hear once: stray output at the
     # interpreter's startup, a distribution it could not read, a setting it ignored.
     notes: tuple[str, ...] = ()
+    system: machine.System = field(default_factory=machine.System)
 
     @property
     def state(self) -> StateDir:
@@ -221,6 +224,7 @@ def _request(patches: Iterable[Patch]) -> dict[str, Any]:
         "extras": list(EXTRAS),
         "exists": EXISTS,
         "packages": PACKAGES,
+        "system": machine.REQUEST,
     }
 
 
@@ -482,6 +486,7 @@ def _parse(data: dict[str, Any], in_process: bool) -> Environment:
             if torch_raw is not None
             else None
         )
+        found, said = machine.parse(data.get("system"))
         return Environment(
             python=PythonInfo(
                 executable=_text(py, "executable", "python"),
@@ -494,7 +499,8 @@ def _parse(data: dict[str, Any], in_process: bool) -> Environment:
             versions=versions,
             torch=torch,
             in_process=in_process,
-            notes=_unreadable(data),
+            notes=(*_unreadable(data), *said),
+            system=found,
         )
     except _Bad as exc:
         raise ProbeError(

@@ -93,7 +93,11 @@ def _wheel(project: str, version: str) -> dict[str, Any]:
     ]
     if not candidates:
         raise LookupError(f"no x86_64 or pure wheel of {project} {version} on PyPI")
-    return sorted(candidates, key=lambda f: "manylinux" not in f["filename"])[0]
+    # A compiled wheel for this interpreter first (onnxruntime has one per CPython).
+    tag = f"-cp{sys.version_info[0]}{sys.version_info[1]}-"
+    return sorted(
+        candidates, key=lambda f: (tag not in f["filename"], "manylinux" not in f["filename"])
+    )[0]
 
 
 # The newest release of each project the suite was last checked against. The tests and the

@@ -58,18 +58,23 @@ class Case:
     says: str
     torch: TorchInfo | None = None
     related: Mapping[str, bytes | None] = field(default_factory=dict)
+    versions: Mapping[str, str] = field(default_factory=dict)
 
     def context(self) -> TargetContext:
-        return TargetContext(version="0", versions={}, torch=self.torch, related=dict(self.related))
+        return TargetContext(
+            version="0", versions=self.versions, torch=self.torch, related=dict(self.related)
+        )
 
     @property
     def id(self) -> str:
         torch = f"-torch{self.torch.version}" if self.torch else ""
+        torch += "-" + "-".join(self.versions) if self.versions else ""
         gate = "-" + next(iter(self.related)).rsplit("/", 1)[-1] if self.related else ""
         return f"{self.patch}:{self.source}{torch}{gate}"
 
 
 NEEDS, FIXED, UNKNOWN = CodeShape.NEEDS_PATCH, CodeShape.FIXED_UPSTREAM, CodeShape.UNKNOWN
+MIGRAPHX = {"onnxruntime-migraphx": "1.27.1"}
 QWEN2 = "vllm-qwen2-vl"
 
 CASES = [
@@ -122,6 +127,18 @@ CASES = [
     Case("mineru_try", "mineru-tokenizer", FIXED, "try/except AttributeError"),
     Case("mineru_absent", "mineru-tokenizer", FIXED, "never calls"),
     Case("mineru_inline", "mineru-tokenizer", UNKNOWN, "form rocmfix does not know"),
+    # The table patches: an onnxruntime build with an AMD provider installed, or none.
+    Case("tables_session", "mineru-table-session", NEEDS, "asks for CUDA or the CPU only",
+         versions=MIGRAPHX),
+    Case("tables_session", "mineru-table-session", FIXED, "no onnxruntime-migraphx or"),
+    Case("tables_amd", "mineru-table-session", FIXED, "already asks for an AMD provider",
+         versions=MIGRAPHX),
+    Case("tables_class", "mineru-table-unet", NEEDS, "OrtInferSession.__init__ asks for CUDA",
+         versions={"onnxruntime-rocm": "1.22.2.post3"}),
+    Case("tables_delegates", "mineru-table-unet", FIXED, "(it calls table_ort_session)",
+         versions=MIGRAPHX),
+    Case("tables_class", "mineru-table-session", FIXED, "has no table_ort_session",
+         versions=MIGRAPHX),
 ]  # fmt: skip
 
 
@@ -164,4 +181,5 @@ def test_rewrite(patch_id: str, source: str) -> None:
     # Every byte outside the rewritten statements is the original's.
     kept = [line for line in before.bytes.splitlines() if b"self.proj(" not in line]
     kept = [line for line in kept if b"get_lora_tokenizer" not in line and b"F.conv2d" not in line]
+    kept = [line for line in kept if b"InferenceSession(" not in line]
     assert all(line in after.splitlines() for line in kept)

@@ -94,8 +94,9 @@ def test_status_shows_what_needs_doing_first(env: InstalledEnv, columns: int) ->
     screen = at_terminal(columns, "status", "--python", str(env.python))
     fits(screen, columns)
     lines = screen.splitlines()
-    # At most 25 lines, two of them only because the test's temporary path is long.
-    assert len(lines) <= 25, screen
+    # At most 32 lines, two of them only because the test's temporary path is long, five
+    # where MinerU's models run and two the table patches (issue 42).
+    assert len(lines) <= 32, screen
     assert "…" not in screen
     # The applicable patches open the report, right under the environment line.
     heads = [line for line in lines if not line.startswith(" ")]

@@ -181,6 +181,66 @@ def _read(
     return found
 
 
+def _gfx(nodes: str) -> List[int]:
+    """The ``gfx_target_version`` of each GPU node the kernel's KFD lists."""
+    found: List[int] = []
+    try:
+        names = sorted(os.listdir(nodes))[:64]
+    except OSError:
+        return found
+    for name in names:
+        try:
+            with open(os.path.join(nodes, name, "properties"), "rb") as handle:
+                text = handle.read(1 << 16).decode("ascii", "replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "gfx_target_version" and value.strip().isdigit() and int(value) > 0:
+                found.append(int(value))
+    return found
+
+
+def _listed(name: str, prefixes: List[str]) -> List[str]:
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution(name).read_text("RECORD") or ""
+    except Exception:  # noqa: BLE001 - not installed, or metadata nobody checked
+        return []
+    paths = [row[0] for row in csv.reader(text.splitlines()) if row]
+    return [p for p in paths if any(p.startswith(prefix) for prefix in prefixes)][:64]
+
+
+def _system(request: Dict[str, Any]) -> Dict[str, Any]:
+    """Settings and files the engine traps show themselves by, read without an import."""
+    import importlib.util
+
+    modules = {}
+    for module in request.get("modules", []):
+        try:
+            modules[module] = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            modules[module] = False
+    owners: Dict[str, Any] = {}
+    for package, rel in request.get("owners", {}).items():
+        roots = _package_roots(package)
+        path = os.path.join(roots[0], rel) if roots else None
+        if path is not None and os.path.isfile(path):
+            owners[package] = _string_assignments(path, ["package_name", "__version__"])
+    return {
+        "platform": sys.platform,
+        "env": {name: os.environ.get(name) for name in request.get("env", [])},
+        "gfx": _gfx(request["kfd"]) if request.get("kfd") else [],
+        "devices": {path: os.path.exists(path) for path in request.get("devices", [])},
+        "modules": modules,
+        "listings": {
+            name: _listed(name, prefixes) for name, prefixes in request.get("listings", {}).items()
+        },
+        "owners": owners,
+    }
+
+
 def probe(request: Dict[str, Any]) -> Dict[str, Any]:
     """Answer ``request``: targets with their files, extra distribution names (and, in
     ``packages``, the import package whose folder to find for some of them)."""
@@ -224,6 +284,7 @@ def probe(request: Dict[str, Any]) -> Dict[str, Any]:
         "extras": extras,
         "torch": _torch(extras),
         "unreadable": unreadable,
+        "system": _system(request.get("system") or {}),
     }
 
 

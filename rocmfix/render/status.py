@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rocmfix import __version__
+from rocmfix.mineru import Placement, placements
 from rocmfix.patch import Patch
 from rocmfix.render.console import (
     STYLE,
@@ -76,11 +77,29 @@ def status_table(report: StatusReport, *, verbose: bool = False) -> None:
         patches_block(console, report)
     else:
         verdicts_block(console, report)
+    runs_block(console, report)
     warnings_block(console, report.warnings)
     if report.state_problem:
         console.print(wrap(f"rocmfix's state: {report.state_problem}", "", "    "), style="red")
     if report.hint:
         hint(report.hint)
+
+
+def _placements(report: StatusReport) -> tuple[Placement, ...]:
+    applied = [i.patch.id for i in report.patches if i.verdict is Verdict.APPLIED]
+    return placements(report.environment, applied)
+
+
+def runs_block(console: Console, report: StatusReport) -> None:
+    """Where each of MinerU's models runs here, and what would move it (issue 42)."""
+    found, mineru = _placements(report), report.environment.mineru
+    if not found or mineru is None:
+        return
+    wrap = wrapper(console)
+    console.print(f"[bold]Where MinerU {escape(mineru.version)} runs[/]")
+    for item in found:
+        todo = f"; {item.todo}" if item.todo else ""
+        console.print(wrap(f"{item.models}: {item.where}{todo}", "  ", "    "))
 
 
 def verdicts_block(console: Console, report: StatusReport) -> None:
@@ -269,6 +288,13 @@ def status_document(report: StatusReport) -> dict[str, Any]:
             if env.torch is None
             else {"version": env.torch.version, "hip": env.torch.hip, "cuda": env.torch.cuda},
             "mineru": env.mineru.version if env.mineru is not None else None,
+            "onnxruntime": None
+            if env.system.onnxruntime is None
+            else {
+                "owner": env.system.onnxruntime.package,
+                "version": env.system.onnxruntime.version,
+                "claimants": list(env.system.onnxruntime.claimants),
+            },
         },
         "busy": report.busy,
         "pending": None
@@ -284,6 +310,9 @@ def status_document(report: StatusReport) -> dict[str, Any]:
         },
         "hint": report.hint,
         "state_problem": report.state_problem,
+        "runs": [
+            {"models": p.models, "where": p.where, "todo": p.todo} for p in _placements(report)
+        ],
     }
 
 
