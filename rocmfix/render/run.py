@@ -31,6 +31,23 @@ def run_summary(result: RunResult) -> None:
         console.print(labelled(console, "warning", f"{warning.code}: {warning.message}", "yellow"))
     for note in result.recovered:
         console.print(labelled(console, "recovered:", note, "yellow"))
+    if result.command == "revert" and result.applied:
+        named = [o.patch.id for o in result.outcomes]
+        which = (
+            f"{', '.join(named)} {'is' if len(named) == 1 else 'are'}"
+            if len(named) <= 3
+            else f"none of the {len(named)} selected patches is"
+        )
+        env = result.environment
+        python = "" if env.in_process else f" --python {env.python.executable}"
+        only = f" --only {result.applied[0]}" if len(result.applied) == 1 else ""
+        message = (
+            f"Nothing to revert: {which} not applied here; rocmfix has applied "
+            f"{', '.join(result.applied)} (rocmfix revert{only}{python} reverts "
+            f"{'it' if only else 'them'})"
+        )
+        console.print(wrap(message, "", "    "))
+        return
     if result.command == "revert" and not result.outcomes:
         console.print("Nothing to revert: rocmfix has not patched this environment.")
         return

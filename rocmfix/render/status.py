@@ -227,8 +227,12 @@ def next_step(report: StatusReport) -> None:
         if report.hint:
             return  # the hint above already says where to point rocmfix
         step = "rocmfix status --python PATH (point it at the environment that runs MinerU)"
-    else:
+    elif Verdict.UNMEASURED in verdicts:
+        step = f"rocmfix doctor{python} on the GPU (it measures the unmeasured patches above)"
+    elif Verdict.APPLIED in verdicts:
         step = f"nothing to do; rocmfix revert{python} undoes the patches"
+    else:
+        step = "nothing to do"
     console = err()
     line = wrapper(console)(f"next: {step}", "", "    ")
     line.stylize("bold", 0, 5)

@@ -20,7 +20,7 @@ from rocmfix.errors import LockBusyError, ManifestError, RefusedError
 from rocmfix.manifest import Manifest
 from rocmfix.patch import Patch
 from rocmfix.registry import all_patches, check_scheme
-from rocmfix.results import FileChange, Outcome, RunResult, StatusReport, Verdict
+from rocmfix.results import Action, FileChange, Outcome, RunResult, StatusReport, Verdict
 from rocmfix.state import StateDir
 from rocmfix.write.plan import Plan, plan_apply, plan_revert
 from rocmfix.write.transaction import (
@@ -233,9 +233,20 @@ def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResul
         # A run holding the lock may have written backups and no journal yet, or be about to
         # save its entries: "nothing to revert" would be false seconds later.
         raise state.busy_error()
-    if not manifest.entries and manifest.pending is None:
-        _tidy_unlocked(state)
-        return RunResult(env, "revert", (), (), False, warnings=environment_warnings(env))
+    if manifest.pending is None and not any(p.id in manifest.entries for p in patches):
+        if not manifest.entries:
+            _tidy_unlocked(state)
+            return RunResult(env, "revert", (), (), False, warnings=environment_warnings(env))
+        # `--only` named patches that are not applied, beside ones that are: say which.
+        return RunResult(
+            env,
+            "revert",
+            tuple(Outcome(p, Action.SKIP, "not applied") for p in patches),
+            (),
+            False,
+            warnings=environment_warnings(env),
+            applied=tuple(sorted(manifest.entries)),
+        )
     state.check_writable()
     with state.locked():
         try:
