@@ -12,7 +12,16 @@ import typer
 
 from . import __version__, crashlog, doctor, exports, fsops, kernels, render, tune, write
 from .environment import Environment, discover
-from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, RocmfixError, UsageError
+from .errors import (
+    EXIT_FAILED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Interrupted,
+    RocmfixError,
+    UsageError,
+)
 from .ops import OPS
 from .patch import Patch
 from .registry import all_patches, named, scheme_names, select
@@ -101,7 +110,12 @@ def _run(body: Callable[[], int]) -> None:
             )
         )
         raise typer.Exit(EXIT_FAILED) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:
+        # Ctrl-C outside what apply and revert account for themselves (they say what state
+        # they left): one line, not a silent exit.
+        render.error(Interrupted("interrupted"))
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - the last line of defence: log, never a traceback
         render.internal_error(exc, crashlog.write(exc))
@@ -580,5 +594,5 @@ def main() -> None:
         render.error(UsageError(exc.format_message(), hint=f"`{command} --help` says more"))
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
     except typer.Abort:
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     sys.exit(code if isinstance(code, int) else EXIT_OK)

@@ -10,13 +10,13 @@ transaction.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 
 from rocmfix import __version__, fsops
 from rocmfix.checks import EnvWarning, environment_warnings
 from rocmfix.environment import Environment, default_python_hint
-from rocmfix.errors import LockBusyError, ManifestError, RefusedError
+from rocmfix.errors import Interrupted, LockBusyError, ManifestError, RefusedError, RocmfixError
 from rocmfix.manifest import Manifest
 from rocmfix.patch import Patch
 from rocmfix.registry import all_patches, check_scheme
@@ -161,7 +161,7 @@ def apply(
     waiting: Waiting | None = None,
 ) -> RunResult:
     """Rewrite every selected target that needs it, all or nothing."""
-    with _asking_git(env, patches, waiting):
+    with _asking_git(env, patches, waiting), _interrupt_said("apply", env):
         return _apply(env, patches, scheme, force, dry_run, explicit)
 
 
@@ -221,8 +221,37 @@ def revert(
     waiting: Waiting | None = None,
 ) -> RunResult:
     """Put back the original bytes of every selected patched file and remove dropped files."""
-    with _asking_git(env, patches, waiting):
+    with _asking_git(env, patches, waiting), _interrupt_said("revert", env):
         return _revert(env, patches, force)
+
+
+@contextlib.contextmanager
+def _interrupt_said(op: str, env: Environment) -> Iterator[None]:
+    """A Ctrl-C becomes one line that says what state the run left. Mid-write the
+    transaction says it (it rolls back); before that nothing was written, unless the run
+    was finishing an earlier one's journal, which then stays for the next run."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not env.state.busy() and _journal_left(env):
+            raise Interrupted(
+                f"{op} was interrupted while it finished an earlier interrupted run",
+                hint="`rocmfix status` says where each file stands; `rocmfix revert` "
+                "finishes the rollback",
+            ) from None
+        # What a run cut short while it took the lock leaves (its state folder) goes too.
+        with contextlib.suppress(RocmfixError):
+            _tidy_unlocked(env.state)
+        raise Interrupted(
+            f"{op} was interrupted before it changed a file: the environment is as it was"
+        ) from None
+
+
+def _journal_left(env: Environment) -> bool:
+    try:
+        return env.state.load().pending is not None
+    except ManifestError:
+        return False
 
 
 def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResult:
