@@ -211,6 +211,8 @@ def apply(
     """
 
     def body() -> int:
+        if not (dry_run or check):
+            write.refuse_if_busy(python)
         env, patches = _setup(python, only)
         result = write.apply(
             env,
@@ -241,6 +243,7 @@ def revert(
     """
 
     def body() -> int:
+        write.refuse_if_busy(python)
         env, patches = _setup(python, only)
         render.run_summary(write.revert(env, patches, force=force, waiting=render.waiting))
         return EXIT_OK

@@ -10,8 +10,11 @@ transaction.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from rocmfix import __version__, fsops
 from rocmfix.checks import EnvWarning, environment_warnings
@@ -139,6 +142,26 @@ def _status(env: Environment, patches: Sequence[Patch], explicit: Collection[str
     )
 
 
+def refuse_if_busy(python: str | None) -> None:
+    """Before the probe (seconds, on a large environment): fail at once where another run
+    holds the lock of the interpreter's own prefix (a venv's or conda env's, found beside
+    the interpreter as Python finds it), where the record of most environments is. The
+    probe says where the record really is; the run checks that lock again then."""
+    if python is None:
+        prefix = Path(sys.prefix)
+    else:
+        prefix = Path(os.path.abspath(python)).parent.parent
+        if not any((prefix / marker).exists() for marker in ("pyvenv.cfg", "conda-meta")):
+            return
+    state = StateDir(prefix / "share" / "rocmfix", prefix)
+    try:
+        state.check_layout()  # a state folder that is a link is never read through
+    except ManifestError:
+        return
+    if state.busy():
+        raise state.busy_error()
+
+
 def _still_current(changes: Sequence[FileChange]) -> bool:
     """Whether every file a plan starts from still holds the bytes the plan read."""
     for change in changes:
@@ -175,14 +198,50 @@ def _apply(
 ) -> RunResult:
     check_scheme(patches, scheme)
     state = env.state
-    manifest = state.load_with(env.legacy_state, env.recorded_here())
-    check_record(env, manifest, patches)
-    if state.busy() and not dry_run:
+    if dry_run:
+        return _apply_locked(env, patches, scheme, force, True, explicit, held=False)
+    if state.busy():
         # Planning now would read another run's half-written files as someone's edits.
         raise state.busy_error()
+    # The lock is taken before planning (its compile check runs the target interpreter), so
+    # that a run started beside another fails at once, not after planning too. Where it
+    # cannot be taken (a state folder this user may not write, a lock that is a link), the
+    # run plans without it: one with nothing to do needs no write access, and one with work
+    # refuses below, on the same error.
+    early = contextlib.ExitStack()
+    try:
+        early.enter_context(state.locked())
+        held = True
+    except LockBusyError:
+        raise
+    except RocmfixError:
+        held = False
+    with early:
+        try:
+            return _apply_locked(env, patches, scheme, force, False, explicit, held=held)
+        finally:
+            if held:
+                state.tidy()
+
+
+def _apply_locked(
+    env: Environment,
+    patches: Sequence[Patch],
+    scheme: str | None,
+    force: bool,
+    dry_run: bool,
+    explicit: Collection[str],
+    *,
+    held: bool,
+) -> RunResult:
+    """Plan and write; ``held``: this run holds the lock already."""
+    state = env.state
+    manifest = state.load_with(env.legacy_state, env.recorded_here())
+    check_record(env, manifest, patches)
     plan: Plan | None = None
     if manifest.pending is None:
-        # Plan without the lock first: a run with nothing to do must not need write access.
+        # Planned before a lock that could not be taken early: a run with nothing to do
+        # must not need write access.
         plan = plan_apply(env, patches, manifest, scheme, force, explicit)
         if dry_run or not plan.changes_anything(manifest):
             return _result(env, "apply", plan, dry_run)
@@ -197,7 +256,7 @@ def _apply(
     state.check_writable()
     # Tidying happens under the lock: another run holding it may have backups and no
     # journal yet, which an unlocked tidy would take for leftovers and delete.
-    with state.locked():
+    with contextlib.nullcontext() if held else state.locked():
         try:
             locked = state.adopt(env.legacy_state, env.recorded_here(), __version__)
             check_record(env, locked, patches)
