@@ -195,6 +195,27 @@ def test_force_on_a_cpu_torch_overrides_the_torch_check_only(tmp_path: Path) -> 
     assert all("--force overrode: torch is not a ROCm build" in line for line in applied)
 
 
+def test_a_machine_without_rocm_says_so_first_and_once(tmp_path: Path) -> None:
+    """On a machine that needs nothing (a CPU torch), every command, revert too, repeated the
+    torch-not-rocm and mixed-torch warnings (issue 43): now status and apply lead with one
+    line that says so and where to go, and revert says none of it."""
+    env = mineru4(tmp_path / "cpu", torch="2.8.0+cpu")
+    lead = "No ROCm torch here (torch 2.8.0+cpu is a CPU-only build): the kernel patches"
+    python = ("--python", str(env.python))
+    status = at_terminal(80, "status", *python).splitlines()
+    heads = [line for line in status if not line.startswith(" ")]
+    assert heads[0].startswith("Environment") and heads[1].startswith(lead), status
+    assert "run `rocmfix doctor` on the ROCm machine" in " ".join(" ".join(status).split())
+    assert "torch-not-rocm" not in " ".join(status), status
+    assert status[-1] == "next: nothing to do", status
+    apply = at_terminal(80, "apply", *python).splitlines()
+    assert apply[0].startswith(lead), apply
+    assert "torch-not-rocm" not in " ".join(apply) and " ".join(apply).count("mixed-torch") == 1
+    revert = at_terminal(80, "revert", *python).splitlines()
+    assert revert == ["Nothing to revert: rocmfix has not patched this environment."], revert
+    assert env.cli("status", "--json").json()["warnings"][0]["code"] == "torch-not-rocm"
+
+
 def test_top_level_python_and_the_next_line(env: InstalledEnv) -> None:
     bare = run_cli("--python", str(env.python))
     assert bare.returncode == 0, bare.stderr
