@@ -111,8 +111,7 @@ def _run(body: Callable[[], int]) -> None:
         )
         raise typer.Exit(EXIT_FAILED) from None
     except KeyboardInterrupt:
-        # Ctrl-C outside what apply and revert account for themselves (they say what state
-        # they left): one line, not a silent exit.
+        # Ctrl-C where no engine said what state it left (apply and revert do): one line.
         render.error(Interrupted("interrupted"))
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except (typer.Exit, typer.Abort):
