@@ -3,8 +3,9 @@
 A run changes files in this order: backups of every file it will change, a manifest that names
 every file about to change (the journal), the files themselves, then the final manifest. Each
 file is replaced only if it still holds the bytes the plan read. A run that fails part-way,
-or is interrupted (Ctrl-C), rolls back what it wrote; if the rollback cannot finish either (the disk is failing), the
-journal and every backup stay, and the next ``apply`` or ``revert`` finishes it. A run killed
+or is interrupted (Ctrl-C), rolls back what it wrote; if the rollback cannot finish either
+(the disk is failing), the journal and every backup stay, and the next ``apply`` or
+``revert`` finishes it. A run killed
 at any point leaves either nothing to do or a journal that the next run rolls back
 (:func:`recover`). A journal is untrusted input like the rest of the state: every file it
 names must be one a patch declares, inside the environment. Only :mod:`rocmfix.state` knows
