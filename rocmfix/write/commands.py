@@ -240,8 +240,8 @@ def _apply_locked(
     check_record(env, manifest, patches)
     plan: Plan | None = None
     if manifest.pending is None:
-        # Planned before a lock that could not be taken early: a run with nothing to do
-        # must not need write access.
+        # Under the lock taken early, or without it where it could not be: a run with
+        # nothing to do must not need write access.
         plan = plan_apply(env, patches, manifest, scheme, force, explicit)
         if dry_run or not plan.changes_anything(manifest):
             return _result(env, "apply", plan, dry_run)
