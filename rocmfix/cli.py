@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ParamSpec
 
 import typer
 
 from . import __version__, crashlog, doctor, exports, fsops, kernels, render, tune, write
 from .environment import Environment, discover
-from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, RocmfixError, UsageError
+from .errors import (
+    EXIT_FAILED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Interrupted,
+    RocmfixError,
+    UsageError,
+)
 from .ops import OPS
 from .patch import Patch
 from .registry import all_patches, named, scheme_names, select
@@ -27,6 +37,8 @@ DEFAULT_SCHEMES = "; ".join(f"{op.title}: {op.default_scheme.name}" for op in OP
 OPS_CHOICE = ", ".join(op.name for op in OPS)
 DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
 
+
+P = ParamSpec("P")
 
 help_hooks.flags_show_no_type()
 help_hooks.arguments_show_no_type()
@@ -101,12 +113,26 @@ def _run(body: Callable[[], int]) -> None:
             )
         )
         raise typer.Exit(EXIT_FAILED) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:
+        # Ctrl-C where no engine said what state it left (apply and revert do): one line.
+        render.error(Interrupted("interrupted"))
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - the last line of defence: log, never a traceback
         render.internal_error(exc, crashlog.write(exc))
         raise typer.Exit(EXIT_INTERNAL) from None
     raise typer.Exit(code)
+
+
+def _boundary(command: Callable[P, int]) -> Callable[P, None]:
+    """A command returns its exit code; this is where its errors become one line (``_run``)."""
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        _run(lambda: command(*args, **kwargs))
+
+    return run
 
 
 def _setup(python: str | None, only: list[str] | None) -> tuple[Environment, tuple[Patch, ...]]:
@@ -115,6 +141,7 @@ def _setup(python: str | None, only: list[str] | None) -> tuple[Environment, tup
 
 
 @app.command(cls=help_hooks.Command)
+@_boundary
 def status(
     python: PythonOpt = None,
     only: OnlyOpt = None,
@@ -138,31 +165,26 @@ def status(
             "doing in full, the rest one line per reason).",
         ),
     ] = False,
-) -> None:
+) -> int:
     """Show what is installed, patched and needed, and why.
 
     Example: [bold]rocmfix status --python ~/venvs/mineru/bin/python[/]
     """
-
-    def body() -> int:
-        env, patches = _setup(python, only)
-        report = write.status(
-            env, patches, explicit=named(patches, only or ()), waiting=render.waiting
-        )
-        if as_json:
-            render.status_json(report)
-        else:
-            render.status_table(report, verbose=verbose)
-            render.next_step(report)
-        if check and not report.settled:
-            render.check_failures(report)
-            return EXIT_FAILED
-        return EXIT_OK
-
-    _run(body)
+    env, patches = _setup(python, only)
+    report = write.status(env, patches, explicit=named(patches, only or ()), waiting=render.waiting)
+    if as_json:
+        render.status_json(report)
+    else:
+        render.status_table(report, verbose=verbose)
+        render.next_step(report)
+    if check and not report.settled:
+        render.check_failures(report)
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 @app.command(cls=help_hooks.Command)
+@_boundary
 def apply(
     scheme: Annotated[
         str | None,
@@ -188,66 +210,59 @@ def apply(
     force: ForceOpt = False,
     python: PythonOpt = None,
     only: OnlyOpt = None,
-) -> None:
+) -> int:
     """Rewrite the target files and drop in the kernels, keeping backups.
 
     Example: [bold]rocmfix apply --scheme gemm[/]
 
     In CI: [bold]rocmfix apply --dry-run --check > rocmfix.diff[/]
     """
-
-    def body() -> int:
-        env, patches = _setup(python, only)
-        result = write.apply(
-            env,
-            patches,
-            scheme=scheme,
-            force=force,
-            dry_run=dry_run or check,
-            explicit=named(patches, only or ()),
-            waiting=render.waiting,
-        )
-        if result.dry_run:
-            render.diff(result)
-        render.run_summary(result)
-        return EXIT_FAILED if check and result.changed else EXIT_OK
-
-    _run(body)
+    if not (dry_run or check):
+        write.refuse_if_busy(python)
+    env, patches = _setup(python, only)
+    result = write.apply(
+        env,
+        patches,
+        scheme=scheme,
+        force=force,
+        dry_run=dry_run or check,
+        explicit=named(patches, only or ()),
+        waiting=render.waiting,
+    )
+    if result.dry_run:
+        render.diff(result)
+    render.run_summary(result)
+    return EXIT_FAILED if check and result.changed else EXIT_OK
 
 
 @app.command(cls=help_hooks.Command)
+@_boundary
 def revert(
     force: RevertForceOpt = False,
     python: PythonOpt = None,
     only: OnlyOpt = None,
-) -> None:
+) -> int:
     """Put the original bytes back and remove the dropped files.
 
     Example: [bold]rocmfix revert --only vllm[/]
     """
-
-    def body() -> int:
-        env, patches = _setup(python, only)
-        render.run_summary(write.revert(env, patches, force=force, waiting=render.waiting))
-        return EXIT_OK
-
-    _run(body)
+    write.refuse_if_busy(python)
+    env, patches = _setup(python, only)
+    render.run_summary(write.revert(env, patches, force=force, waiting=render.waiting))
+    return EXIT_OK
 
 
 @app.command("list", cls=help_hooks.Command)
+@_boundary
 def list_(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON document.")] = False,
-) -> None:
+) -> int:
     """List every patch: its target file, the versions and code shapes it knows, its schemes.
 
     Example: [bold]rocmfix list[/]
     """
-
-    def body() -> int:
-        render.patch_list(all_patches(), as_json=as_json)
-        return EXIT_OK
-
-    _run(body)
+    render.patch_list(all_patches(), as_json=as_json)
+    return EXIT_OK
 
 
 OpOpt = Annotated[
@@ -261,6 +276,7 @@ OpOpt = Annotated[
 
 
 @app.command("doctor", cls=help_hooks.Command)
+@_boundary
 def doctor_(
     python: PythonOpt = None,
     as_json: Annotated[
@@ -277,7 +293,7 @@ def doctor_(
         ),
     ] = doctor.DEFAULT_TIME_LIMIT_S,
     op: OpOpt = None,
-) -> None:
+) -> int:
     """Measure the slow ops and every scheme's kernel on this GPU; say what to apply.
 
     Each kernel is checked against fp64 at MinerU's shapes and timed against the native op.
@@ -286,23 +302,20 @@ def doctor_(
 
     Example: [bold]rocmfix doctor --python ~/venvs/mineru/bin/python[/]
     """
-
-    def body() -> int:
-        ops = doctor.select_ops(op or [])
-        env, patches = _setup(python, None)
-        status_report = write.status(env, patches)
-        with render.progress("doctor") as progress:
-            report = doctor.run(status_report, ops=ops, time_limit=time_limit, progress=progress)
-        if as_json:
-            render.doctor_json(report)
-        else:
-            render.doctor_table(report)
-        return EXIT_OK if report.ok else EXIT_FAILED
-
-    _run(body)
+    ops = doctor.select_ops(op or [])
+    env, patches = _setup(python, None)
+    status_report = write.status(env, patches)
+    with render.progress("doctor") as progress:
+        report = doctor.run(status_report, ops=ops, time_limit=time_limit, progress=progress)
+    if as_json:
+        render.doctor_json(report)
+    else:
+        render.doctor_table(report)
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 @app.command("tune", cls=help_hooks.Command)
+@_boundary
 def tune_(
     python: PythonOpt = None,
     as_json: Annotated[
@@ -335,7 +348,7 @@ def tune_(
             "timings mean nothing).",
         ),
     ] = False,
-) -> None:
+) -> int:
     """Find each kernel's fastest correct tile config on this GPU and store it for the kernels.
 
     The kernels read it at import from $ROCMFIX_TUNED_FILE, else ~/.config/rocmfix/tuned.json.
@@ -344,26 +357,23 @@ def tune_(
 
     Example: [bold]rocmfix tune --python ~/venvs/mineru/bin/python[/]
     """
-
-    def body() -> int:
-        if reset:
-            path, removed = tune.reset()
-            render.tune_reset(path, removed)
-            return EXIT_OK
-        ops = doctor.select_ops(op or [])
-        env = discover(all_patches(), python)
-        with render.progress("tune") as progress:
-            report = tune.run(env, ops=ops, budget_s=budget, interpret=interpret, progress=progress)
-        if as_json:
-            render.tune_json(report)
-        else:
-            render.tune_table(report)
-        return EXIT_OK if report.ok else EXIT_FAILED
-
-    _run(body)
+    if reset:
+        path, removed = tune.reset()
+        render.tune_reset(path, removed)
+        return EXIT_OK
+    ops = doctor.select_ops(op or [])
+    env = discover(all_patches(), python)
+    with render.progress("tune") as progress:
+        report = tune.run(env, ops=ops, budget_s=budget, interpret=interpret, progress=progress)
+    if as_json:
+        render.tune_json(report)
+    else:
+        render.tune_table(report)
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 @app.command("kernels", cls=help_hooks.Command)
+@_boundary
 def kernels_(
     python: PythonOpt = None,
     as_json: Annotated[
@@ -380,7 +390,7 @@ def kernels_(
         ),
     ] = None,
     op: OpOpt = None,
-) -> None:
+) -> int:
     """Compile every Triton kernel rocmfix drops for each GPU, without that GPU.
 
     Each kernel is compiled at MinerU's shapes, in each dtype, with the config that GPU would
@@ -390,23 +400,20 @@ def kernels_(
 
     Example: [bold]rocmfix kernels --arch gfx1100 --python ~/venvs/mineru/bin/python[/]
     """
-
-    def body() -> int:
-        ops = doctor.select_ops(op or [])
-        archs = kernels.select_archs(arch or [])
-        env = discover(all_patches(), python)
-        with render.progress("kernels") as progress:
-            report = kernels.run(env, archs=archs, ops=ops, progress=progress)
-        if as_json:
-            render.kernels_json(report)
-        else:
-            render.kernels_table(report)
-        return EXIT_OK if report.ok else EXIT_FAILED
-
-    _run(body)
+    ops = doctor.select_ops(op or [])
+    archs = kernels.select_archs(arch or [])
+    env = discover(all_patches(), python)
+    with render.progress("kernels") as progress:
+        report = kernels.run(env, archs=archs, ops=ops, progress=progress)
+    if as_json:
+        render.kernels_json(report)
+    else:
+        render.kernels_table(report)
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 @app.command("env", cls=help_hooks.Command)
+@_boundary
 def env_(
     shell: Annotated[
         str,
@@ -426,19 +433,15 @@ def env_(
         ),
     ] = None,
     python: PythonOpt = None,
-) -> None:
+) -> int:
     """Print the environment variables this environment needs, each with its reason.
 
     Example: [bold]eval "$(rocmfix env --python ~/venvs/mineru/bin/python)"[/]
     """
-
-    def body() -> int:
-        exports.check_choices(shell, model_source)
-        env = discover(all_patches(), python)
-        render.text(exports.script(env, shell, model_source))
-        return EXIT_OK
-
-    _run(body)
+    exports.check_choices(shell, model_source)
+    env = discover(all_patches(), python)
+    render.text(exports.script(env, shell, model_source))
+    return EXIT_OK
 
 
 @app.command(
@@ -580,5 +583,5 @@ def main() -> None:
         render.error(UsageError(exc.format_message(), hint=f"`{command} --help` says more"))
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
     except typer.Abort:
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     sys.exit(code if isinstance(code, int) else EXIT_OK)

@@ -2,7 +2,8 @@
 
 Exit codes: 0 ok or nothing to do; 1 a patch failed, a refusal, ``--check`` found work, or
 the output was closed (``| head``: quietly); 2 the command line is wrong; 3 an internal error
-(a bug; the traceback goes to a log file).
+(a bug; the traceback goes to a log file); 130 interrupted (Ctrl-C), with one line that says
+what state the environment is in.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
 
 
 class RocmfixError(Exception):
@@ -63,3 +65,9 @@ def printable(text: str, limit: int | None = None) -> str:
     the escaping, so a clip never cuts a sequence in half."""
     line = "".join(c if c.isprintable() else "?" for c in text.strip())
     return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"
+
+
+class Interrupted(RocmfixError):
+    """The user interrupted the run (Ctrl-C); the message says what state it left."""
+
+    exit_code = EXIT_INTERRUPTED

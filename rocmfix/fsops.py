@@ -404,6 +404,14 @@ def owner_name(path: Path) -> str:
     return owner
 
 
+# What :func:`unwritable_reason` says of a read-only mount, where the owner cannot write either.
+READ_ONLY = "is on a read-only file system"
+READ_ONLY_HINT = (
+    "no user can write there until the file system is mounted read-write; remount it, or "
+    "patch an environment on a writable one"
+)
+
+
 def unwritable_reason(directory: Path) -> str | None:
     """Why files in ``directory`` cannot be replaced, or None if they can.
 
@@ -416,7 +424,7 @@ def unwritable_reason(directory: Path) -> str | None:
         return "does not exist"
     except OSError as exc:
         if exc.errno == errno.EROFS:
-            return "is on a read-only file system"
+            return READ_ONLY
         if exc.errno in (errno.EACCES, errno.EPERM):
             return f"is not writable by this user (owned by {owner_name(directory)})"
         return exc.strerror or str(exc)

@@ -44,6 +44,10 @@ class Found:
     # names none, as before 4.0: they run in torch wherever torch is).
     torch_needs: tuple[str, ...] | None = None
 
+    def imports_package(self, package: str) -> bool:
+        """Whether MinerU's code imports ``package`` or any module of it."""
+        return any(m == package or m.startswith(package + ".") for m in self.imports)
+
     def shows(self, use: MinerUUse) -> str | None:
         """What in MinerU's code shows that it runs the target, else None."""
         if use.own:

@@ -129,6 +129,8 @@ class RunResult:
     dry_run: bool
     recovered: tuple[str, ...] = ()
     warnings: tuple[EnvWarning, ...] = ()
+    # The patches rocmfix has applied here, where a revert selected none of them.
+    applied: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:

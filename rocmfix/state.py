@@ -355,7 +355,9 @@ class StateDir:
         if reason is not None:
             raise RefusedError(
                 f"cannot keep rocmfix's state in {self.root}: {probe_dir} {reason}",
-                hint=f"run rocmfix as {fsops.owner_name(probe_dir)}, who owns it, or make "
+                hint=fsops.READ_ONLY_HINT
+                if reason == fsops.READ_ONLY
+                else f"run rocmfix as {fsops.owner_name(probe_dir)}, who owns it, or make "
                 "the folder writable by the group that shares the environment",
             )
 

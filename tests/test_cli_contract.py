@@ -63,6 +63,30 @@ def test_nothing_to_revert_is_a_friendly_no_op(env: InstalledEnv) -> None:
     assert "Nothing to revert" in result.stderr
 
 
+def test_revert_of_a_patch_that_is_not_applied_names_what_is(env: InstalledEnv) -> None:
+    """`revert --only vllm-qwen2-vl` said rocmfix had not patched the environment while
+    another patch was applied there (issue 43)."""
+    assert env.cli("apply").returncode == 0
+    result = env.cli("revert", "--only", "vllm-qwen2-vl")
+    assert result.returncode == 0, result.stderr
+    assert "has not patched this environment" not in result.stderr
+    said = " ".join(result.stderr.split())
+    assert "vllm-qwen2-vl is not applied here; rocmfix has applied mineru-tokenizer" in said
+    assert "rocmfix revert --only mineru-tokenizer" in said
+    assert env.status("mineru-tokenizer")["verdict"] == "applied"
+
+
+def test_next_mentions_revert_only_where_something_is_applied(
+    mineru_env: Callable[[str], InstalledEnv],
+) -> None:
+    """A status with nothing applied ended `next: nothing to do; rocmfix revert ... undoes
+    the patches` (issue 43)."""
+    fixed = mineru_env("0.1.14")  # guarded upstream: not-needed
+    result = fixed.cli("status")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[-1] == "next: nothing to do", result.stderr
+
+
 def test_internal_error_points_to_a_log(env: InstalledEnv, tmp_path: Path) -> None:
     program = textwrap.dedent(
         """

@@ -261,7 +261,16 @@ def test_an_only_typo_suggests_the_closest_names(typed: str, meant: str) -> None
     assert meant in suggested and len(suggested) <= 3, hint
 
 
-LABELS = ("error:", "hint:", "next:", "Environment", "not installed:", "Warnings", "  ")
+LABELS = (
+    "error:",
+    "hint:",
+    "next:",
+    "Environment",
+    "No ROCm torch here",
+    "not installed:",
+    "Warnings",
+    "  ",
+)
 
 
 def test_errors_and_hints_hang_their_wrapped_lines_at_80_columns() -> None:

@@ -22,7 +22,15 @@ from typing import Any
 
 import pytest
 
-from conftest import NO_GPU, PYTHONPATH, InstalledEnv, fake_torch, require, run_cli
+from conftest import (
+    NO_GPU,
+    PYTHONPATH,
+    InstalledEnv,
+    fake_torch,
+    files_under,
+    require,
+    run_cli,
+)
 
 pytestmark = pytest.mark.network
 PATCH = "mineru-tokenizer"
@@ -647,3 +655,61 @@ def test_a_hanging_git_holds_status_for_one_time_limit_only(
     finally:
         for pid in _alive(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------- issue 43: Ctrl-C during apply says what it left
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0] == "T"
+
+
+# DocLayout-YOLO's apply: write points 1-8 make the state folder, the backups and the
+# journal; 9-24 are the eight dropped modules (two each: before the temporary file, before
+# the replace); 25 is g2l_crm.py's, 29-30 the final record's.
+@pytest.mark.parametrize(
+    ("point", "said"),
+    [(7, "before it changed a file"), (25, "the 8 file(s) it had written are rolled back")],
+    ids=["journal", "mid-write"],
+)
+def test_ctrl_c_during_apply_says_what_state_it_left(
+    doclayout_env: Callable[[str], InstalledEnv], point: int, said: str
+) -> None:
+    """Ctrl-C during apply was silent (exit 130, no line), even mid-write, and left the
+    written files and the journal for the next run to roll back (issue 43)."""
+    env = doclayout_env("0.0.4")
+    pristine = files_under(env.site)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocmfix", "apply", "--python", str(env.python)],
+        env={
+            **os.environ,
+            "PYTHONPATH": PYTHONPATH,
+            **NO_GPU,
+            "ROCMFIX_UNSAFE_TEST_HOOKS": json.dumps({"pause_at": point}),
+        },
+        stderr=subprocess.PIPE,
+        cwd="/",
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _stopped(proc.pid):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the run never reached its write point"
+            time.sleep(0.05)
+        # The dropped modules are in place at the mid-write point: the test stops where it says.
+        assert (files_under(env.site) != pristine) == (point == 25)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends; it acts once the run goes on
+        proc.send_signal(signal.SIGCONT)
+        stderr = proc.communicate(timeout=60)[1].decode()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, stderr
+    line = _one_error_line(stderr)
+    assert "apply was interrupted" in line and said in line, stderr
+    assert "the environment is as it was" in line
+    assert files_under(env.site) == pristine
+    status = env.cli("status", "--json").json()
+    assert status["pending"] is None
+    assert _by_id(status, "doclayout-dilated-conv")["verdict"] == "applicable"
+    assert not env.state.exists(), "a run cut short leaves no state behind"

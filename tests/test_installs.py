@@ -543,6 +543,8 @@ def test_readonly_state_folder(mineru_env: Callable[[str], InstalledEnv]) -> Non
     line = _one_error_line(refused.stderr)
     assert "cannot keep rocmfix's state in" in line
     assert ("read-only file system" if os.geteuid() == 0 else "not writable") in line
+    # Not "run rocmfix as root, who owns it" to root on a read-only mount (issue 43).
+    assert ("mounted read-write" in refused.stderr) == (os.geteuid() == 0), refused.stderr
     assert files_under(env.root) == before, "nothing outside or inside the state changed"
 
 

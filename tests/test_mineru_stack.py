@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import releases
-from conftest import InstalledEnv, run_cli
+from conftest import TRANSFORMERS_MODELS, InstalledEnv, run_cli
 
 pytestmark = pytest.mark.network
 
@@ -76,3 +76,35 @@ def test_apply_leaves_what_mineru_never_runs(tmp_path: Path) -> None:
     assert "doclayout-dilated-conv: skipped" in applied.stderr
     assert env.cli("revert").returncode == 0
     assert run_cli("status", "--python", str(env.python)).returncode == 0
+
+
+def test_a_model_mineru_never_loads_is_named_where_it_imports_its_package(
+    tmp_path: Path,
+) -> None:
+    """MinerU 2.5.4 imports transformers (its formula and layout-reading models) but not
+    HGNetV2: apply said "mineru 2.5.4 does not use transformers" (issue 43)."""
+    from rocmfix.registry import all_patches
+
+    python = releases.make_venv(tmp_path / "mineru-2.5.4")
+    releases.pip_install(python, releases.wheel("mineru", "2.5.4"))
+    files = [p.path for p in all_patches() if p.distribution == "transformers"]
+    packages = ["transformers/__init__.py", f"{TRANSFORMERS_MODELS}/__init__.py"]
+    packages += [f.rsplit("/", 1)[0] + "/__init__.py" for f in files]
+    site = releases.partial_install(python, "transformers", "4.57.6", files + packages)
+    env = InstalledEnv(tmp_path, python, site, site, b"")
+    hgnet = _patches(env)["transformers-hgnet-v2"]
+    assert hgnet["verdict"] == "not-needed", hgnet
+    assert hgnet["reason"].startswith(
+        "mineru 2.5.4 uses transformers, but not its hgnet_v2 model: its code has no import "
+        "transformers.models.hgnet_v2"
+    ), hgnet
+    applied = env.cli("apply", "--dry-run", "--only", "transformers")
+    assert "does not use transformers" not in applied.stderr, applied.stderr
+    assert "transformers-hgnet-v2: skipped: mineru 2.5.4 uses transformers, but not" in (
+        applied.stderr
+    )
+    # The ten models this release does not have are one line, as status shows them (each
+    # had its own "transformers 4.57.6 has no X model" line).
+    assert not [line for line in applied.stderr.splitlines() if line.endswith(" model")]
+    said = "10 patches (transformers 10): skipped: transformers 4.57.6 has none of these files"
+    assert said in applied.stderr.splitlines(), applied.stderr

@@ -39,6 +39,14 @@ def test_readonly_site_packages(env: InstalledEnv) -> None:
     expected = "read-only file system" if os.geteuid() == 0 else "not writable"
     assert expected in line
     assert "nothing was changed" in line
+    # Root on a read-only mount was told to run rocmfix as the user who owns the environment
+    # (issue 43): no user can write there.
+    owner = "as the user who owns that environment" in result.stderr
+    assert owner == (os.geteuid() != 0), result.stderr
+    if os.geteuid() == 0:
+        assert "hint: no user can write there until the file system is mounted read-write" in (
+            result.stderr
+        )
     assert files_under(env.root) == before, "nothing may be half-written"
 
 

@@ -22,7 +22,7 @@ from rocmfix.render.console import (
     wrapper,
 )
 from rocmfix.render.kernels import check_json, tile
-from rocmfix.render.status import status_document, verdicts_block
+from rocmfix.render.status import NOT_ROCM, not_rocm_line, status_document, verdicts_block
 
 
 def _case_label(result: doctor.CaseResult) -> str:
@@ -161,6 +161,25 @@ def _op_rows(op: doctor.OpReport) -> list[list[Cell]]:
     return rows
 
 
+def _checked_lines(console: Console, op: doctor.OpReport) -> None:
+    """Without a GPU the kernels ran in Triton's CPU interpreter, where a time means nothing:
+    one line per case with each scheme's check and its error against fp64 (the native op is
+    named only where it did not give its reference)."""
+    wrap = wrapper(console)
+    for result in op.cases:
+        parts = []
+        for m in (result.native, *result.schemes):
+            text, _ = _check_cell(m)
+            if m.impl == "native" and text == "reference":
+                continue
+            err = f" (rel err {_err_text(m.rel_err)})" if m.rel_err is not None else ""
+            parts.append(f"{m.impl} {text}{err}")
+        label = _case_label(result)
+        line = wrap(f"{label}: {', '.join(parts)}", "  ", "    ")
+        line.stylize("bold", 2, 2 + len(label))
+        console.print(line)
+
+
 def doctor_table(report: doctor.DoctorReport) -> None:
     """The device and verdicts, then per op its cases as rows of one implementation each
     (short names, spelled out once above them), fitting the terminal at any width."""
@@ -173,6 +192,9 @@ def doctor_table(report: doctor.DoctorReport) -> None:
         ("Tuned", _tuned_line(report)),
     ):
         console.print(wrap(f"{title:<11} {text}", "", "    ", bold=len(title)))
+    lead = not_rocm_line(report.environment, report.warnings)
+    if lead is not None:
+        console.print(wrap(lead, "", "    "), style="bold")
     verdicts_block(console, report.status)
     for op in report.ops:
         console.print()
@@ -184,9 +206,14 @@ def doctor_table(report: doctor.DoctorReport) -> None:
             for i in impls
         ]  # fmt: skip
         console.print(wrap(f"impl: {', '.join(names)}", "  ", "    "), style="dim")
-        grid(console, DOCTOR_HEADER, _op_rows(op), right=(False, True, True, True, True, True))
+        if report.device.interpreter:
+            _checked_lines(console, op)
+        else:
+            grid(console, DOCTOR_HEADER, _op_rows(op), right=(False, True, True, True, True, True))
     console.print()
-    if any(m.launch_bound for op in report.ops for r in op.cases for m in (r.native, *r.schemes)):
+    if not report.device.interpreter and any(
+        m.launch_bound for op in report.ops for r in op.cases for m in (r.native, *r.schemes)
+    ):
         console.print(
             wrap(
                 f"* launch-bound: the eager time per call is over {doctor.LAUNCH_BOUND:g}x the "
@@ -207,7 +234,7 @@ def doctor_table(report: doctor.DoctorReport) -> None:
             console.print(wrap(f"all {len(op.cases)} shapes: {totals}", "  ", "    "))
         console.print(wrap(op.why, "  ", "    "))
         console.print(wrap(op.advice, "  ", "    "))
-    warnings_block(console, report.warnings)
+    warnings_block(console, [w for w in report.warnings if lead is None or w.code != NOT_ROCM])
     failures(report.failures, report.worker_log)
 
 

@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from rocmfix.diffing import unified_diffs
 from rocmfix.render.console import err, labelled, wrapper
+from rocmfix.render.status import NOT_ROCM, not_rocm_line
 from rocmfix.results import Action, FileChange, Outcome, RunResult
 
 
@@ -27,10 +28,36 @@ def run_summary(result: RunResult) -> None:
     in a terminal the lines wrap at its width, never inside a word."""
     console = err()
     wrap = wrapper(console)
-    for warning in result.warnings:
-        console.print(labelled(console, "warning", f"{warning.code}: {warning.message}", "yellow"))
+    # What the environment lacks, once and first, on apply's one line each (status says it
+    # in full); a revert puts bytes back whatever the environment holds, and says none of it.
+    warnings = result.warnings if result.command != "revert" else ()
+    lead = not_rocm_line(result.environment, warnings)
+    if lead is not None:
+        console.print(wrap(lead, "", "    "), style="bold")
+    for warning in warnings:
+        if lead is None or warning.code != NOT_ROCM:
+            console.print(
+                labelled(console, "warning", f"{warning.code}: {warning.message}", "yellow")
+            )
     for note in result.recovered:
         console.print(labelled(console, "recovered:", note, "yellow"))
+    if result.command == "revert" and result.applied:
+        named = [o.patch.id for o in result.outcomes]
+        which = (
+            f"{', '.join(named)} {'is' if len(named) == 1 else 'are'}"
+            if len(named) <= 3
+            else f"none of the {len(named)} selected patches is"
+        )
+        env = result.environment
+        python = "" if env.in_process else f" --python {env.python.executable}"
+        only = f" --only {result.applied[0]}" if len(result.applied) == 1 else ""
+        message = (
+            f"Nothing to revert: {which} not applied here; rocmfix has applied "
+            f"{', '.join(result.applied)} (rocmfix revert{only}{python} reverts "
+            f"{'it' if only else 'them'})"
+        )
+        console.print(wrap(message, "", "    "))
+        return
     if result.command == "revert" and not result.outcomes:
         console.print("Nothing to revert: rocmfix has not patched this environment.")
         return
@@ -47,7 +74,8 @@ def run_summary(result: RunResult) -> None:
             continue
         scheme = f" ({outcome.scheme})" if outcome.scheme else ""
         if outcome.action in (Action.SKIP, Action.UNCHANGED):
-            left.setdefault((outcome.action, outcome.scheme, outcome.reason), []).append(outcome)
+            reason = _absent_file(result, outcome) or outcome.reason
+            left.setdefault((outcome.action, outcome.scheme, reason), []).append(outcome)
         else:
             label = f"{verb} {outcome.action.value}".strip()
             forced = f"; --force overrode: {'; '.join(outcome.forced)}" if outcome.forced else ""
@@ -56,6 +84,8 @@ def run_summary(result: RunResult) -> None:
             console.print(line)
     for (action, scheme_name, reason), group in left.items():
         scheme = f" ({scheme_name})" if scheme_name else ""
+        if len({o.reason for o in group}) == 1:
+            reason = group[0].reason  # one missing folder, say: that is the better reason
         if len(group) == 1:
             label = group[0].patch.id
         else:
@@ -82,6 +112,17 @@ def run_summary(result: RunResult) -> None:
         console.print(f"{count} file(s) changed in {where}.")
     else:
         console.print("Nothing to do.")
+
+
+def _absent_file(result: RunResult, outcome: Outcome) -> str | None:
+    """What a skip for a file the installed release does not have shares with the others
+    like it (each names its own model, as status's grouped line does not)."""
+    dist = result.environment.distributions.get(outcome.patch.distribution)
+    if dist is None or outcome.action is not Action.SKIP:
+        return None
+    if outcome.reason != outcome.patch.missing_reason.format(version=dist.version):
+        return None
+    return f"{dist.name} {dist.version} has none of these files"
 
 
 def _root(change: FileChange) -> Path:

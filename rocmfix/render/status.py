@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from rocmfix import __version__
+from rocmfix.checks import EnvWarning, torch_build
+from rocmfix.environment import Environment
 from rocmfix.mineru import Placement, placements
 from rocmfix.patch import Patch
 from rocmfix.render.console import (
@@ -66,6 +68,22 @@ def _verdict(item: PatchStatus) -> str:
     return f"[{STYLE[item.verdict]}]{item.verdict.value}[/]{escape(scheme)}"
 
 
+# checks.environment_warnings' code for a torch that is not a ROCm build: the one fact a
+# newcomer on such a machine needs first, said once, as the lead line.
+NOT_ROCM = "torch-not-rocm"
+
+
+def not_rocm_line(env: Environment, warnings: Sequence[EnvWarning]) -> str | None:
+    """The first thing to say on a machine whose torch is not a ROCm build, else None."""
+    if env.torch is None or not any(w.code == NOT_ROCM for w in warnings):
+        return None
+    return (
+        f"No ROCm torch here (torch {env.torch.version} is a {torch_build(env)} build): the "
+        "kernel patches have nothing to fix on this machine; run `rocmfix doctor` on the ROCm "
+        "machine"
+    )
+
+
 def status_table(report: StatusReport, *, verbose: bool = False) -> None:
     """What needs doing first, each patch with its reason and notes; then what does not,
     one line per reason (``verbose``: every patch in its distribution's block). In a terminal
@@ -73,12 +91,15 @@ def status_table(report: StatusReport, *, verbose: bool = False) -> None:
     console = out()
     wrap = wrapper(console)
     console.print(wrap(f"Environment {environment_line(report.environment)}", "", "    ", bold=11))
+    lead = not_rocm_line(report.environment, report.warnings)
+    if lead is not None:
+        console.print(wrap(lead, "", "    "), style="bold")
     if verbose:
         patches_block(console, report)
     else:
         verdicts_block(console, report)
     runs_block(console, report)
-    warnings_block(console, report.warnings)
+    warnings_block(console, [w for w in report.warnings if lead is None or w.code != NOT_ROCM])
     if report.state_problem:
         console.print(wrap(f"rocmfix's state: {report.state_problem}", "", "    "), style="red")
     if report.hint:
@@ -246,8 +267,12 @@ def next_step(report: StatusReport) -> None:
         if report.hint:
             return  # the hint above already says where to point rocmfix
         step = "rocmfix status --python PATH (point it at the environment that runs MinerU)"
-    else:
+    elif Verdict.UNMEASURED in verdicts:
+        step = f"rocmfix doctor{python} on the GPU (it measures the unmeasured patches above)"
+    elif Verdict.APPLIED in verdicts:
         step = f"nothing to do; rocmfix revert{python} undoes the patches"
+    else:
+        step = "nothing to do"
     console = err()
     line = wrapper(console)(f"next: {step}", "", "    ")
     line.stylize("bold", 0, 5)

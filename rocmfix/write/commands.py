@@ -10,17 +10,20 @@ transaction.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Sequence
+import os
+import sys
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from rocmfix import __version__, fsops
 from rocmfix.checks import EnvWarning, environment_warnings
 from rocmfix.environment import Environment, default_python_hint
-from rocmfix.errors import LockBusyError, ManifestError, RefusedError
+from rocmfix.errors import Interrupted, LockBusyError, ManifestError, RefusedError, RocmfixError
 from rocmfix.manifest import Manifest
 from rocmfix.patch import Patch
 from rocmfix.registry import all_patches, check_scheme
-from rocmfix.results import FileChange, Outcome, RunResult, StatusReport, Verdict
+from rocmfix.results import Action, FileChange, Outcome, RunResult, StatusReport, Verdict
 from rocmfix.state import StateDir
 from rocmfix.write.plan import Plan, plan_apply, plan_revert
 from rocmfix.write.transaction import (
@@ -139,6 +142,26 @@ def _status(env: Environment, patches: Sequence[Patch], explicit: Collection[str
     )
 
 
+def refuse_if_busy(python: str | None) -> None:
+    """Before the probe (seconds, on a large environment): fail at once where another run
+    holds the lock of the interpreter's own prefix (a venv's or conda env's, found beside
+    the interpreter as Python finds it), where the record of most environments is. The
+    probe says where the record really is; the run checks that lock again then."""
+    if python is None:
+        prefix = Path(sys.prefix)
+    else:
+        prefix = Path(os.path.abspath(python)).parent.parent
+        if not any((prefix / marker).exists() for marker in ("pyvenv.cfg", "conda-meta")):
+            return
+    state = StateDir(prefix / "share" / "rocmfix", prefix)
+    try:
+        state.check_layout()  # a state folder that is a link is never read through
+    except ManifestError:
+        return
+    if state.busy():
+        raise state.busy_error()
+
+
 def _still_current(changes: Sequence[FileChange]) -> bool:
     """Whether every file a plan starts from still holds the bytes the plan read."""
     for change in changes:
@@ -161,7 +184,7 @@ def apply(
     waiting: Waiting | None = None,
 ) -> RunResult:
     """Rewrite every selected target that needs it, all or nothing."""
-    with _asking_git(env, patches, waiting):
+    with _asking_git(env, patches, waiting), _interrupt_said("apply", env):
         return _apply(env, patches, scheme, force, dry_run, explicit)
 
 
@@ -175,14 +198,50 @@ def _apply(
 ) -> RunResult:
     check_scheme(patches, scheme)
     state = env.state
-    manifest = state.load_with(env.legacy_state, env.recorded_here())
-    check_record(env, manifest, patches)
-    if state.busy() and not dry_run:
+    if dry_run:
+        return _apply_locked(env, patches, scheme, force, True, explicit, held=False)
+    if state.busy():
         # Planning now would read another run's half-written files as someone's edits.
         raise state.busy_error()
+    # The lock is taken before planning (its compile check runs the target interpreter), so
+    # that a run started beside another fails at once, not after planning too. Where it
+    # cannot be taken (a state folder this user may not write, a lock that is a link), the
+    # run plans without it: one with nothing to do needs no write access, and one with work
+    # refuses below, on the same error.
+    early = contextlib.ExitStack()
+    try:
+        early.enter_context(state.locked())
+        held = True
+    except LockBusyError:
+        raise
+    except RocmfixError:
+        held = False
+    with early:
+        try:
+            return _apply_locked(env, patches, scheme, force, False, explicit, held=held)
+        finally:
+            if held:
+                state.tidy()
+
+
+def _apply_locked(
+    env: Environment,
+    patches: Sequence[Patch],
+    scheme: str | None,
+    force: bool,
+    dry_run: bool,
+    explicit: Collection[str],
+    *,
+    held: bool,
+) -> RunResult:
+    """Plan and write; ``held``: this run holds the lock already."""
+    state = env.state
+    manifest = state.load_with(env.legacy_state, env.recorded_here())
+    check_record(env, manifest, patches)
     plan: Plan | None = None
     if manifest.pending is None:
-        # Plan without the lock first: a run with nothing to do must not need write access.
+        # Under the lock taken early, or without it where it could not be: a run with
+        # nothing to do must not need write access.
         plan = plan_apply(env, patches, manifest, scheme, force, explicit)
         if dry_run or not plan.changes_anything(manifest):
             return _result(env, "apply", plan, dry_run)
@@ -197,7 +256,7 @@ def _apply(
     state.check_writable()
     # Tidying happens under the lock: another run holding it may have backups and no
     # journal yet, which an unlocked tidy would take for leftovers and delete.
-    with state.locked():
+    with contextlib.nullcontext() if held else state.locked():
         try:
             locked = state.adopt(env.legacy_state, env.recorded_here(), __version__)
             check_record(env, locked, patches)
@@ -221,8 +280,37 @@ def revert(
     waiting: Waiting | None = None,
 ) -> RunResult:
     """Put back the original bytes of every selected patched file and remove dropped files."""
-    with _asking_git(env, patches, waiting):
+    with _asking_git(env, patches, waiting), _interrupt_said("revert", env):
         return _revert(env, patches, force)
+
+
+@contextlib.contextmanager
+def _interrupt_said(op: str, env: Environment) -> Iterator[None]:
+    """A Ctrl-C becomes one line that says what state the run left. Mid-write the
+    transaction says it (it rolls back); before that nothing was written, unless the run
+    was finishing an earlier one's journal, which then stays for the next run."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not env.state.busy() and _journal_left(env):
+            raise Interrupted(
+                f"{op} was interrupted while it finished an earlier interrupted run",
+                hint="`rocmfix status` says where each file stands; `rocmfix revert` "
+                "finishes the rollback",
+            ) from None
+        # What a run cut short while it took the lock leaves (its state folder) goes too.
+        with contextlib.suppress(RocmfixError):
+            _tidy_unlocked(env.state)
+        raise Interrupted(
+            f"{op} was interrupted before it changed a file: the environment is as it was"
+        ) from None
+
+
+def _journal_left(env: Environment) -> bool:
+    try:
+        return env.state.load().pending is not None
+    except ManifestError:
+        return False
 
 
 def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResult:
@@ -233,9 +321,20 @@ def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResul
         # A run holding the lock may have written backups and no journal yet, or be about to
         # save its entries: "nothing to revert" would be false seconds later.
         raise state.busy_error()
-    if not manifest.entries and manifest.pending is None:
-        _tidy_unlocked(state)
-        return RunResult(env, "revert", (), (), False, warnings=environment_warnings(env))
+    if manifest.pending is None and not any(p.id in manifest.entries for p in patches):
+        if not manifest.entries:
+            _tidy_unlocked(state)
+            return RunResult(env, "revert", (), (), False, warnings=environment_warnings(env))
+        # `--only` named patches that are not applied, beside ones that are: say which.
+        return RunResult(
+            env,
+            "revert",
+            tuple(Outcome(p, Action.SKIP, "not applied") for p in patches),
+            (),
+            False,
+            warnings=environment_warnings(env),
+            applied=tuple(sorted(manifest.entries)),
+        )
     state.check_writable()
     with state.locked():
         try:

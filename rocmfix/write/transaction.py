@@ -2,9 +2,10 @@
 
 A run changes files in this order: backups of every file it will change, a manifest that names
 every file about to change (the journal), the files themselves, then the final manifest. Each
-file is replaced only if it still holds the bytes the plan read. A run that fails part-way
-rolls back what it wrote; if the rollback cannot finish either (the disk is failing), the
-journal and every backup stay, and the next ``apply`` or ``revert`` finishes it. A run killed
+file is replaced only if it still holds the bytes the plan read. A run that fails part-way,
+or is interrupted (Ctrl-C), rolls back what it wrote; if the rollback cannot finish either
+(the disk is failing), the journal and every backup stay, and the next ``apply`` or
+``revert`` finishes it. A run killed
 at any point leaves either nothing to do or a journal that the next run rolls back
 (:func:`recover`). A journal is untrusted input like the rest of the state: every file it
 names must be one a patch declares, inside the environment. Only :mod:`rocmfix.state` knows
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Sequence
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 from rocmfix import __version__, fsops
 from rocmfix.environment import Distribution, Environment
-from rocmfix.errors import ManifestError, RefusedError, WriteError
+from rocmfix.errors import Interrupted, ManifestError, RefusedError, WriteError
 from rocmfix.manifest import (
     PYC_NAME,
     DroppedFile,
@@ -113,7 +116,9 @@ def check_writable(changes: Sequence[FileChange], state: StateDir) -> None:
         if reason is not None:
             raise RefusedError(
                 f"nothing was changed: {directory} {reason}",
-                hint="run rocmfix as the user who owns that environment, "
+                hint=fsops.READ_ONLY_HINT
+                if reason == fsops.READ_ONLY
+                else "run rocmfix as the user who owns that environment, "
                 "or patch a virtual environment you own",
             )
 
@@ -273,45 +278,113 @@ def execute(state: StateDir, manifest: Manifest, plan: Plan, op: str) -> None:
     if op == "apply":
         with contextlib.suppress(OSError):
             plan = _keep_bytecode(state, plan, changes)
-    try:
-        for change in changes:
-            if change.before is not None:
-                state.backup(change.before)
-        state.save(replace(manifest, pending=_journal(op, changes)), __version__)
-    except OSError as exc:
-        state.tidy()
-        raise WriteError(
-            f"nothing was changed: rocmfix could not write its state in {state.root} ({_why(exc)})"
-        ) from None
     done: list[FileChange] = []
     try:
-        for change in changes:
-            write(change.path, change.after, change.before, change.mode_from)
-            done.append(change)
-    except OSError as exc:
-        failed = _rollback(done)
-        problem = f"writing {change.path} failed ({_why(exc)})"
-        if failed:
-            # The journal and every backup stay: status reads `interrupted`, and the next
-            # apply or revert (once the fault is gone) rolls back what is left.
+        try:
+            for change in changes:
+                if change.before is not None:
+                    state.backup(change.before)
+            state.save(replace(manifest, pending=_journal(op, changes)), __version__)
+        except OSError as exc:
+            state.tidy()
             raise WriteError(
-                f"{problem}; could not restore {', '.join(failed)} either, so rocmfix's "
-                f"journal and backups stay in {state.root}",
-                hint="`rocmfix revert` finishes the rollback once the fault is gone",
+                "nothing was changed: rocmfix could not write its state in "
+                f"{state.root} ({_why(exc)})"
             ) from None
         try:
-            state.save(manifest, __version__)
-        except OSError:
-            raise WriteError(
-                f"{problem}; every file is as it was, but the journal could not be cleared",
-                hint="`rocmfix revert` clears it once the fault is gone",
-            ) from None
-        raise WriteError(f"{problem}; every file is as it was") from None
-    if op == "revert":
-        reverted = [e for n, e in manifest.entries.items() if n not in plan.entries]
-        _restore_bytecode(state, reverted, plan)
-    state.save(replace(manifest, entries=plan.entries, pending=None, records=records), __version__)
+            for change in changes:
+                write(change.path, change.after, change.before, change.mode_from)
+                done.append(change)
+        except OSError as exc:
+            failed = _rollback(done)
+            problem = f"writing {change.path} failed ({_why(exc)})"
+            if failed:
+                # The journal and every backup stay: status reads `interrupted`, and the next
+                # apply or revert (once the fault is gone) rolls back what is left.
+                raise WriteError(
+                    f"{problem}; could not restore {', '.join(failed)} either, so rocmfix's "
+                    f"journal and backups stay in {state.root}",
+                    hint="`rocmfix revert` finishes the rollback once the fault is gone",
+                ) from None
+            try:
+                state.save(manifest, __version__)
+            except OSError:
+                raise WriteError(
+                    f"{problem}; every file is as it was, but the journal could not be cleared",
+                    hint="`rocmfix revert` clears it once the fault is gone",
+                ) from None
+            raise WriteError(f"{problem}; every file is as it was") from None
+    except KeyboardInterrupt:
+        with _interrupts_held():
+            _interrupted(state, manifest, changes, op)
+    # From here the run is done: a Ctrl-C now must not leave a record half saved.
+    with _interrupts_held():
+        if op == "revert":
+            reverted = [e for n, e in manifest.entries.items() if n not in plan.entries]
+            _restore_bytecode(state, reverted, plan)
+        state.save(
+            replace(manifest, entries=plan.entries, pending=None, records=records), __version__
+        )
     state.prune_backups(kept_backups(plan.entries.values(), records.values()))
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C ignored while a rollback or the final record is written (a second Ctrl-C must
+    not leave either half done); the main thread alone can set a signal's handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(
+    state: StateDir, manifest: Manifest, changes: Sequence[FileChange], op: str
+) -> None:
+    """After a Ctrl-C mid-run: every file this run had written back to what it held before
+    (a file replaced just as the signal came is found by its bytes, not by what the loop
+    had counted), the journal cleared, and the one line that says so."""
+    restored: list[str] = []
+    failed: list[str] = []
+    for change in reversed(changes):
+        try:
+            current = fsops.read_regular(change.path)
+        except (fsops.NotRegularError, OSError):
+            failed.append(str(change.path))
+            continue
+        if current == change.before or current != change.after:
+            continue
+        try:
+            write(change.path, change.before, change.after, change.mode_from)
+            restored.append(str(change.path))
+        except OSError:
+            failed.append(str(change.path))
+    if failed:
+        raise Interrupted(
+            f"{op} was interrupted, and {', '.join(failed)} could not be put back: rocmfix's "
+            f"journal and backups stay in {state.root}",
+            hint="`rocmfix revert` finishes the rollback",
+        )
+    try:
+        state.save(manifest, __version__)
+    except OSError:
+        raise Interrupted(
+            f"{op} was interrupted; every file is as it was, but rocmfix's journal could not "
+            "be cleared",
+            hint="`rocmfix revert` clears it",
+        ) from None
+    if restored:
+        raise Interrupted(
+            f"{op} was interrupted; the {len(restored)} file(s) it had written are rolled "
+            "back: the environment is as it was"
+        )
+    raise Interrupted(
+        f"{op} was interrupted before it changed a file: the environment is as it was"
+    )
 
 
 def kept_backups(entries: Iterable[ManifestEntry], records: Iterable[RecordState] = ()) -> set[str]:

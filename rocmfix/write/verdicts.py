@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import libcst as cst
 
@@ -431,10 +431,12 @@ class _Inspector:
             looked = " or ".join(
                 [f"import {w}" for w in (*use.imports, *use.names)] + [repr(w) for w in use.strings]
             )
-            return (
-                f"mineru {mineru.version} does not use {self.patch.distribution}: its code has "
-                f"no {looked}; {anyway}"
-            ), ()
+            what = f"does not use {self.patch.distribution}"
+            if mineru.found.imports_package(self.patch.package):
+                # MinerU imports the package for other models (transformers for its formula
+                # model, say): what it does not run is this file's.
+                what = f"uses {self.patch.distribution}, but not {_model(self.patch.path)}"
+            return f"mineru {mineru.version} {what}: its code has no {looked}; {anyway}", ()
         return None
 
     def _used_by_mineru(self) -> tuple[str, ...]:
@@ -445,6 +447,12 @@ class _Inspector:
         if shown is None:
             return ()
         return (f"mineru {mineru.version} runs it: its code {shown} ({use.what})",)
+
+
+def _model(path: str) -> str:
+    """What a target file is, in a few words: ``modeling_hgnet_v2.py`` is its hgnet_v2 model."""
+    name = PurePosixPath(path).name
+    return f"its {name[9:-3]} model" if name.startswith("modeling_") else name
 
 
 def inspect(
