@@ -122,6 +122,8 @@ def _tell(model: Any, reason: str, detail: str) -> None:
     """One RuntimeWarning per model class and reason, which no warnings filter can turn into
     an exception in the caller's forward."""
     key = (type(model).__qualname__, reason)
+    # CUDA's errors run to several lines of advice: the first says what happened.
+    detail = (detail.strip().splitlines() or [""])[0]
     with _told_lock:
         if key in _told:
             return
