@@ -16,6 +16,10 @@ patched side also checks the replay against the eager forward of the same files 
 input, bit for bit, and reports the graph memory held (``rocmfix_graphs.held_bytes``).
 ``--pairs`` pairs per configuration, stock first in even pairs and patched first in odd ones.
 
+``--interleave`` feeds det and rec several shapes in turn (40 calls each), checks every
+output against eager bit for bit, and reports the graphs kept and memory held, with the
+default caps and with room for only 2 graphs.
+
 ``--check`` instead runs the fallback checks on the GPU in one process: a forward that syncs
 with the host (its capture raises), grad mode, autocast, a model in training; each must give
 eager's output and leave CUDA usable.
@@ -196,6 +200,46 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def interleave(args: argparse.Namespace) -> dict[str, Any]:
+    """Several shapes a model sees in turn, as a document gives them: every call's output
+    against the eager forward of the same input, bit for bit; with the default caps, then
+    with room for 2 graphs (so graphs are dropped and captured again, their pool shared)."""
+    import torch
+
+    predictor = importlib.import_module(f"{OCR}.infer.predict_det")
+    call = predictor._rocmfix_graph_forward
+    runner = sys.modules[call.__module__]
+    shapes = {
+        "det": [(1, 3, h, w) for h, w in ((960, 672), (736, 960), (672, 960), (960, 704))],
+        "rec": [(6, 3, 48, w) for w in (320, 640, 960, 1280, 480)],
+    }
+    found: dict[str, Any] = {}
+    for cap in (runner.MAX_GRAPHS, 2):
+        runner.MAX_GRAPHS = cap
+        for model, dtype in (("det", torch.float32), ("rec", torch.float16)):
+            net = build(args.patched, model, dtype)
+            gen = torch.Generator().manual_seed(3)
+            same, times = [], []
+            with torch.inference_mode():
+                for i in range(40):
+                    shape = shapes[model][i % len(shapes[model])]
+                    x = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    got = [t.clone() for t in _flat(call(net, x))]
+                    torch.cuda.synchronize()
+                    times.append((time.perf_counter() - start) * 1e3)
+                    want = _flat(net(x))
+                    same.append(all(torch.equal(a, b) for a, b in zip(got, want, strict=True)))
+            found[f"{model} max_graphs={cap}"] = {
+                "identical": all(same),
+                "stats": runner.stats(net),
+                "held_mib": runner.held_bytes(net) / 2**20,
+                "median ms, last 20": statistics.median(times[20:]),
+            }
+    return found
+
+
 def _run(args: argparse.Namespace, side: str, config: str) -> dict[str, Any]:
     command = [sys.executable, __file__, "--worker", side, "--config", config]
     command += ["--stock", args.stock, "--patched", args.patched, "--reps", str(args.reps)]
@@ -217,14 +261,16 @@ def main() -> None:
     parser.add_argument("--worker", choices=("stock", "patched"))
     parser.add_argument("--config", choices=tuple(CONFIGS))
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--interleave", action="store_true")
     args = parser.parse_args()
     if args.worker:
         args.side = args.worker
         print(json.dumps(worker(args)))
         return
-    if args.check:
-        found = check(args)
-        Path(args.out, "graphs_check.json").write_text(json.dumps(found, indent=1))
+    if args.check or args.interleave:
+        found = check(args) if args.check else interleave(args)
+        name = "graphs_check.json" if args.check else "graphs_interleave.json"
+        Path(args.out, name).write_text(json.dumps(found, indent=1))
         print(json.dumps(found, indent=1))
         return
     runs: list[dict[str, Any]] = []

@@ -25,7 +25,9 @@ python3 -m rocmfix apply --only mineru-ocr-det-graphs --only mineru-ocr-rec-grap
     --only mineru-ocr-cls-graphs --python "$PY" 2>&1 | tail -6
 timeout 120 python3 bench/graphs_gpu.py --check --stock /tmp/stock --patched "$SITE" \
     --out "$OUT" 2>&1 | tail -40
-timeout "${LIMIT:-400}" python3 bench/graphs_gpu.py --stock /tmp/stock --patched "$SITE" \
+timeout 200 python3 bench/graphs_gpu.py --interleave --stock /tmp/stock --patched "$SITE" \
+    --out "$OUT" 2>&1 | tail -60
+[ -n "${NO_PAIRS:-}" ] || timeout "${LIMIT:-400}" python3 bench/graphs_gpu.py --stock /tmp/stock --patched "$SITE" \
     --out "$OUT" --pairs "${PAIRS:-6}" --reps "${REPS:-30}" ${CONFIGS:+--configs $CONFIGS} \
     2>&1 | tee "$OUT/graphs.txt" | tail -60
 python3 -m rocmfix revert --python "$PY" 2>&1 | tail -2

@@ -13,62 +13,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+from graphs_fake import CpuGraphs, leaves
 from torch import nn
 
 from conftest import ROOT, load_template
-
-
-class CpuGraphs:
-    """torch.cuda's graphs as the runner sees them, on CPU tensors."""
-
-    def __init__(self) -> None:
-        self.reserved = 0
-        self.per_capture = 1 << 20
-        self.captures = self.replays = 0
-        self.fail_capture: Exception | None = None
-        self.fail_replay: Exception | None = None
-
-    def on_device(self, t: torch.Tensor) -> bool:
-        return True
-
-    def new_pool(self, device: torch.device) -> object:
-        return object()
-
-    def settle(self, device: torch.device) -> int:
-        return self.reserved
-
-    def capture(self, device: torch.device, pool: object, run: Callable[[], Any]) -> Any:
-        run()  # the warm-up on the capture stream
-        if self.fail_capture is not None:
-            raise self.fail_capture
-        out = run()
-        self.reserved += self.per_capture
-        self.captures += 1
-        return (run, out), out
-
-    def replay(self, graph: Any) -> None:
-        if self.fail_replay is not None:
-            raise self.fail_replay
-        run, out = graph
-        for static, new in zip(_leaves(out), _leaves(run()), strict=True):
-            static.copy_(new)
-        self.replays += 1
-
-
-def _leaves(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in _leaves(v)]
-    if isinstance(out, list | tuple):
-        return [t for v in out for t in _leaves(v)]
-    return []
 
 
 class Net(nn.Module):
@@ -113,7 +67,7 @@ def said(caught: Caught) -> list[str]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(_leaves(a), _leaves(b), strict=True))
+    return all(torch.equal(x, y) for x, y in zip(leaves(a), leaves(b), strict=True))
 
 
 def test_cpu_inputs_pass_through(graphs: ModuleType, told: Caught) -> None:
