@@ -206,6 +206,7 @@ def interleave(args: argparse.Namespace) -> dict[str, Any]:
     with room for 2 graphs (so graphs are dropped and captured again, their pool shared)."""
     import torch
 
+    _mineru(args.patched)
     predictor = importlib.import_module(f"{OCR}.infer.predict_det")
     call = predictor._rocmfix_graph_forward
     runner = sys.modules[call.__module__]
