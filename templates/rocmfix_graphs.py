@@ -17,17 +17,21 @@ What it does, per model (a weak reference: the model's lifetime is the caller's)
   private memory pool the model's graphs share), then a replay;
 - later calls copy their inputs into the captured ones, replay, and return clones of the
   outputs: nothing the caller keeps is overwritten by a later call;
-- at most :data:`MAX_GRAPHS` graphs a model (least recently used dropped; the pool's memory
-  is reused by the next capture), at most :data:`MAX_CAPTURES` captures a model in all (a
-  caller whose shapes never settle stops paying for captures), and no new capture once the
-  model's pool holds :data:`MAX_BYTES` (the memory held can pass it by one capture's);
-  :func:`held_bytes` and :func:`stats` say what is held.
+- at most :data:`MAX_GRAPHS` graphs a model: the least recently used is dropped for a new
+  shape once it has gone unused for :data:`STALE_AFTER` x :data:`MAX_GRAPHS` calls, and
+  until then new shapes run eager (more shapes in turn than the cap would otherwise be
+  captured again on every call); the pool's memory is reused by the next capture;
+- at most :data:`MAX_CAPTURES` captures a model in all (a caller whose shapes never settle
+  stops paying for captures), and no new capture once the model's pool holds
+  :data:`MAX_BYTES` (the memory held can pass it by one capture's); :func:`held_bytes` and
+  :func:`stats` say what is held.
 
 Anything it cannot or must not capture runs the stock eager call, and says so once per model
 class and reason in a ``RuntimeWarning`` that cannot become an exception (not even under
-``python -W error``): grad mode, autocast, a model in training, inputs or outputs that are
-not tensors (tuples, lists and dicts of tensors are), a capture that raised (no more
-captures for that model), a replay that failed (that graph dropped), a shape past the caps.
+``python -W error``): grad mode, autocast, a model in training, inputs or outputs other than
+tensors and constants (tuples, lists and dicts of them are taken apart), a capture that
+raised (no more captures for that model), a replay that failed (that graph dropped), a
+shape past the caps.
 CPU inputs and ``torch.compile``'d callers are left to the stock call without a word: there
 is nothing to replay on a CPU, and a warning would break the compiler's graph.
 ``ROCMFIX_GRAPHS=0`` in the environment (read at import) turns all of it off.
@@ -57,6 +61,9 @@ ENABLED = os.environ.get("ROCMFIX_GRAPHS", "1").strip().lower() not in ("0", "fa
 MIN_SEEN = 2
 MAX_GRAPHS = 8
 MAX_CAPTURES = 64
+# A graph not replayed in the last STALE_AFTER x MAX_GRAPHS calls of its model may be dropped
+# for a new shape once MAX_GRAPHS are kept.
+STALE_AFTER = 4
 MAX_BYTES = 1 << 30
 # Signatures counted per model before the count starts again (a bound, not a policy).
 _MAX_SEEN = 1024
@@ -188,7 +195,7 @@ _BACKEND = _Backend()
 
 
 class _Graph:
-    __slots__ = ("addresses", "graph", "inputs", "outputs", "spec", "weights")
+    __slots__ = ("addresses", "graph", "inputs", "last", "outputs", "spec", "weights")
 
     def __init__(self, graph: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
                  spec: Any, weights: list[torch.Tensor]) -> None:  # fmt: skip
@@ -198,6 +205,7 @@ class _Graph:
         self.spec = spec
         self.weights = weights
         self.addresses = list(map(torch.Tensor.data_ptr, weights))
+        self.last = 0  # the model's call count at this graph's last replay
 
 
 class _State:
@@ -212,6 +220,7 @@ class _State:
         self.broken: str | None = None
         self.full = False
         self.counts: dict[str, int] = {}
+        self.calls = 0
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -281,6 +290,7 @@ def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
     )
     try:
         with state.lock:
+            state.calls += 1
             found = state.graphs.get(key)
             if found is not None:
                 return _replay(model, state, key, found, leaves)
@@ -307,7 +317,7 @@ def _due(state: _State, key: Any) -> bool:
 def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[torch.Tensor]) -> Any:
     try:
         if list(map(torch.Tensor.data_ptr, found.weights)) != found.addresses:
-            del state.graphs[key]
+            _drop(state, key)
             state.count("moved")
             raise _Fallback
         for static, t in zip(found.inputs, leaves):
@@ -317,22 +327,41 @@ def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[tor
     except _Fallback:
         raise
     except Exception as exc:
-        state.graphs.pop(key, None)
+        _drop(state, key)
         state.failed.add(key)
         state.count("replay failed")
         _tell(model, "replay failed", f"{type(exc).__name__}: {exc}")
         raise _Fallback from exc
     state.graphs.move_to_end(key)
+    found.last = state.calls
     state.count("replayed")
     return _rebuild(found.spec, outputs, [0])
 
 
+def _drop(state: _State, key: Any) -> None:
+    """Forget a graph. Its captured inputs go back to the allocator; what it held in the pool
+    stays there for the model's next capture, and in :func:`held_bytes`."""
+    found = state.graphs.pop(key, None)
+    state.seen.pop(key, None)  # a shape dropped is captured again once seen again as often
+    if found is not None:
+        state.held -= sum(t.numel() * t.element_size() for t in found.inputs)
+
+
+def _in_use(state: _State) -> bool:
+    """Whether the least recently used graph was replayed lately: more shapes in turn than
+    the cap would otherwise drop and capture again on every call (a capture costs several
+    forwards), so a new shape waits, eager, until a graph has gone stale."""
+    oldest = next(iter(state.graphs.values()))
+    return state.calls - oldest.last <= STALE_AFTER * MAX_GRAPHS
+
+
 def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.Tensor],
              backend: _Backend) -> Any:  # fmt: skip
-    if state.full or state.captures >= MAX_CAPTURES:
+    busy = len(state.graphs) >= MAX_GRAPHS and _in_use(state)
+    if state.full or state.captures >= MAX_CAPTURES or busy:
         state.count("past the cap")
-        why = "graph memory" if state.full else "captures"
-        _tell(model, "shape past the cap", f"no new graph once the {why} cap is reached")
+        why = "graph memory" if state.full else "graphs" if busy else "captures"
+        _tell(model, "shape past the cap", f"no new graph past the {why} cap")
         raise _Fallback
     device = leaves[0].device
     try:
@@ -370,7 +399,7 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
     state.graphs[key] = found
     state.count("captured")
     while len(state.graphs) > MAX_GRAPHS:
-        state.graphs.popitem(last=False)
+        _drop(state, next(iter(state.graphs)))
         state.count("dropped")
     return _replay(model, state, key, found, leaves)
 

@@ -132,19 +132,37 @@ def test_nested_inputs(graphs: ModuleType, fake: CpuGraphs) -> None:
     assert fake.replays == 2
 
 
-def test_least_recently_used_graph_goes(
+def test_a_stale_graph_goes_for_a_new_shape(
     graphs: ModuleType, fake: CpuGraphs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(graphs, "MAX_GRAPHS", 2)
+    monkeypatch.setattr(graphs, "STALE_AFTER", 1)
     net = Net().eval()
-    shapes = [torch.randn(1, 3, 8, w) for w in (8, 16, 24)]
+    a, b, c = (torch.randn(1, 3, 8, w) for w in (8, 16, 24))
     with torch.inference_mode():
-        for x in shapes:
-            graphs.forward(net, x)
-            graphs.forward(net, x)
-        graphs.forward(net, shapes[0])  # dropped: seen again, captured again
+        for x in (a, a, b, b, b, b, b, c, c):  # a last replayed 7 calls before c's capture
+            assert _same(graphs.forward(net, x), net(x))
+        graphs.forward(net, a)  # dropped: counted from 1 again, so eager
     st = graphs.stats(net)
-    assert st["graphs"] == 2 and st["counts"]["dropped"] == 2 and fake.captures == 4
+    assert st["graphs"] == 2 and st["counts"]["dropped"] == 1 and fake.captures == 3
+    assert st["held_bytes"] == 3 * fake.per_capture + b.nbytes + c.nbytes  # a's given back
+
+
+def test_shapes_in_turn_past_the_cap_are_not_captured_again_and_again(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 2)
+    net = Net().eval()
+    shapes = [torch.randn(1, 3, 8, w) for w in (8, 16, 24, 32)]
+    with torch.inference_mode():
+        for i in range(40):
+            x = shapes[i % 4]
+            assert _same(graphs.forward(net, x), net(x))
+    # The first two shapes keep their graphs; the other two run eager.
+    assert fake.captures == 2 and fake.replays == 2 * 9
+    assert graphs.stats(net)["counts"]["past the cap"] == 2 * 9
+    (message,) = said(told)
+    assert "shape past the cap" in message and "graphs cap" in message
 
 
 def test_fallbacks_run_eager_and_say_so_once(
