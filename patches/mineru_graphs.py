@@ -166,7 +166,7 @@ def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, w
     kernel_module = f"{folder}/{RUNNER}"
     return Patch(
         id=f"{prefix}-{model}-graphs",
-        summary=f"Replay predict_{model}.py's model as a CUDA/HIP graph per input shape",
+        summary=f"Replay predict_{model}.py's forward as CUDA/HIP graphs",
         distribution="mineru",
         package="mineru",
         path=path,
