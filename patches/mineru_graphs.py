@@ -54,6 +54,11 @@ LAYOUTS = (
     ("mineru-utils-ocr", "mineru/model/utils/tools/infer", "2.6-3.x"),
     ("mineru-paddle-ocr", "mineru/model/ocr/paddleocr2pytorch/tools/infer", "2.0-2.5"),
 )
+MISSING = (
+    "mineru {version} keeps its OCR predictors in another folder (rocmfix reads "
+    + ", ".join(f"{releases}'s" for _, _, releases in LAYOUTS)
+    + ")"
+)
 # (model, predictor class, what MinerU runs it for)
 FILES = (
     ("det", "TextDetector", "PP-OCR text detection (TextDetector): OCR, every tier"),
@@ -172,8 +177,8 @@ def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, w
         path=path,
         classify=partial(classify, cls_name),
         transform=partial(transform, path, kernel_module),
-        # One wording for the folder's three files, so that status and apply group them.
-        missing_reason=f"mineru {{version}} has no {folder}/ (MinerU {releases} has it)",
+        # One wording for all nine, so that status and apply group them on one line.
+        missing_reason=MISSING,
         kernel_module=kernel_module,
         runner=RUNNER,
         known=(f"{cls_name}: <target> = {CALLEE}(...)",),
