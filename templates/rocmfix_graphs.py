@@ -391,6 +391,8 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
         raise _Fallback from exc
     state.held += held
     if state.held > MAX_BYTES:
+        # This graph goes (its captured inputs with it); what it took in the pool stays.
+        state.held -= sum(t.numel() * t.element_size() for t in static)
         state.full = True
         state.count("past the cap")
         _tell(model, "shape past the cap", f"graph memory {state.held >> 20} MiB")
