@@ -297,3 +297,136 @@ def test_the_real_patched_detector_on_a_cpu(tmp_path: Path) -> None:
     for reason in ("training", "grad mode", "shape past the cap", "capture failed"):
         assert f"BaseModel runs eager ({reason}:" in said, said
     assert len(found["warnings"]) == 4, said  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------ PP-DocLayoutV2's backbone
+
+LAYOUT_ID = "transformers-pp-doclayout-v2-graphs"
+WITH_MINERU = TargetContext(version="0", versions={"mineru": "4.0.12"}, torch=None)
+LAYOUT_FILE = "transformers/models/pp_doclayout_v2/modeling_pp_doclayout_v2.py"
+
+
+def test_layout_golden() -> None:
+    """Only the encoder's backbone call is routed: a ``self.model(...)`` elsewhere (the whole
+    detector, which cannot be captured) stays as it is; and only beside MinerU."""
+    patch = _patch(LAYOUT_ID)
+    before = (GOLDEN / "layout_encoder.py").read_bytes()
+    # Without MinerU in the environment, transformers' users are left alone.
+    alone = patch.classify(patch.parse(before), CTX)
+    assert alone.shape is CodeShape.FIXED_UPSTREAM and "no mineru here" in alone.reason
+    found = patch.classify(patch.parse(before), WITH_MINERU)
+    assert found.shape is CodeShape.NEEDS_PATCH, found
+    assert "PPDocLayoutV2ConvEncoder calls self.model(...) once" in found.reason
+    after = patch.transform(cst.parse_module(before)).bytes
+    golden = GOLDEN / "layout_encoder.graphs.patched.py"
+    if os.environ.get("ROCMFIX_UPDATE_GOLDEN"):
+        golden.write_bytes(after)
+    assert after == golden.read_bytes()
+    assert b"_rocmfix_graph_forward(self.model, pixel_values).feature_maps" in after
+    assert b"        outputs = self.model(pixel_values)\n" in after
+    assert after.count(b"_rocmfix_graph_forward(self.model") == 1
+    assert patch.classify(patch.parse(after), WITH_MINERU).shape is CodeShape.PATCHED
+    none = patch.classify(patch.parse((GOLDEN / "ocr_predictor_none.py").read_bytes()), WITH_MINERU)
+    assert none.shape is CodeShape.FIXED_UPSTREAM and "no PPDocLayoutV2ConvEncoder" in none.reason
+
+
+@pytest.mark.network
+def test_every_transformers_release_with_the_layout_model() -> None:
+    patch = _patch(LAYOUT_ID)
+    seen = []
+    for version in releases.releases("transformers"):
+        if Version(version) < Version("5.0.0") or Version(version).pre is not None:
+            continue
+        data = releases.wheel_members("transformers", version, [LAYOUT_FILE])[LAYOUT_FILE]
+        if data is None:
+            continue
+        found = patch.classify(patch.parse(data), WITH_MINERU)
+        assert found.shape is CodeShape.NEEDS_PATCH, version
+        patched = patch.transform(cst.parse_module(data)).code
+        compile(patched, f"{version}/{LAYOUT_FILE}", "exec")
+        again = patch.classify(patch.parse(patched.encode()), WITH_MINERU)
+        assert again.shape is CodeShape.PATCHED
+        seen.append(version)
+    assert releases.PINNED["transformers"] in seen
+
+
+@pytest.mark.network
+def test_layout_apply_and_revert_through_the_cli(transformers_env) -> None:  # type: ignore[no-untyped-def]
+    env: InstalledEnv = transformers_env(releases.PINNED["transformers"])
+    from test_mineru_ocr import fake_dist
+
+    assert env.status(LAYOUT_ID)["verdict"] == "not-needed"  # no MinerU here
+    fake_dist(env.site, "mineru", releases.PINNED["mineru"])
+    before = files_under(env.site)
+    result = env.cli("apply", "--only", LAYOUT_ID)
+    assert result.returncode == 0, result.stderr
+    assert f"{LAYOUT_ID}: applied" in result.stderr, result.stderr
+    assert (env.site / "transformers/models/pp_doclayout_v2/rocmfix_graphs.py").is_file()
+    assert env.status(LAYOUT_ID)["verdict"] == "applied"
+    result = env.cli("revert")
+    assert result.returncode == 0, result.stderr
+    assert files_under(env.site) == before
+
+
+# The real patched modeling file on a CPU: the whole detector under no_grad (as MinerU calls
+# it), first as a pass-through, then with the stand-in backend: its backbone captured at the
+# second call and replayed at the third, outputs equal to the eager ones each time.
+LAYOUT_RUN = r"""
+import json, sys, warnings
+import torch
+sys.path[:0] = json.loads(sys.argv[1])
+from transformers import PPDocLayoutV2Config, PPDocLayoutV2ForObjectDetection
+import transformers.models.pp_doclayout_v2.modeling_pp_doclayout_v2 as modeling
+from graphs_fake import CpuGraphs
+
+config = PPDocLayoutV2Config()
+config.class_thresholds = [0.5] * config.num_labels
+config.class_order = list(range(config.num_labels))
+config.num_queries = 16
+torch.manual_seed(0)
+model = PPDocLayoutV2ForObjectDetection(config).eval()
+x = torch.randn(1, 3, 64, 64)
+runner = sys.modules[modeling._rocmfix_graph_forward.__module__]
+warnings.simplefilter("error")
+with torch.no_grad():
+    eager = model(pixel_values=x)
+    passed = model(pixel_values=x)
+    fake = runner._BACKEND = CpuGraphs()
+    graphed = [model(pixel_values=x) for _ in range(3)]
+backbone = model.model.backbone.model
+same = lambda a, b: all(
+    torch.equal(a[k], b[k]) for k in ("logits", "pred_boxes") if a.get(k) is not None
+)
+print(json.dumps({
+    "pass-through": same(passed, eager),
+    "graphed": [same(g, eager) for g in graphed],
+    "replays": fake.replays,
+    "stats": runner.stats(backbone),
+}))
+"""
+
+
+@pytest.mark.network
+def test_the_real_patched_layout_model_on_a_cpu(tmp_path: Path) -> None:
+    version = releases.PINNED["transformers"]
+    from test_mineru_ocr import fake_dist
+
+    env = install_release(tmp_path / "env", "transformers", version, LAYOUT_FILE)
+    fake_dist(env.site, "mineru", releases.PINNED["mineru"])
+    result = env.cli("apply", "--only", LAYOUT_ID)
+    assert result.returncode == 0, result.stderr
+    path = [str(releases.importable("huggingface-hub", "1.33.0"))]
+    path += [str(releases.importable("tokenizers", "0.23.3")), str(env.site)]
+    path.append(str(Path(__file__).parent))
+    done = subprocess.run(
+        [sys.executable, "-c", LAYOUT_RUN, json.dumps(path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["pass-through"] is True
+    assert found["graphed"] == [True] * 3 and found["replays"] == 2, found
+    assert found["stats"]["graphs"] == 1 and found["stats"]["counts"]["replayed"] == 2
