@@ -4,6 +4,7 @@ shape), in the order status lists them."""
 from . import (
     doclayout_dilated_conv,
     lmdeploy_vision,
+    mineru_graphs,
     mineru_pytorchocr,
     mineru_tables,
     mineru_tokenizer,
@@ -20,6 +21,7 @@ PATCHES = (
     *lmdeploy_vision.PATCHES,
     *transformers_hgnet.PATCHES,
     *mineru_pytorchocr.PATCHES,
+    *mineru_graphs.PATCHES,
     *mineru_tables.PATCHES,
     doclayout_dilated_conv.PATCH,
     mineru_tokenizer.PATCH,

@@ -121,6 +121,9 @@ class Patch:
     # The one class the classification looks at, if it looks at one: status then parses only
     # that class (see rewrite.focused), not the whole file.
     focus: str | None = None
+    # A patch without an op may still drop one template as ``kernel_module``: the runner its
+    # fixed rewrite calls (the graph replay's, say).
+    runner: str | None = None
 
     def parse(self, data: bytes) -> cst.Module:
         """The module ``classify`` reads: the whole file, or only its focus class."""
@@ -149,6 +152,8 @@ class Patch:
         return self.op.scheme(name or self.op.default_scheme.name)
 
     def drops(self, scheme: str | None) -> tuple[Drop, ...]:
+        if self.op is None and self.runner is not None and self.kernel_module is not None:
+            return (Drop(self.runner, self.kernel_module),)
         chosen = self.scheme(scheme)
         if chosen is None or self.kernel_module is None:
             return ()
@@ -159,4 +164,5 @@ class Patch:
     @property
     def drop_paths(self) -> frozenset[str]:
         """Every file any scheme of this patch may drop: all a manifest may name for it."""
-        return frozenset(d.dest for s in self.scheme_names for d in self.drops(s))
+        schemes: tuple[str | None, ...] = self.scheme_names or (None,)
+        return frozenset(d.dest for s in schemes for d in self.drops(s))

@@ -1,0 +1,305 @@
+"""Graph replay as a user runs it: MinerU's stock predictor files against the files
+`rocmfix apply` rewrote for graphs (issue 41), in alternating fresh processes on a GPU.
+
+    python bench/graphs_gpu.py --stock STOCK_SITE --patched PATCHED_SITE --out DIR
+
+STOCK_SITE and PATCHED_SITE each hold an installed ``mineru`` (4.0.x); the patched one has
+``mineru-ocr-{det,rec,cls}-graphs`` applied (bench/graphs_gpu.sh does both). Each process
+builds PP-OCRv6 det tiny or rec small from the arch config inside that mineru (random
+weights, seed 0, so both sides hold the same model), imports the predictor file
+(``predict_det.py``/``predict_rec.py``) and calls the model the way its rewritten line does:
+``self.net(inp)`` in the stock file, ``_rocmfix_graph_forward(self.net, inp)`` (the name the
+patched file imported) in the patched one. Under ``torch.inference_mode()``: 3 warm-up calls
+(the patched side captures at its 2nd), then ``--reps`` forwards, each timed on the host
+between two ``torch.cuda.synchronize()`` (MinerU copies every output to the host next). The
+patched side also checks the replay against the eager forward of the same files on a fresh
+input, bit for bit, and reports the graph memory held (``rocmfix_graphs.held_bytes``).
+``--pairs`` pairs per configuration, stock first in even pairs and patched first in odd ones.
+
+``--interleave`` feeds det and rec several shapes in turn (40 calls each), checks every
+output against eager bit for bit, and reports the graphs kept and memory held, with the
+default caps and with room for only 2 graphs.
+
+``--check`` instead runs the fallback checks on the GPU in one process: a forward that syncs
+with the host (its capture raises), grad mode, autocast, a model in training; each must give
+eager's output and leave CUDA usable.
+
+Full numbers go to ``DIR/graphs.json``; a short table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+OCR = "mineru.model._internal.pytorchocr"
+DEVICE = "cuda"
+ARCH = {"det": "ch_PP-OCRv6_tiny_det_infer", "rec": "ch_PP-OCRv6_small_rec_infer"}
+# (name, model, input shape, dtype): what MinerU 4.0 feeds det and rec on a GPU.
+CONFIGS = {
+    "det-960x672": ("det", (1, 3, 960, 672), "float32"),
+    "det-736x960": ("det", (1, 3, 736, 960), "float32"),
+    "rec-6x320": ("rec", (6, 3, 48, 320), "float16"),
+    "rec-6x1280": ("rec", (6, 3, 48, 1280), "float16"),
+}
+
+
+def _mineru(root: str) -> None:
+    """``mineru`` from ``root`` without its package __init__ (which imports the whole
+    document stack); docvortex, which the predictors' utility module imports, stubbed."""
+    stub = types.ModuleType("mineru")
+    stub.__path__ = [os.path.join(root, "mineru")]
+    sys.modules["mineru"] = stub
+
+    class Anything(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return lambda *a, **k: None
+
+    if "docvortex" in sys.modules or importlib.util.find_spec("docvortex") is not None:
+        return
+    for name in ("docvortex", "docvortex.image", "docvortex.geometry", "docvortex.schema"):
+        module = Anything(name)
+        module.__path__ = []  # type: ignore[attr-defined]
+        sys.modules[name] = module
+
+
+def build(root: str, model: str, dtype: Any) -> Any:
+    import torch
+    import yaml
+
+    _mineru(root)
+    base = importlib.import_module(OCR + ".modeling.architectures.base_model")
+    resources = os.path.join(root, *OCR.split("."), "utils", "resources", "arch_config.yaml")
+    with open(resources) as f:
+        arch = yaml.safe_load(f)
+    torch.manual_seed(0)
+    net = base.BaseModel(copy.deepcopy(arch[ARCH[model]]))
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+        if hasattr(m, "rep"):
+            m.rep()
+    return net.eval().to(DEVICE, dtype)
+
+
+def _flat(out: Any) -> list[Any]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for k in sorted(out) for t in _flat(out[k])]
+    if isinstance(out, list | tuple):
+        return [t for o in out for t in _flat(o)]
+    return []
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model, shape, dtype_name = CONFIGS[args.config]
+    dtype = getattr(torch, dtype_name)
+    root = args.stock if args.side == "stock" else args.patched
+    net = build(root, model, dtype)
+    predictor = importlib.import_module(f"{OCR}.infer.predict_{model}")
+    graphed = getattr(predictor, "_rocmfix_graph_forward", None)
+    if args.side == "patched":
+        assert graphed is not None, "the patched file did not import its runner"
+        call = graphed
+    else:
+        assert graphed is None, "the stock file holds rocmfix's rewrite"
+        call = lambda net, inp: net(inp)  # noqa: E731 - the stock line: self.net(inp)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+    times = []
+    with torch.inference_mode():
+        for _ in range(3):
+            call(net, x)
+        for _ in range(args.reps):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            call(net, x)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        out: dict[str, Any] = {"side": args.side, "config": args.config, "ms": times}
+        if args.side == "patched":
+            runner = sys.modules[graphed.__module__]
+            fresh = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+            replayed = [t.clone() for t in _flat(call(net, fresh))]
+            eager = _flat(net(fresh))
+            out["identical"] = all(torch.equal(a, b) for a, b in zip(replayed, eager, strict=True))
+            out["max_diff"] = max(
+                (a.float() - b.float()).abs().max().item()
+                for a, b in zip(replayed, eager, strict=True)
+            )
+            out["stats"] = runner.stats(net)
+            out["held_mib"] = runner.held_bytes(net) / 2**20
+    return out
+
+
+def check(args: argparse.Namespace) -> dict[str, Any]:
+    """The fallbacks on a GPU: each call must return eager's output and CUDA stay usable."""
+    import warnings
+
+    import torch
+
+    net = build(args.patched, "det", torch.float32)
+    predictor = importlib.import_module(f"{OCR}.infer.predict_det")
+    call = predictor._rocmfix_graph_forward
+    runner = sys.modules[call.__module__]
+
+    class Syncs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x)
+            return y * float(y.abs().max().item() > -1)  # a host sync: capture refuses it
+
+    results: dict[str, Any] = {}
+    x = torch.randn(1, 3, 64, 96, device="cuda")
+    syncs = Syncs().cuda().eval()
+    small = torch.randn(4, 8, device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("error")  # as under python -W error
+        with torch.inference_mode():
+            ok = all(torch.equal(call(syncs, small), syncs(small)) for _ in range(4))
+            results["capture raises"] = {"equal": ok, "stats": runner.stats(syncs)}
+        with torch.no_grad():
+            results["no_grad"] = torch.equal(call(net, x)["maps"], net(x)["maps"])
+        ok = torch.equal(call(net, x)["maps"], net(x)["maps"])  # grad mode
+        results["grad mode"] = ok
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
+            results["autocast"] = torch.equal(call(net, x)["maps"], net(x)["maps"])
+        net.train()
+        with torch.inference_mode():
+            results["training"] = torch.equal(call(net, x)["maps"], net(x)["maps"])
+        net.eval()
+        with torch.inference_mode():
+            ok = all(torch.equal(call(net, x)["maps"], net(x)["maps"]) for _ in range(4))
+        results["replay after all that"] = ok
+        results["det stats"] = runner.stats(net)
+    results["warnings"] = [str(w.message) for w in caught]
+    return results
+
+
+def interleave(args: argparse.Namespace) -> dict[str, Any]:
+    """Several shapes a model sees in turn, as a document gives them: every call's output
+    against the eager forward of the same input, bit for bit; with the default caps, then
+    with room for 2 graphs (so graphs are dropped and captured again, their pool shared)."""
+    import torch
+
+    _mineru(args.patched)
+    predictor = importlib.import_module(f"{OCR}.infer.predict_det")
+    call = predictor._rocmfix_graph_forward
+    runner = sys.modules[call.__module__]
+    shapes = {
+        "det": [(1, 3, h, w) for h, w in ((960, 672), (736, 960), (672, 960), (960, 704))],
+        "rec": [(6, 3, 48, w) for w in (320, 640, 960, 1280, 480)],
+    }
+    found: dict[str, Any] = {}
+    for cap in (runner.MAX_GRAPHS, 2):
+        runner.MAX_GRAPHS = cap
+        for model, dtype in (("det", torch.float32), ("rec", torch.float16)):
+            net = build(args.patched, model, dtype)
+            gen = torch.Generator().manual_seed(3)
+            same, times = [], []
+            with torch.inference_mode():
+                for i in range(40):
+                    shape = shapes[model][i % len(shapes[model])]
+                    x = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    got = [t.clone() for t in _flat(call(net, x))]
+                    torch.cuda.synchronize()
+                    times.append((time.perf_counter() - start) * 1e3)
+                    want = _flat(net(x))
+                    same.append(all(torch.equal(a, b) for a, b in zip(got, want, strict=True)))
+            found[f"{model} max_graphs={cap}"] = {
+                "identical": all(same),
+                "stats": runner.stats(net),
+                "held_mib": runner.held_bytes(net) / 2**20,
+                "median ms, last 20": statistics.median(times[20:]),
+            }
+    return found
+
+
+def _run(args: argparse.Namespace, side: str, config: str) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--worker", side, "--config", config]
+    command += ["--stock", args.stock, "--patched", args.patched, "--reps", str(args.reps)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300)
+    if done.returncode != 0:
+        return {"side": side, "config": config, "error": done.stderr[-2000:]}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stock", required=True)
+    parser.add_argument("--patched", required=True)
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--worker", choices=("stock", "patched"))
+    parser.add_argument("--config", choices=tuple(CONFIGS))
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--interleave", action="store_true")
+    args = parser.parse_args()
+    if args.worker:
+        args.side = args.worker
+        print(json.dumps(worker(args)))
+        return
+    if args.check or args.interleave:
+        found = check(args) if args.check else interleave(args)
+        name = "graphs_check.json" if args.check else "graphs_interleave.json"
+        Path(args.out, name).write_text(json.dumps(found, indent=1))
+        print(json.dumps(found, indent=1))
+        return
+    runs: list[dict[str, Any]] = []
+    for config in args.configs.split(","):
+        for pair in range(args.pairs):
+            sides = ("stock", "patched") if pair % 2 == 0 else ("patched", "stock")
+            for side in sides:
+                runs.append({"pair": pair, **_run(args, side, config)})
+                print(json.dumps({k: v for k, v in runs[-1].items() if k != "ms"}), flush=True)
+                # After every run: a run cut off by its time limit still leaves its numbers.
+                Path(args.out, "graphs.json").write_text(json.dumps(runs, indent=1))
+    print(f"\n{'config':<12} {'stock ms':>16} {'graphs ms':>16} {'x (per pair)':>20} same MiB")
+    for config in args.configs.split(","):
+        mine = [r for r in runs if r["config"] == config and "ms" in r]
+        stock = {r["pair"]: statistics.median(r["ms"]) for r in mine if r["side"] == "stock"}
+        graph = {r["pair"]: statistics.median(r["ms"]) for r in mine if r["side"] == "patched"}
+        ratios = sorted(stock[p] / graph[p] for p in stock if p in graph)
+        if not ratios:
+            print(f"{config:<12} failed")
+            continue
+        same = all(r.get("identical") for r in mine if r["side"] == "patched")
+        held = max(r.get("held_mib", 0) for r in mine if r["side"] == "patched")
+        span = lambda v: f"{min(v):.2f}-{max(v):.2f}"  # noqa: E731
+        print(
+            f"{config:<12} {span(list(stock.values())):>16} {span(list(graph.values())):>16} "
+            f"{statistics.median(ratios):>6.2f} ({span(ratios)}) {same!s:>5} {held:.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+#!/bin/sh
+# Issue 41's graph replay on a lent GPU (bench/graphs_gpu.py): mineru 4.0.12 installed twice
+# with --no-deps, once as it ships (/tmp/stock) and once into the machine's python, where
+# `rocmfix apply` rewrites the three predictors for graphs; then the fallback checks and the
+# paired fresh-process timings, then `rocmfix revert`.
+# Needs $WHL (default .whl) with libcst-*.whl and mineru/mineru-4.0.12-py3-none-any.whl;
+# results land in $OUT (graphs.json, graphs_check.json, graphs.txt).
+set -u
+W=${WHL:-.whl}
+OUT=${OUT:-/tmp/out}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $W/libcst-*.whl \
+    || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 COLUMNS=100
+PY=$(command -v python3)
+date -u
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
+MW=$W/mineru/mineru-4.0.12-py3-none-any.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/stock "$MW" || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile "$MW" \
+    || python3 -m pip install -q --no-index --no-deps --no-compile --break-system-packages "$MW" \
+    || exit 1
+SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+python3 -m rocmfix apply --only mineru-ocr-det-graphs --only mineru-ocr-rec-graphs \
+    --only mineru-ocr-cls-graphs --python "$PY" 2>&1 | tail -6
+timeout 120 python3 bench/graphs_gpu.py --check --stock /tmp/stock --patched "$SITE" \
+    --out "$OUT" 2>&1 | tail -40
+timeout 200 python3 bench/graphs_gpu.py --interleave --stock /tmp/stock --patched "$SITE" \
+    --out "$OUT" 2>&1 | tail -60
+[ -n "${NO_PAIRS:-}" ] || timeout "${LIMIT:-400}" python3 bench/graphs_gpu.py --stock /tmp/stock --patched "$SITE" \
+    --out "$OUT" --pairs "${PAIRS:-6}" --reps "${REPS:-30}" ${CONFIGS:+--configs $CONFIGS} \
+    2>&1 | tee "$OUT/graphs.txt" | tail -60
+python3 -m rocmfix revert --python "$PY" 2>&1 | tail -2

@@ -1,0 +1,278 @@
+"""MinerU's PaddleOCR predictors (and PP-DocLayoutV2's backbone), replayed as CUDA/HIP
+graphs per input shape.
+
+Once rocmfix's kernel routes make the slow ops fast, MinerU's small models are bound by
+Python and kernel launches, not kernels: on an H100, PP-OCRv6 det tiny does 1.6-1.9 ms of GPU
+work in a 4.5 ms eager forward, rec small 1.0 ms in 4-8 ms. The predictors call each model
+in one place per path, ``X = self.net(inp)`` under ``torch.inference_mode()``; the rewrite
+sends that call through the dropped runner (templates/rocmfix_graphs.py: a capture per input
+shape after an eager warm-up, replays after, the stock call for anything else), keeping the
+stock statement as the ``else`` of a guard on the runner having imported::
+
+    if _rocmfix_graph_forward is not None:
+        outputs = _rocmfix_graph_forward(self.net, inp)
+    else:
+        outputs = self.net(inp)
+
+Every ``<target> = self.net(...)`` statement of the file is routed (predict_rec.py's CAN
+branch passes a list: the runner takes nested tensors too); ``self.net.backbone(...)`` and
+other calls stay. The predictors have the same shape in every MinerU release, under three
+folders (read from the wheels 2.0.6-4.0.12): 4.0.x ``mineru/model/_internal/pytorchocr/infer/``,
+2.6-3.x ``mineru/model/utils/tools/infer/``, 2.0-2.5
+``mineru/model/ocr/paddleocr2pytorch/tools/infer/``. One patch per file and folder; a folder
+the installed MinerU does not have reads ``not-needed``.
+
+PP-DocLayoutV2 (MinerU 3.0+ layout) cannot be captured whole; one more patch routes its
+HGNetV2 backbone's call in transformers' ``modeling_pp_doclayout_v2.py`` (``LAYOUT_PATCH``).
+
+Graphs are no ROCm gap: the patch applies on any torch (a CPU input runs the stock call).
+MinerU is AGPL-3.0: rocmfix patches the user's installed files and ships none of their code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import libcst as cst
+
+from rocmfix.errors import AnchorNotFoundError
+from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
+from rocmfix.rewrite import (
+    call_name,
+    calls,
+    find_class,
+    insert_after_last_import,
+    marker_line,
+    module_has_marker,
+    relative_import,
+    statement,
+)
+
+RUNNER = "rocmfix_graphs.py"
+LOCAL = "_rocmfix_graph_forward"
+WHY = "CUDA/HIP graph replay per input shape (rocmfix_graphs)"
+
+# (patch id prefix, folder of the predictors, the MinerU releases that have it)
+LAYOUTS = (
+    ("mineru-ocr", "mineru/model/_internal/pytorchocr/infer", "4.0.x"),
+    ("mineru-utils-ocr", "mineru/model/utils/tools/infer", "2.6-3.x"),
+    ("mineru-paddle-ocr", "mineru/model/ocr/paddleocr2pytorch/tools/infer", "2.0-2.5"),
+)
+MISSING = (
+    "mineru {version} keeps its OCR predictors in another folder (rocmfix reads "
+    + ", ".join(f"{releases}'s" for _, _, releases in LAYOUTS)
+    + ")"
+)
+# (model, predictor class, what MinerU runs it for)
+FILES = (
+    ("det", "TextDetector", "PP-OCR text detection (TextDetector): OCR, every tier"),
+    ("rec", "TextRecognizer", "PP-OCR text recognition (TextRecognizer): OCR, every tier"),
+    ("cls", "TextClassifier", "PP-OCR text-line orientation (TextClassifier): OCR"),
+)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Which calls a file's rewrite routes: ``<target> = <callee>(...)`` (or
+    ``<callee>(...).<attribute>``) statements, in class ``scope`` only where one is named;
+    ``owner`` names the class that makes them, for the reason status shows."""
+
+    owner: str
+    callee: str = "self.net"
+    scope: str | None = None
+    # A distribution the environment must hold: a library's model is replayed for MinerU's
+    # use of it, not for every user of the library.
+    beside: str | None = None
+
+
+def _site(line: cst.CSTNode, callee: str) -> cst.Call | None:
+    """The call of ``<target> = <callee>(...)`` or ``<target> = <callee>(...).attr``."""
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        return None
+    assign = line.body[0]
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return None
+    value = assign.value
+    call = value.value if isinstance(value, cst.Attribute) else value
+    if not isinstance(call, cst.Call) or call_name(call) != callee:
+        return None
+    return call
+
+
+class _Scoped:
+    """The class a visitor is in, for a caller limited to one."""
+
+    def __init__(self, caller: Caller) -> None:
+        self.caller = caller
+        self.classes: list[str] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def in_scope(self) -> bool:
+        scope = self.caller.scope
+        return scope is None or (bool(self.classes) and self.classes[-1] == scope)
+
+
+class _Sites(_Scoped, cst.CSTVisitor):
+    def __init__(self, caller: Caller) -> None:
+        super().__init__(caller)
+        self.found = 0
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.classes.pop()
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        self.found += self.in_scope() and _site(node, self.caller.callee) is not None
+        return False
+
+
+def _count(caller: Caller, module: cst.Module) -> int:
+    sites = _Sites(caller)
+    module.visit(sites)
+    return sites.found
+
+
+def classify(caller: Caller, module: cst.Module, ctx: TargetContext) -> Classification:
+    callee = caller.callee
+    if calls(module, LOCAL):
+        if module_has_marker(module):
+            return Classification(CodeShape.PATCHED, f"{callee}(...) goes through {RUNNER}")
+        return Classification(CodeShape.UNKNOWN, f"{LOCAL} is there, but not from rocmfix")
+    if caller.beside is not None and caller.beside not in ctx.versions:
+        return Classification(
+            CodeShape.FIXED_UPSTREAM,
+            f"no {caller.beside} here: rocmfix replays {caller.owner}'s call for "
+            f"{caller.beside} only",
+        )
+    found = _count(caller, module)
+    if found:
+        times = "once" if found == 1 else f"{found} times"
+        return Classification(
+            CodeShape.NEEDS_PATCH,
+            f"{caller.owner} calls {callee}(...) {times}: a graph replay per input shape "
+            "removes the launch and Python cost",
+        )
+    if caller.scope is not None and find_class(module, caller.scope) is None:
+        return Classification(CodeShape.FIXED_UPSTREAM, f"this version has no {caller.scope}")
+    if [c for c in calls(module, callee.rsplit(".", 1)[-1]) if call_name(c) == callee]:
+        return Classification(
+            CodeShape.UNKNOWN, f"{callee}(...) is called, but not as `x = {callee}(...)`"
+        )
+    return Classification(CodeShape.FIXED_UPSTREAM, f"this version never calls {callee}(...)")
+
+
+class _Route(_Scoped, cst.CSTTransformer):
+    def __init__(self, caller: Caller, module: cst.Module) -> None:
+        super().__init__(caller)
+        self.module = module
+        self.routed = 0
+
+    def leave_ClassDef(
+        self, original_node: cst.ClassDef, updated_node: cst.ClassDef
+    ) -> cst.ClassDef:
+        self.classes.pop()
+        return updated_node
+
+    def leave_SimpleStatementLine(
+        self, old: cst.SimpleStatementLine, new: cst.SimpleStatementLine
+    ) -> cst.BaseStatement:
+        call = _site(new, self.caller.callee) if self.in_scope() else None
+        if call is None:
+            return new
+        assign = new.body[0]
+        assert isinstance(assign, cst.Assign)
+        graphed: cst.BaseExpression = call.with_changes(
+            func=cst.Name(LOCAL), args=[cst.Arg(value=call.func), *call.args]
+        )
+        value = assign.value
+        if isinstance(value, cst.Attribute):
+            graphed = value.with_changes(value=graphed)
+        guard = statement(self.module, f"if {LOCAL} is not None:\n    pass\nelse:\n    pass\n")
+        assert isinstance(guard, cst.If) and isinstance(guard.orelse, cst.Else)
+        routed = new.with_changes(body=[assign.with_changes(value=graphed)], leading_lines=[])
+        stock = new.with_changes(leading_lines=[])
+        self.routed += 1
+        return guard.with_changes(
+            leading_lines=[*new.leading_lines, marker_line(WHY)],
+            body=guard.body.with_changes(body=[routed]),
+            orelse=guard.orelse.with_changes(body=guard.orelse.body.with_changes(body=[stock])),
+        )
+
+
+def transform(caller: Caller, path: str, kernel_module: str, module: cst.Module) -> cst.Module:
+    if calls(module, LOCAL):
+        raise AnchorNotFoundError(f"{LOCAL} is already called")
+    router = _Route(caller, module)
+    routed = module.visit(router)
+    if not router.routed:
+        raise AnchorNotFoundError(f"no `x = {caller.callee}(...)` statement")
+    runner = relative_import(path, kernel_module)
+    imported = statement(
+        module,
+        f"try:\n    from {runner} import forward as {LOCAL}\n"
+        # OSError too: a runner file another user cannot read must not break the import.
+        f"except (ImportError, OSError):\n    {LOCAL} = None\n",
+    )
+    imported = imported.with_changes(
+        leading_lines=[
+            cst.EmptyLine(),
+            marker_line(f"{runner.lstrip('.')} was dropped here by rocmfix; revert removes it"),
+        ]
+    )
+    return insert_after_last_import(routed, imported)
+
+
+def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, what: str) -> Patch:
+    path = f"{folder}/predict_{model}.py"
+    kernel_module = f"{folder}/{RUNNER}"
+    return Patch(
+        id=f"{prefix}-{model}-graphs",
+        summary=f"Replay predict_{model}.py's forward as CUDA/HIP graphs",
+        distribution="mineru",
+        package="mineru",
+        path=path,
+        classify=partial(classify, Caller(cls_name)),
+        transform=partial(transform, Caller(cls_name), path, kernel_module),
+        # One wording for all nine, so that status and apply group them on one line.
+        missing_reason=MISSING,
+        kernel_module=kernel_module,
+        runner=RUNNER,
+        known=(f"{cls_name}: <target> = self.net(...)",),
+        mineru=MinerUUse(what, own=True, small_model=True),
+    )
+
+
+OCR = tuple(_patch(*layout, *row) for layout in LAYOUTS for row in FILES)
+
+# PP-DocLayoutV2 (MinerU 3.0+ layout) cannot be captured whole: its forward writes host values
+# into device tensors (``spatial_shapes[level, 0] = height``). Its HGNetV2 backbone, which
+# ``PPDocLayoutV2ConvEncoder.forward`` calls as ``self.model(pixel_values).feature_maps``, is
+# clean, and MinerU feeds it one size (800x800): that call alone goes through the runner.
+LAYOUT = "transformers/models/pp_doclayout_v2"
+BACKBONE = Caller(
+    "PPDocLayoutV2ConvEncoder", "self.model", scope="PPDocLayoutV2ConvEncoder", beside="mineru"
+)
+LAYOUT_PATCH = Patch(
+    id="transformers-pp-doclayout-v2-graphs",
+    summary="Replay PP-DocLayoutV2's backbone as CUDA/HIP graphs",
+    distribution="transformers",
+    package="transformers",
+    path=f"{LAYOUT}/modeling_pp_doclayout_v2.py",
+    classify=partial(classify, BACKBONE),
+    transform=partial(
+        transform, BACKBONE, f"{LAYOUT}/modeling_pp_doclayout_v2.py", f"{LAYOUT}/{RUNNER}"
+    ),
+    missing_reason="transformers {version} has no PP-DocLayoutV2 model",
+    kernel_module=f"{LAYOUT}/{RUNNER}",
+    runner=RUNNER,
+    known=("PPDocLayoutV2ConvEncoder: <target> = self.model(...).feature_maps",),
+    mineru=MinerUUse(
+        "PP-DocLayoutV2 layout (its backbone), every tier",
+        imports=("transformers.models.pp_doclayout_v2",),
+        names=("PPDocLayoutV2ForObjectDetection",),
+        small_model=True,
+    ),
+)
+PATCHES = (*OCR, LAYOUT_PATCH)

@@ -1,0 +1,439 @@
+"""A model's forward replayed as a CUDA/HIP graph, one per input shape (rocmfix template).
+
+rocmfix dropped this file beside a file of MinerU's that calls one of its small models
+(``self.net(inp)`` in the PaddleOCR predictors, say) and rewrote that call to
+:func:`forward`; ``rocmfix revert`` removes it. Once the slow ops are fast, these models are
+bound by Python and kernel launches: a PP-OCRv6 det forward does 1.6-1.9 ms of GPU work in a
+4.5 ms eager call on an H100. A graph replays the whole forward's launches at once.
+
+What it does, per model (a weak reference: the model's lifetime is the caller's):
+
+- a forward at an input signature (every input tensor's shape, strides, dtype and device,
+  the constants beside them, inference mode or not) seen fewer than :data:`MIN_SEEN` times
+  runs eager: that run is also the warm-up that puts MIOpen's Find and Triton's compiles
+  outside any capture;
+- at the :data:`MIN_SEEN`-th sighting: copies of the inputs, one more eager warm-up on the
+  capture stream, then the capture (``torch.cuda.graph``, on that side stream, into a
+  private memory pool the model's graphs share), then a replay;
+- later calls copy their inputs into the captured ones, replay, and return clones of the
+  outputs: nothing the caller keeps is overwritten by a later call;
+- at most :data:`MAX_GRAPHS` graphs a model: the least recently used is dropped for a new
+  shape once it has gone unused for :data:`STALE_AFTER` x :data:`MAX_GRAPHS` calls, and
+  until then new shapes run eager (more shapes in turn than the cap would otherwise be
+  captured again on every call); the pool's memory is reused by the next capture;
+- at most :data:`MAX_CAPTURES` captures a model in all (a caller whose shapes never settle
+  stops paying for captures), and no new capture once the model's pool holds
+  :data:`MAX_BYTES` (the memory held can pass it by one capture's); :func:`held_bytes` and
+  :func:`stats` say what is held.
+
+Anything it cannot or must not capture runs the stock eager call, and says so once per model
+class and reason in a ``RuntimeWarning`` that cannot become an exception (not even under
+``python -W error``): grad mode, autocast, a model in training, inputs or outputs other than
+tensors and constants (tuples, lists and dicts of them are taken apart), a capture that
+raised (no more captures for that model), a replay that failed (that graph dropped), a
+shape past the caps.
+CPU inputs and ``torch.compile``'d callers are left to the stock call without a word: there
+is nothing to replay on a CPU, and a warning would break the compiler's graph.
+``ROCMFIX_GRAPHS=0`` in the environment (read at import) turns all of it off.
+
+What a replay assumes: the model's parameters and buffers stay where they were at capture
+(checked on every replay: their storage addresses; values written in place are seen, as in
+eager) and its Python-side structure does not change (a swapped submodule is not seen:
+call :func:`reset` after changing a live model). Standard library and torch's public API.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+SCHEME = "graphs"
+ENABLED = os.environ.get("ROCMFIX_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
+# Eager runs of a signature before its capture: one shape seen once is not worth a capture,
+# and the eager runs are the warm-up.
+MIN_SEEN = 2
+MAX_GRAPHS = 8
+MAX_CAPTURES = 64
+# A graph not replayed in the last STALE_AFTER x MAX_GRAPHS calls of its model may be dropped
+# for a new shape once MAX_GRAPHS are kept.
+STALE_AFTER = 4
+MAX_BYTES = 1 << 30
+# Signatures counted per model before the count starts again (a bound, not a policy).
+_MAX_SEEN = 1024
+
+__all__ = ["ENABLED", "SCHEME", "forward", "held_bytes", "reset", "stats"]
+
+
+class _Unsupported(Exception):
+    """A value the runner does not capture (the message says which)."""
+
+
+# -- trees of tensors ----------------------------------------------------------------------
+# A spec is hashable and names the container types; ("T",) is a tensor leaf, ("C", value) a
+# constant (of the inputs: part of the signature).
+
+_CONSTANTS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
+
+
+def _flatten(value: Any, leaves: list[torch.Tensor], inputs: bool) -> Any:
+    if isinstance(value, torch.Tensor):
+        leaves.append(value)
+        return ("T",)
+    kind = type(value)
+    if kind in (tuple, list):
+        return (kind, tuple(_flatten(v, leaves, inputs) for v in value))
+    if isinstance(value, tuple) and hasattr(kind, "_fields"):
+        return (kind, tuple(_flatten(v, leaves, inputs) for v in value))
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        keys = tuple(value)
+        return (kind, keys, tuple(_flatten(value[k], leaves, inputs) for k in keys))
+    if kind in _CONSTANTS:
+        # In an output too: a forward that can be captured makes no host value out of device
+        # data (that needs a sync, which a capture refuses), so a constant stays one.
+        return ("C", value)
+    raise _Unsupported(f"{'an input' if inputs else 'an output'} of type {kind.__name__}")
+
+
+def _rebuild(spec: Any, leaves: list[torch.Tensor], at: list[int]) -> Any:
+    tag = spec[0]
+    if tag == "T":
+        at[0] += 1
+        return leaves[at[0] - 1]
+    if tag == "C":
+        return spec[1]
+    if len(spec) == 3:
+        kind, keys, children = spec
+        items = {k: _rebuild(c, leaves, at) for k, c in zip(keys, children)}
+        return items if kind is dict else kind(**items)
+    kind, children = spec
+    built = [_rebuild(c, leaves, at) for c in children]
+    if kind is list:
+        return built
+    return kind(built) if kind is tuple else kind(*built)
+
+
+# -- saying so -----------------------------------------------------------------------------
+
+_told: set[tuple[str, str]] = set()
+_told_lock = threading.Lock()
+
+
+def _tell(model: Any, reason: str, detail: str) -> None:
+    """One RuntimeWarning per model class and reason, which no warnings filter can turn into
+    an exception in the caller's forward."""
+    key = (type(model).__qualname__, reason)
+    # CUDA's errors run to several lines of advice: the first says what happened.
+    detail = (detail.strip().splitlines() or [""])[0]
+    with _told_lock:
+        if key in _told:
+            return
+        _told.add(key)
+    message = (
+        f"rocmfix graphs: {type(model).__name__} runs eager ({reason}: {detail}); "
+        "ROCMFIX_GRAPHS=0 turns graph replay off"
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+    except Exception:  # noqa: BLE001 - a broken warnings hook must not break the model
+        pass
+
+
+# -- the device side: the one place that touches CUDA/HIP graphs ----------------------------
+
+
+class _Backend:
+    """torch.cuda's graphs. Tests put a stand-in here to run the logic on a CPU."""
+
+    def __init__(self) -> None:
+        self._streams: dict[Any, Any] = {}
+
+    def on_device(self, t: torch.Tensor) -> bool:
+        return bool(t.is_cuda)
+
+    def new_pool(self, device: torch.device) -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def settle(self, device: torch.device) -> int:
+        """Bytes the caching allocator holds on ``device`` once its free blocks are released
+        (``torch.cuda.graph`` releases them on entry anyway)."""
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        return int(torch.cuda.memory_reserved(device))
+
+    def capture(self, device: torch.device, pool: Any, run: Callable[[], Any]) -> tuple[Any, Any]:
+        """(graph, outputs) of ``run`` captured on a side stream, after a warm-up there."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)
+        current = torch.cuda.current_stream(device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            run()
+        current.wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            out = run()
+        return graph, out
+
+    def replay(self, graph: Any) -> None:
+        graph.replay()
+
+
+_BACKEND = _Backend()
+
+
+# -- per model -------------------------------------------------------------------------------
+
+
+class _Graph:
+    __slots__ = ("addresses", "graph", "inputs", "last", "outputs", "spec", "weights")
+
+    def __init__(self, graph: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+                 spec: Any, weights: list[torch.Tensor]) -> None:  # fmt: skip
+        self.graph = graph
+        self.inputs = inputs
+        self.outputs = outputs
+        self.spec = spec
+        self.weights = weights
+        self.addresses = list(map(torch.Tensor.data_ptr, weights))
+        self.last = 0  # the model's call count at this graph's last replay
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: dict[Any, int] = {}
+        self.graphs: OrderedDict[Any, _Graph] = OrderedDict()
+        self.pools: dict[Any, Any] = {}
+        self.failed: set[Any] = set()
+        self.held = 0
+        self.captures = 0
+        self.broken: str | None = None
+        self.full = False
+        self.counts: dict[str, int] = {}
+        self.calls = 0
+
+    def count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+
+_states: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def _state(model: Any) -> _State:
+    found = _states.get(model)
+    if found is None:
+        with _states_lock:
+            found = _states.get(model)
+            if found is None:
+                found = _states[model] = _State()
+    return found
+
+
+def _is_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    check = getattr(compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
+def _autocast(device_type: str) -> bool:
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:  # torch before 2.4 takes no device type (and means CUDA's)
+        return bool(torch.is_autocast_enabled())
+
+
+def _eager_reason(model: Any, device_type: str) -> tuple[str, str] | None:
+    if torch.is_grad_enabled():
+        return "grad mode", "call it under torch.inference_mode() or torch.no_grad()"
+    if _autocast(device_type):
+        return "autocast", "a graph would freeze autocast's casts"
+    if getattr(model, "training", False):
+        return "training", "the model is in train mode"
+    return None
+
+
+def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
+    """``model(*args, **kwargs)``, replayed from a graph where one was captured for these
+    inputs; the stock call wherever it cannot be (see the module's docstring)."""
+    if not ENABLED or _is_compiling():
+        return model(*args, **kwargs)
+    leaves: list[torch.Tensor] = []
+    try:
+        spec = _flatten((args, kwargs), leaves, inputs=True)
+    except _Unsupported as exc:
+        _tell(model, "inputs", str(exc))
+        return model(*args, **kwargs)
+    backend = _BACKEND
+    if not leaves or not all(backend.on_device(t) for t in leaves):
+        return model(*args, **kwargs)
+    state = _state(model)
+    reason = _eager_reason(model, leaves[0].device.type)
+    if reason is not None:
+        state.count(reason[0])
+        _tell(model, *reason)
+        return model(*args, **kwargs)
+    key = (
+        spec,
+        tuple((t.shape, t.stride(), t.dtype, t.device) for t in leaves),
+        torch.is_inference_mode_enabled(),
+    )
+    try:
+        with state.lock:
+            state.calls += 1
+            found = state.graphs.get(key)
+            if found is not None:
+                return _replay(model, state, key, found, leaves)
+            if state.broken is None and key not in state.failed and _due(state, key):
+                return _capture(model, state, key, spec, leaves, backend)
+    except _Fallback:
+        pass
+    state.count("eager")
+    return model(*args, **kwargs)
+
+
+class _Fallback(Exception):
+    """The graph path gave up on this call: run the stock one."""
+
+
+def _due(state: _State, key: Any) -> bool:
+    seen = state.seen.get(key, 0) + 1
+    if len(state.seen) >= _MAX_SEEN and key not in state.seen:
+        state.seen.clear()
+    state.seen[key] = seen
+    return seen >= MIN_SEEN
+
+
+def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[torch.Tensor]) -> Any:
+    try:
+        if list(map(torch.Tensor.data_ptr, found.weights)) != found.addresses:
+            _drop(state, key)
+            state.count("moved")
+            raise _Fallback
+        for static, t in zip(found.inputs, leaves):
+            static.copy_(t)
+        _BACKEND.replay(found.graph)
+        outputs = [t.clone() for t in found.outputs]
+    except _Fallback:
+        raise
+    except Exception as exc:
+        _drop(state, key)
+        state.failed.add(key)
+        state.count("replay failed")
+        _tell(model, "replay failed", f"{type(exc).__name__}: {exc}")
+        raise _Fallback from exc
+    state.graphs.move_to_end(key)
+    found.last = state.calls
+    state.count("replayed")
+    return _rebuild(found.spec, outputs, [0])
+
+
+def _drop(state: _State, key: Any) -> None:
+    """Forget a graph. Its captured inputs go back to the allocator; what it held in the pool
+    stays there for the model's next capture, and in :func:`held_bytes`."""
+    found = state.graphs.pop(key, None)
+    state.seen.pop(key, None)  # a shape dropped is captured again once seen again as often
+    if found is not None:
+        state.held -= sum(t.numel() * t.element_size() for t in found.inputs)
+
+
+def _in_use(state: _State) -> bool:
+    """Whether the least recently used graph was replayed lately: more shapes in turn than
+    the cap would otherwise drop and capture again on every call (a capture costs several
+    forwards), so a new shape waits, eager, until a graph has gone stale."""
+    oldest = next(iter(state.graphs.values()))
+    return state.calls - oldest.last <= STALE_AFTER * MAX_GRAPHS
+
+
+def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.Tensor],
+             backend: _Backend) -> Any:  # fmt: skip
+    busy = len(state.graphs) >= MAX_GRAPHS and _in_use(state)
+    if state.full or state.captures >= MAX_CAPTURES or busy:
+        state.count("past the cap")
+        why = "graph memory" if state.full else "graphs" if busy else "captures"
+        _tell(model, "shape past the cap", f"no new graph past the {why} cap")
+        raise _Fallback
+    device = leaves[0].device
+    try:
+        static = [torch.empty_like(t).copy_(t) for t in leaves]
+        call_args, call_kwargs = _rebuild(spec, static, [0])
+        pool = state.pools.get(device)
+        if pool is None:
+            pool = state.pools[device] = backend.new_pool(device)
+        before = backend.settle(device)
+        state.captures += 1
+        graph, out = backend.capture(device, pool, lambda: model(*call_args, **call_kwargs))
+        outputs: list[torch.Tensor] = []
+        out_spec = _flatten(out, outputs, inputs=False)
+        _rebuild(out_spec, outputs, [0])  # a container type that cannot be rebuilt fails here
+        held = max(0, backend.settle(device) - before)
+        held += sum(t.numel() * t.element_size() for t in static)
+        weights = [*model.parameters(), *model.buffers()] if hasattr(model, "parameters") else []
+    except Exception as exc:
+        if isinstance(exc, _Unsupported):
+            state.failed.add(key)
+            state.count("outputs")
+            _tell(model, "outputs", f"{exc}: not tensors")
+        else:
+            state.broken = f"{type(exc).__name__}: {exc}"
+            state.count("capture failed")
+            _tell(model, "capture failed", state.broken)
+        raise _Fallback from exc
+    state.held += held
+    if state.held > MAX_BYTES:
+        # This graph goes (its captured inputs with it); what it took in the pool stays.
+        state.held -= sum(t.numel() * t.element_size() for t in static)
+        state.full = True
+        state.count("past the cap")
+        _tell(model, "shape past the cap", f"graph memory {state.held >> 20} MiB")
+        raise _Fallback
+    found = _Graph(graph, static, outputs, out_spec, weights)
+    state.graphs[key] = found
+    state.count("captured")
+    while len(state.graphs) > MAX_GRAPHS:
+        _drop(state, next(iter(state.graphs)))
+        state.count("dropped")
+    return _replay(model, state, key, found, leaves)
+
+
+# -- what is held --------------------------------------------------------------------------
+
+
+def held_bytes(model: Any = None) -> int:
+    """Device memory the graphs hold: one model's, or every live model's (approximate: the
+    growth of the allocator's reserve across each capture, plus the captured inputs)."""
+    if model is not None:
+        found = _states.get(model)
+        return found.held if found is not None else 0
+    return sum(s.held for s in list(_states.values()))
+
+
+def stats(model: Any) -> dict[str, Any]:
+    """What the runner did with ``model``: graphs kept, bytes held, and counts of captures,
+    replays and eager runs by reason."""
+    found = _states.get(model)
+    if found is None:
+        return {"graphs": 0, "held_bytes": 0, "captures": 0, "broken": None, "counts": {}}
+    return {
+        "graphs": len(found.graphs),
+        "held_bytes": found.held,
+        "captures": found.captures,
+        "broken": found.broken,
+        "counts": dict(found.counts),
+    }
+
+
+def reset(model: Any) -> None:
+    """Forget ``model``'s graphs (their pool is freed once none is left) and counts."""
+    with _states_lock:
+        _states.pop(model, None)

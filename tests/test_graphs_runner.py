@@ -1,0 +1,317 @@
+"""The graph runner (templates/rocmfix_graphs.py) on a CPU.
+
+With torch's own backend a CPU input is a pass-through: the model runs once per call and its
+outputs come back as they are. The capture logic (when to capture, what a replay returns, the
+caps, every fallback) is run through :class:`CpuGraphs`, a stand-in for ``torch.cuda``'s graphs
+that keeps their contract: a capture runs the forward into fixed output tensors, a replay
+writes the same tensors again from the captured inputs. The GPU side is bench/graphs_gpu.py's
+(``--check`` and the timings).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from graphs_fake import CpuGraphs, leaves
+from torch import nn
+
+from conftest import ROOT, load_template
+
+
+class Net(nn.Module):
+    """Counts its forwards; returns a dict holding a tensor, a tuple and a constant, like
+    PP-OCRv6 rec's ``{"ctc_logits": ..., "ctc_use_raw_logits": True}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> dict[str, Any]:
+        self.calls += 1
+        y = self.conv(x) * scale
+        return {"maps": y, "pair": (y.sum(1), [y.amax(1)]), "raw": True}
+
+
+@pytest.fixture
+def graphs() -> ModuleType:
+    return load_template("rocmfix_graphs", interpret=None)
+
+
+@pytest.fixture
+def fake(graphs: ModuleType, monkeypatch: pytest.MonkeyPatch) -> CpuGraphs:
+    backend = CpuGraphs()
+    monkeypatch.setattr(graphs, "_BACKEND", backend)
+    return backend
+
+
+Caught = list[warnings.WarningMessage]
+
+
+@pytest.fixture
+def told() -> Iterator[Caught]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("error")  # what python -W error sets: the runner must not raise
+        yield caught
+
+
+def said(caught: Caught) -> list[str]:
+    return [str(w.message) for w in caught]
+
+
+def _same(a: Any, b: Any) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(leaves(a), leaves(b), strict=True))
+
+
+def test_cpu_inputs_pass_through(graphs: ModuleType, told: Caught) -> None:
+    net = Net().eval()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.inference_mode():
+        for _ in range(4):
+            out = graphs.forward(net, x)
+            assert _same(out, net(x)) and out["raw"] is True
+    assert net.calls == 8  # each call ran the model once: nothing captured, nothing skipped
+    assert graphs.stats(net)["graphs"] == 0 and graphs.held_bytes(net) == 0
+    assert not said(told)
+
+
+def test_second_sighting_captures_and_later_calls_replay(
+    graphs: ModuleType, fake: CpuGraphs
+) -> None:
+    net = Net().eval()
+    xs = [torch.randn(2, 3, 8, 8) for _ in range(4)]
+    with torch.inference_mode():
+        outs = [graphs.forward(net, x, scale=0.5) for x in xs]
+        for x, out in zip(xs, outs, strict=True):
+            assert _same(out, net(x, scale=0.5))
+    # Call 1 eager; call 2 captured (warm-up, capture) and replayed; 3 and 4 replayed.
+    assert fake.captures == 1 and fake.replays == 3
+    st = graphs.stats(net)
+    assert (st["graphs"], st["held_bytes"]) == (1, fake.per_capture + xs[0].nbytes)
+    assert st["counts"] == {"eager": 1, "captured": 1, "replayed": 3}
+    # What a call returned is the caller's: later replays do not write into it.
+    assert not _same(outs[2], outs[3])
+    assert outs[3]["maps"].data_ptr() != outs[2]["maps"].data_ptr()
+    assert isinstance(outs[3]["pair"], tuple) and isinstance(outs[3]["pair"][1], list)
+
+
+def test_each_signature_is_its_own_graph(graphs: ModuleType, fake: CpuGraphs) -> None:
+    net = Net().eval()
+    a, b = torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 16)
+    with torch.inference_mode():
+        for _ in range(3):
+            graphs.forward(net, a)
+            graphs.forward(net, b)
+            graphs.forward(net, a, scale=2.0)  # a constant is part of the signature
+            graphs.forward(net, a.half().float())
+        assert _same(graphs.forward(net, a, scale=2.0), net(a, scale=2.0))
+    with torch.no_grad():  # not inference mode: another signature (inference tensors differ)
+        graphs.forward(net, a)
+    assert fake.captures == 3
+    assert graphs.stats(net)["graphs"] == 3
+
+
+def test_nested_inputs(graphs: ModuleType, fake: CpuGraphs) -> None:
+    class Pair(nn.Module):
+        def forward(self, xs: list[torch.Tensor], *, bias: torch.Tensor) -> torch.Tensor:
+            return xs[0] @ xs[1] + bias
+
+    net = Pair().eval()
+    with torch.inference_mode():
+        for _ in range(3):
+            xs = [torch.randn(4, 4), torch.randn(4, 4)]
+            bias = torch.randn(4)
+            assert torch.equal(graphs.forward(net, xs, bias=bias), net(xs, bias=bias))
+    assert fake.replays == 2
+
+
+def test_a_stale_graph_goes_for_a_new_shape(
+    graphs: ModuleType, fake: CpuGraphs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 2)
+    monkeypatch.setattr(graphs, "STALE_AFTER", 1)
+    net = Net().eval()
+    a, b, c = (torch.randn(1, 3, 8, w) for w in (8, 16, 24))
+    with torch.inference_mode():
+        for x in (a, a, b, b, b, b, b, c, c):  # a last replayed 7 calls before c's capture
+            assert _same(graphs.forward(net, x), net(x))
+        graphs.forward(net, a)  # dropped: counted from 1 again, so eager
+    st = graphs.stats(net)
+    assert st["graphs"] == 2 and st["counts"]["dropped"] == 1 and fake.captures == 3
+    assert st["held_bytes"] == 3 * fake.per_capture + b.nbytes + c.nbytes  # a's given back
+
+
+def test_shapes_in_turn_past_the_cap_are_not_captured_again_and_again(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 2)
+    net = Net().eval()
+    shapes = [torch.randn(1, 3, 8, w) for w in (8, 16, 24, 32)]
+    with torch.inference_mode():
+        for i in range(40):
+            x = shapes[i % 4]
+            assert _same(graphs.forward(net, x), net(x))
+    # The first two shapes keep their graphs; the other two run eager.
+    assert fake.captures == 2 and fake.replays == 2 * 9
+    assert graphs.stats(net)["counts"]["past the cap"] == 2 * 9
+    (message,) = said(told)
+    assert "shape past the cap" in message and "graphs cap" in message
+
+
+def test_fallbacks_run_eager_and_say_so_once(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    net = Net().eval()
+    x = torch.randn(1, 3, 8, 8)
+    for _ in range(3):
+        assert _same(graphs.forward(net, x), net(x))  # grad mode
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(3):
+            assert _same(graphs.forward(net, x), net(x))
+    net.train()
+    with torch.inference_mode():
+        for _ in range(3):
+            assert _same(graphs.forward(net, x), net(x))
+    assert fake.captures == 0
+    reasons = ("grad mode", "autocast", "training")
+    assert [next(r for r in reasons if f"({r}:" in m) for m in said(told)] == list(reasons), said(
+        told
+    )
+    assert all("ROCMFIX_GRAPHS=0" in m for m in said(told))
+
+
+def test_a_capture_that_raises_leaves_the_model_eager(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    fake.fail_capture = RuntimeError("operation not permitted when stream is capturing")
+    net = Net().eval()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.inference_mode():
+        for _ in range(4):
+            assert _same(graphs.forward(net, x), net(x))
+        fake.fail_capture = None  # no more captures for that model, whatever the shape
+        y = torch.randn(1, 3, 4, 4)
+        for _ in range(3):
+            assert _same(graphs.forward(net, y), net(y))
+    st = graphs.stats(net)
+    assert st["broken"].startswith("RuntimeError") and fake.captures == 0
+    (message,) = said(told)
+    assert "capture failed" in message and "not permitted" in message
+
+
+def test_a_replay_that_fails_drops_its_graph(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    net = Net().eval()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.inference_mode():
+        graphs.forward(net, x)
+        graphs.forward(net, x)
+        fake.fail_replay = RuntimeError("replay failed on purpose")
+        for _ in range(3):
+            assert _same(graphs.forward(net, x), net(x))
+    st = graphs.stats(net)
+    assert st["graphs"] == 0 and st["counts"]["replay failed"] == 1
+    assert len(said(told)) == 1 and "replay failed on purpose" in said(told)[0]
+
+
+def test_a_shape_past_the_caps_runs_eager(
+    graphs: ModuleType,
+    fake: CpuGraphs,
+    told: Caught,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(graphs, "MAX_CAPTURES", 2)
+    net = Net().eval()
+    with torch.inference_mode():
+        for w in (8, 16, 24):
+            x = torch.randn(1, 3, 8, w)
+            for _ in range(3):
+                assert _same(graphs.forward(net, x), net(x))
+    assert fake.captures == 2 and graphs.stats(net)["counts"]["past the cap"] == 2
+    assert len(said(told)) == 1 and "shape past the cap" in said(told)[0]
+    # The memory cap: a capture that takes the pool past it is dropped, and no more follow.
+    monkeypatch.setattr(graphs, "MAX_BYTES", fake.per_capture // 2)
+    other = Net().eval()
+    with torch.inference_mode():
+        for _ in range(3):
+            graphs.forward(other, torch.randn(1, 3, 8, 8))
+    assert graphs.stats(other)["graphs"] == 0 and graphs.held_bytes(other) > graphs.MAX_BYTES
+
+
+class Detections:
+    """An output the runner cannot take apart."""
+
+
+def test_outputs_that_are_not_tensors(graphs: ModuleType, fake: CpuGraphs, told: Caught) -> None:
+    class Boxes(nn.Module):
+        def forward(self, x: torch.Tensor) -> Any:
+            return Detections(), x * 2
+
+    net = Boxes().eval()
+    x = torch.randn(3)
+    with torch.inference_mode():
+        for _ in range(3):
+            assert torch.equal(graphs.forward(net, x)[1], x * 2)
+    assert graphs.stats(net)["graphs"] == 0 and fake.captures == 1
+    assert len(said(told)) == 1 and "outputs" in said(told)[0] and "Detections" in said(told)[0]
+
+
+def test_moved_weights_are_never_replayed(graphs: ModuleType, fake: CpuGraphs) -> None:
+    net = Net().eval()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.inference_mode():
+        graphs.forward(net, x)
+        graphs.forward(net, x)
+    net.conv.weight.data = net.conv.weight.data.clone() * 3  # a new storage: .to(), .half()
+    with torch.inference_mode():
+        assert _same(graphs.forward(net, x), net(x))
+    assert graphs.stats(net)["counts"]["moved"] == 1
+
+
+def test_compiling_callers_are_left_alone(
+    graphs: ModuleType,
+    fake: CpuGraphs,
+    monkeypatch: pytest.MonkeyPatch,
+    told: Caught,
+) -> None:
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    net = Net().eval()
+    with torch.inference_mode():
+        for _ in range(3):
+            graphs.forward(net, torch.randn(1, 3, 8, 8))
+    assert fake.captures == 0 and net.calls == 3 and not said(told)
+
+
+def test_the_switch_turns_it_off(fake: CpuGraphs) -> None:
+    off = load_template("rocmfix_graphs", interpret=None, env={"ROCMFIX_GRAPHS": "0"})
+    off._BACKEND = fake
+    net = Net().eval()
+    with torch.inference_mode():
+        for _ in range(3):
+            off.forward(net, torch.randn(1, 3, 8, 8))
+    assert not off.ENABLED and fake.captures == 0 and net.calls == 3
+
+
+def test_a_warning_never_raises_under_w_error() -> None:
+    code = (
+        "import sys, torch; sys.path.insert(0, sys.argv[1]); import rocmfix_graphs as g\n"
+        "net = torch.nn.Linear(2, 2); g._BACKEND.on_device = lambda t: True\n"
+        "print(g.forward(net, torch.ones(2)).shape)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code, str(ROOT / "templates")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "torch.Size([2])"
+    assert "RuntimeWarning: rocmfix graphs: Linear runs eager (grad mode" in done.stderr
