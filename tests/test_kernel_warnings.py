@@ -88,23 +88,46 @@ def test_a_failure_under_filterwarnings_error_returns_stock(
     torch.testing.assert_close(got, want)
 
 
-def _patched_layer(root: Path, kernel_prologue: str = "") -> Path:
-    """A package holding the golden patched layer (``pkg/backbones/layer.py``, which imports
-    ``..rocmfix_depthwise_conv``) and the triton scheme's templates dropped beside it;
-    ``kernel_prologue`` is put at the top of the dropped ``rocmfix_triton.py``."""
-    scheme = op("depthwise-conv").scheme("triton")
+def _patched(root: Path, golden: str, file: str, scheme_of: tuple[str, str], kernel: str,
+             kernel_prologue: str = "") -> Path:  # fmt: skip
+    """A package ``pkg`` holding the golden patched ``golden`` as ``pkg/<file>`` and the
+    templates of ``scheme_of`` (op, scheme) dropped as ``apply`` lays them out: the entry as
+    ``pkg/<kernel>.py``, its support beside it; ``kernel_prologue`` runs first in the dropped
+    ``rocmfix_triton.py`` (after its ``__future__`` import: before it, any prologue would be a
+    SyntaxError, not the fault it names)."""
+    scheme = op(scheme_of[0]).scheme(scheme_of[1])
     pkg = root / "pkg"
-    (pkg / "backbones").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "backbones" / "__init__.py").write_text("")
-    shutil.copy(GOLDEN / "ocr_lcnet.mineru.patched.py", pkg / "backbones" / "layer.py")
-    shutil.copy(TEMPLATES / scheme.entry, pkg / f"{KERNEL}.py")
+    target = pkg / file
+    target.parent.mkdir(parents=True)
+    for folder in [target.parent, *target.parent.parents][: len(Path(file).parts)]:
+        (folder / "__init__.py").write_text("")
+    shutil.copy(GOLDEN / golden, target)
+    shutil.copy(TEMPLATES / scheme.entry, pkg / f"{kernel}.py")
     for name in scheme.support:
         shutil.copy(TEMPLATES / name, pkg / name)
     triton_module = pkg / "rocmfix_triton.py"
-    triton_module.write_text(kernel_prologue + triton_module.read_text())
+    future = "from __future__ import annotations\n"  # must stay first: the prologue follows it
+    text = triton_module.read_text()
+    assert future in text
+    triton_module.write_text(text.replace(future, future + kernel_prologue, 1))
     return root
 
+
+def _patched_layer(root: Path, kernel_prologue: str = "") -> Path:
+    """The golden patched PP-LCNetV4 layer as ``pkg/backbones/layer.py``, which imports
+    ``..rocmfix_depthwise_conv``, with the triton scheme dropped beside it."""
+    return _patched(
+        root, "ocr_lcnet.mineru.patched.py", "backbones/layer.py",
+        ("depthwise-conv", "triton"), KERNEL, kernel_prologue,
+    )  # fmt: skip
+
+
+# What a dropped kernel module's first line does to fail at import (a rocmfix_triton.py that
+# every scheme's entry imports).
+PROLOGUES = {
+    "warns-at-import": "import warnings\nwarnings.warn('old', DeprecationWarning)\n",
+    "raises-at-import": "raise RuntimeError('a broken install')\n",
+}
 
 # What the patched forward runs on a GPU, called with CPU tensors (the interpreter runs the
 # kernel on them; the patched forward itself routes only GPU tensors), against the layer.
@@ -136,11 +159,7 @@ print("ok")
     ["config-variable", "tuned-file", "kernel-raises", "warns-at-import", "raises-at-import"],
 )
 def test_a_failure_under_python_w_error_returns_stock(fault: str, tmp_path: Path) -> None:
-    prologue = {
-        "warns-at-import": "import warnings\nwarnings.warn('old', DeprecationWarning)\n",
-        "raises-at-import": "raise RuntimeError('a broken install')\n",
-    }.get(fault, "")
-    root = _patched_layer(tmp_path / "site", prologue)
+    root = _patched_layer(tmp_path / "site", PROLOGUES.get(fault, ""))
     env = {
         **os.environ,
         "PYTHONPATH": PYTHONPATH,
@@ -180,3 +199,38 @@ def test_an_import_that_warns_under_filterwarnings_error_leaves_the_stock_layer(
     finally:
         for name in [n for n in sys.modules if n == "pkg" or n.startswith("pkg.")]:
             del sys.modules[name]
+
+
+# The golden patched patch embed (lmdeploy's shape: the input cast, a bias given here) against
+# its own Conv3d, the stock op the rewritten call replaced.
+EMBED = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from pkg import embed as patched
+layer = patched.PatchEmbed(p=2, t=2, c=3, dim=16).eval()
+layer.proj.bias = torch.nn.Parameter(torch.randn(16))
+x = torch.randn(6, 3 * 2 * 2 * 2)
+with torch.no_grad():
+    got = layer(x)
+    want = layer.proj(x.view(-1, 3, 2, 2, 2)).view(-1, 16)
+assert torch.equal(got, want)
+print("kernel:", patched.triton_conv3d_patchify.__module__)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("fault", list(PROLOGUES))
+def test_a_patch_embed_whose_kernel_fails_at_import_runs_the_stock_conv3d(
+    fault: str, tmp_path: Path
+) -> None:
+    root = _patched(
+        tmp_path / "site", "lmdeploy_patch_embed.patched.py", "embed.py", ("patch-embed", "gemm"),
+        "rocmfix_patch_embed", PROLOGUES[fault],
+    )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", textwrap.dedent(EMBED.format(root=str(root)))],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        cwd="/", timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["kernel: pkg.embed", "ok"]  # the stock fallback ran

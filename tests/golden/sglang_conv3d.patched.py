@@ -2,7 +2,12 @@
 import torch
 from torch import nn
 # rocmfix: rocmfix_patch_embed was dropped here by rocmfix; revert removes it
-from .rocmfix_patch_embed import triton_conv3d_patchify
+try:
+    from .rocmfix_patch_embed import triton_conv3d_patchify
+except Exception:  # the kernel must never break the model's import: the stock op
+    def triton_conv3d_patchify(x, weight, bias=None):
+        import torch.nn.functional as F
+        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:]))
 
 
 class Qwen2VisionPatchEmbed(nn.Module):

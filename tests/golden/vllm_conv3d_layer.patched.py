@@ -7,7 +7,12 @@ from vllm.model_executor.layers.conv import Conv3dLayer
 
 from .helpers import unused
 # rocmfix: qwen2_vl_vision_kernels was dropped here by rocmfix; revert removes it
-from .qwen2_vl_vision_kernels import triton_conv3d_patchify
+try:
+    from .qwen2_vl_vision_kernels import triton_conv3d_patchify
+except Exception:  # the kernel must never break the model's import: the stock op
+    def triton_conv3d_patchify(x, weight, bias=None):
+        import torch.nn.functional as F
+        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:]))
 
 
 class Qwen2VisionPatchEmbed(nn.Module):
