@@ -68,6 +68,23 @@ def _conv_args(constructor: cst.Call) -> tuple[cst.BaseExpression | None, ...]:
     return arg("kernel_size", 2), arg("stride", 3), arg("padding", 4)
 
 
+# What else a conv constructor may set, with the values that leave it the plain GEMM the
+# kernel computes (dilation, groups: positions 5 and 6).
+_PLAIN = {"dilation": ("1", "(1, 1, 1)"), "groups": ("1",), "padding_mode": ('"zeros"', "'zeros'")}
+
+
+def _not_plain(module: cst.Module, constructor: cst.Call) -> str | None:
+    """The first argument that makes the conv more than a patch GEMM, if any."""
+    positional = [a.value for a in constructor.args if a.keyword is None]
+    for index, name in ((5, "dilation"), (6, "groups"), (7, "bias"), (8, "padding_mode")):
+        found = kwarg(constructor, name)
+        if found is None and len(positional) > index:
+            found = positional[index]
+        if found is not None and name in _PLAIN and module.code_for_node(found) not in _PLAIN[name]:
+            return f"{name}={module.code_for_node(found)}"
+    return None
+
+
 def _view_args(node: cst.BaseExpression) -> int | None:
     """The argument count of ``<expr>.view(...)`` or ``.reshape(...)``, else None."""
     if (
@@ -146,6 +163,9 @@ def classify(
         return Classification(CodeShape.UNKNOWN, "the Conv3d's stride is not its kernel size")
     if padding is not None and module.code_for_node(padding) not in ("0", "(0, 0, 0)"):
         return Classification(CodeShape.UNKNOWN, "the Conv3d is padded: not a plain patch GEMM")
+    unusual = _not_plain(module, constructor)
+    if unusual is not None:
+        return Classification(CodeShape.UNKNOWN, f"the Conv3d sets {unusual}: not a plain GEMM")
     if len(proj_calls) != 1 or len(proj_calls[0].args) != 1:
         return Classification(
             CodeShape.UNKNOWN, f"forward calls self.proj {len(proj_calls)} times, not once on x"

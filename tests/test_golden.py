@@ -82,6 +82,8 @@ CASES = [
     Case("vllm_linear", QWEN2, FIXED, "is a nn.Linear already"),
     Case("vllm_stride", QWEN2, UNKNOWN, "stride is not its kernel size"),
     Case("vllm_padded", QWEN2, UNKNOWN, "padded"),
+    Case("vllm_grouped", QWEN2, UNKNOWN, "sets groups=2"),
+    Case("vllm_dilated", QWEN2, UNKNOWN, "sets dilation=(1, 2, 2)"),
     Case("vllm_twice", QWEN2, UNKNOWN, "calls self.proj 2 times"),
     Case("vllm_hand_edit", QWEN2, UNKNOWN, "put in by hand"),
     Case("vllm_renamed", QWEN2, UNKNOWN, "no class Qwen2VisionPatchEmbed"),
