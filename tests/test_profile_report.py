@@ -94,7 +94,9 @@ def test_an_hgnet_v2_report_is_whole_piped_and_at_80_columns(tmp_path: Path) -> 
     script = tmp_path / "hgnet.py"
     script.write_text(HGNET)
     env = {"PYTHONPATH": _paths()}
-    piped = run_cli("profile", "--json", "--top", "12", "--", PY, str(script), env=env,
+    # Every op row: which ops take the most time varies with the host (CI's 2 cores once left
+    # the depthwise convs out of the top 12).
+    piped = run_cli("profile", "--json", "--top", "200", "--", PY, str(script), env=env,
                     timeout=900)  # fmt: skip
     assert piped.returncode == 0, piped.stderr[-3000:]
     doc = _document(piped.stdout)
