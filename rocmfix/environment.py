@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import math
 import os
-import re
 import secrets
 import shutil
 import sys
@@ -142,51 +140,12 @@ class Environment:
         base = base if base is not None else self.python.prefix
         return StateDir(base / "share" / "rocmfix", base)
 
-    @property
-    def legacy_state(self) -> StateDir | None:
-        """Where rocmfix kept the record before it was keyed by the targets' site folder:
-        ``<sys.prefix>/share/rocmfix`` (``/usr/share/rocmfix`` for ``/usr/local``'s
-        targets). None where that is where :attr:`state` is. Read as untrusted as the
-        current record; what it holds for :meth:`recorded_here` moves on the next write."""
-        prefix = self.python.prefix
-        legacy = StateDir(prefix / "share" / "rocmfix", prefix)
-        return None if legacy.root == self.state.root else legacy
-
-    def recorded_here(self) -> frozenset[str]:
-        """The distributions whose record may be at :attr:`legacy_state`: those
-        :attr:`state` keeps, less any that a site folder of the prefix holds a copy of too
-        (the prefix's record is then that copy's, current, never an old place)."""
-        prefix = self.python.prefix
-        return frozenset(
-            name
-            for name, dist in self.distributions.items()
-            if self.keeps_record(dist) and not _installed_under(prefix, name)
-        )
-
     def keeps_record(self, dist: Distribution) -> bool:
         """Whether :attr:`state` is the record of ``dist`` as the probe found it. A package
         tree on PYTHONPATH that shadows the environment's own copy is not what the record
         names: status, apply and revert read the record only for what sits under its
         installation (or is an editable install, which is the environment's anywhere)."""
         return dist.editable or fsops.inside(dist.location / "x", self.state.prefix)
-
-
-def _installed_under(prefix: Path, name: str) -> bool:
-    """Whether a ``<prefix>/lib*/python*/{site,dist}-packages`` folder holds metadata of
-    the distribution ``name`` (read by name only: nothing in it is opened)."""
-    wanted = re.sub(r"[-_.]+", "_", name).lower()
-    for site in (
-        *prefix.glob("lib*/python*/site-packages"),
-        *prefix.glob("lib*/python*/dist-packages"),
-    ):
-        with contextlib.suppress(OSError):
-            for meta in site.iterdir():
-                stem, _, kind = meta.name.rpartition(".")
-                if kind in ("dist-info", "egg-info"):
-                    found = re.sub(r"[-_.]+", "_", stem.split("-")[0]).lower()
-                    if found == wanted:
-                        return True
-    return False
 
 
 def site_base(site: Path) -> Path | None:

@@ -3,12 +3,10 @@
 The state lives in the installation that holds the targets (``<base>/share/rocmfix``: the
 prefix of a venv or conda env, the user base for the user site; see
 ``Environment.state``), so it goes where the environment goes and every user of the
-environment sees the same truth. What an older rocmfix kept under the interpreter's prefix
-instead (``Environment.legacy_state``) is read beside it and moves here on the next write.
-This module alone knows the layout; the model is :mod:`rocmfix.manifest`. Nothing read from
-it is trusted: its folders and files must be what they claim (no links, no FIFOs, no
-devices, no files larger than a manifest can be), paths are checked against what the
-patches declare, digests against the bytes they name.
+environment sees the same truth. This module alone knows the layout; the model is
+:mod:`rocmfix.manifest`. Nothing read from it is trusted: its folders and files must be what
+they claim (no links, no FIFOs, no devices, no files larger than a manifest can be), paths
+are checked against what the patches declare, digests against the bytes they name.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ import fcntl
 import os
 import stat
 import tempfile
-from collections.abc import Collection, Iterator
-from dataclasses import replace
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import fsops
@@ -142,37 +139,6 @@ class StateDir:
             fsops.remove(self.manifest_path)
             return
         self._write(self.manifest_path, dump_manifest(manifest, rocmfix_version))
-
-    # ------------------------------------------------------------------------ the old place
-
-    def load_with(self, legacy: StateDir | None, names: Collection[str]) -> Manifest:
-        """The record, with what an older rocmfix kept for ``names`` at ``legacy`` (its
-        old place, see ``Environment.legacy_state``) read in: writes nothing."""
-        current = self.load()
-        if legacy is None or not _exists(legacy.manifest_path):
-            return current
-        return _merged(current, _split(legacy.load(), names, current)[0])
-
-    def adopt(self, legacy: StateDir | None, names: Collection[str], version: str) -> Manifest:
-        """Under this record's lock: move what ``legacy`` holds for ``names`` here (entries,
-        their RECORD originals and backups, a journal about them alone), then take it out
-        of ``legacy``. A run killed in between leaves it in both; the next one finds the
-        entries here and only takes them out there."""
-        current = self.load()
-        if legacy is None or not _exists(legacy.manifest_path):
-            return current
-        with legacy.locked():
-            moving, staying = _split(legacy.load(), names, current)
-            if not moving.entries and moving.pending is None and not moving.records:
-                return current
-            merged = _merged(current, moving)
-            for digest in sorted(_needed(moving)):
-                self.backup(legacy.read_backup(digest))
-            self.save(merged, version)
-            legacy.save(staying, version)
-            legacy.prune_backups(_needed(staying))
-            legacy.tidy()
-        return merged
 
     # ------------------------------------------------------------------------ backups
 
@@ -360,67 +326,3 @@ class StateDir:
                 else f"run rocmfix as {fsops.owner_name(probe_dir)}, who owns it, or make "
                 "the folder writable by the group that shares the environment",
             )
-
-
-def _exists(path: Path) -> bool:
-    return path.exists() or path.is_symlink()
-
-
-def _split(
-    manifest: Manifest, names: Collection[str], current: Manifest
-) -> tuple[Manifest, Manifest]:
-    """(what the old place's ``manifest`` holds about ``names`` that may move to where
-    ``current`` was read, the rest). An entry ``current`` holds already moves (to leave
-    the old place) only when it is the same: one that differs (written between two rocmfix
-    versions) wins, and the old one stays rather than being lost, with its RECORD original.
-    A journal moves whole, where it is about ``names`` alone and ``current`` has none."""
-    clash = {
-        k
-        for k, e in manifest.entries.items()
-        if e.distribution in names and current.entries.get(k, e) != e
-    }
-    held = {manifest.entries[k].distribution for k in clash}
-    pending = manifest.pending
-    ours = (
-        pending is not None
-        and current.pending is None
-        and all(f.distribution in names for f in pending.files)
-    )
-
-    moving = Manifest(
-        manifest.rocmfix_version,
-        {k: e for k, e in manifest.entries.items() if e.distribution in names and k not in clash},
-        pending if ours else None,
-        {d: r for d, r in manifest.records.items() if d in names and d not in held},
-    )
-    staying = Manifest(
-        manifest.rocmfix_version,
-        {k: e for k, e in manifest.entries.items() if e.distribution not in names or k in clash},
-        None if ours else pending,
-        {d: r for d, r in manifest.records.items() if d not in names or d in held},
-    )
-    return moving, staying
-
-
-def _merged(current: Manifest, moving: Manifest) -> Manifest:
-    """``current`` with ``moving`` read in; what ``current`` has already wins."""
-    return replace(
-        current,
-        entries={**moving.entries, **current.entries},
-        pending=current.pending if current.pending is not None else moving.pending,
-        records={**moving.records, **current.records},
-    )
-
-
-def _needed(manifest: Manifest) -> set[str]:
-    """The backups ``manifest`` needs: originals, replaced files, bytecode, RECORDs, and
-    what its journal would roll back to."""
-    entries = manifest.entries.values()
-    pending = manifest.pending.files if manifest.pending is not None else ()
-    return (
-        {e.original_sha256 for e in entries}
-        | {d.replaced for e in entries for d in e.drops if d.replaced}
-        | {p.sha256 for e in entries for p in e.pycache}
-        | {r.original for r in manifest.records.values()}
-        | {f.before for f in pending if f.before is not None}
-    )

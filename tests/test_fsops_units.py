@@ -14,17 +14,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rocmfix import fsops
-from rocmfix.manifest import Manifest
-from rocmfix.state import StateDir
 
-from conftest import file_mode, manifest_entry
+from conftest import file_mode
 
 pytestmark = pytest.mark.usefixtures("no_hooks")
 
@@ -403,54 +400,3 @@ def test_held_lock_refuses_a_link(tmp_path: Path) -> None:
     with pytest.raises(fsops.NotRegularError), fsops.held_lock(tmp_path / "lock"):
         pass
     assert not (tmp_path / "elsewhere").exists()
-
-
-# ---------------------------------------------------------------------------- the old place
-
-
-def test_adopt_moves_only_what_is_about_the_targets(tmp_path: Path) -> None:
-    """What an older rocmfix kept under the prefix for these targets moves here with its
-    backups; another tree's entry, and one that differs from what is here, stay there."""
-    legacy = StateDir(tmp_path / "usr" / "share" / "rocmfix", tmp_path / "usr")
-    here = StateDir(tmp_path / "local" / "share" / "rocmfix", tmp_path / "local")
-    (tmp_path / "usr").mkdir()
-    (tmp_path / "local").mkdir()
-    mine = replace(manifest_entry(), patch="mine", original_sha256=legacy.backup(b"a0"))
-    other = replace(
-        manifest_entry(),
-        patch="other",
-        distribution="elsewhere",
-        original_sha256=legacy.backup(b"o0"),
-    )
-    clash = replace(manifest_entry(), patch="clash", original_sha256=legacy.backup(b"c0"))
-    legacy.save(Manifest(entries={"mine": mine, "other": other, "clash": clash}), "old")
-    newer = replace(clash, applied_at="later")
-    here.save(Manifest(entries={"clash": newer}), "new")
-    view = here.load_with(legacy, {"pkg"})
-    assert set(view.entries) == {"mine", "clash"} and view.entries["clash"] == newer
-    assert not (here.backups / mine.original_sha256).exists(), "a view writes nothing"
-    moved = here.adopt(legacy, {"pkg"}, "new")
-    assert moved == view
-    assert here.load() == replace(moved, rocmfix_version="new")
-    assert here.read_backup(mine.original_sha256) == b"a0"
-    left = legacy.load()
-    assert set(left.entries) == {"other", "clash"} and left.entries["clash"] == clash
-    assert legacy.read_backup(clash.original_sha256) == b"c0"
-    assert not (legacy.backups / mine.original_sha256).exists()
-    # Nothing left to move: a second run changes nothing.
-    assert here.adopt(legacy, {"pkg"}, "new") == here.load()
-    assert legacy.load() == left
-
-
-def test_adopt_empties_and_removes_the_old_place(tmp_path: Path) -> None:
-    legacy = StateDir(tmp_path / "usr" / "share" / "rocmfix", tmp_path / "usr")
-    here = StateDir(tmp_path / "local" / "share" / "rocmfix", tmp_path / "local")
-    (tmp_path / "usr").mkdir()
-    (tmp_path / "local").mkdir()
-    legacy._make_root()
-    entry = replace(manifest_entry(), original_sha256=legacy.backup(b"a0"))
-    legacy.save(Manifest(entries={"p": entry}), "old")
-    moved = here.adopt(legacy, {"pkg"}, "new")
-    assert set(moved.entries) == {"p"}
-    assert not (tmp_path / "usr" / "share").exists()
-    assert here.read_backup(entry.original_sha256) == b"a0"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from rocmfix import __version__, fsops
+from rocmfix import fsops
 from rocmfix.checks import EnvWarning, environment_warnings
 from rocmfix.environment import Environment, default_python_hint
 from rocmfix.errors import Interrupted, LockBusyError, ManifestError, RefusedError, RocmfixError
@@ -76,7 +76,7 @@ def _status(env: Environment, patches: Sequence[Patch], explicit: Collection[str
     state = env.state
     problem = None
     try:
-        manifest = state.load_with(env.legacy_state, env.recorded_here())
+        manifest = state.load()
     except ManifestError as exc:
         # The README's promise: status still shows the environment; --check fails.
         manifest, problem = Manifest(), exc.message
@@ -236,7 +236,7 @@ def _apply_locked(
 ) -> RunResult:
     """Plan and write; ``held``: this run holds the lock already."""
     state = env.state
-    manifest = state.load_with(env.legacy_state, env.recorded_here())
+    manifest = state.load()
     check_record(env, manifest, patches)
     plan: Plan | None = None
     if manifest.pending is None:
@@ -258,7 +258,7 @@ def _apply_locked(
     # journal yet, which an unlocked tidy would take for leftovers and delete.
     with contextlib.nullcontext() if held else state.locked():
         try:
-            locked = state.adopt(env.legacy_state, env.recorded_here(), __version__)
+            locked = state.load()
             check_record(env, locked, patches)
             locked, recovered = recover(env, locked, all_patches())
             if plan is None or locked != manifest or not _still_current(plan.changes):
@@ -315,7 +315,7 @@ def _journal_left(env: Environment) -> bool:
 
 def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResult:
     state = env.state
-    manifest = state.load_with(env.legacy_state, env.recorded_here())
+    manifest = state.load()
     check_record(env, manifest, patches)
     if state.busy():
         # A run holding the lock may have written backups and no journal yet, or be about to
@@ -338,7 +338,7 @@ def _revert(env: Environment, patches: Sequence[Patch], force: bool) -> RunResul
     state.check_writable()
     with state.locked():
         try:
-            manifest = state.adopt(env.legacy_state, env.recorded_here(), __version__)
+            manifest = state.load()
             check_record(env, manifest, patches)
             manifest, recovered = recover(env, manifest, all_patches())
             plan = plan_revert(env, patches, manifest, force)
