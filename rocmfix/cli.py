@@ -11,7 +11,7 @@ from typing import Annotated, ParamSpec
 
 import typer
 
-from . import __version__, crashlog, doctor, exports, fsops, kernels, render, tune, write
+from . import __version__, crashlog, doctor, exports, fsops, kernels, tune
 from .environment import Environment, discover
 from .errors import (
     EXIT_FAILED,
@@ -26,7 +26,13 @@ from .errors import (
 from .ops import OPS
 from .patch import Patch
 from .registry import all_patches, named, scheme_names, select
-from .render import help_hooks
+from .render import console, help_hooks
+from .render.doctor import doctor_json, doctor_table
+from .render.kernels import kernels_json, kernels_table
+from .render.run import diff, run_summary
+from .render.status import check_failures, next_step, patch_list, status_json, status_table
+from .render.tune import tune_json, tune_reset, tune_table
+from .write import commands as write
 
 # Choices come from the op registry and the patch list, and --help shows them; the values are
 # checked by the engine (registry.select, registry.check_scheme, doctor.select_ops,
@@ -96,7 +102,7 @@ def _run(body: Callable[[], int]) -> None:
     try:
         code = body()
     except RocmfixError as exc:
-        render.error(exc)
+        console.error(exc)
         raise typer.Exit(exc.exit_code) from None
     except BrokenPipeError:
         # Whoever read the output has gone (`| head`): typer ends the run quietly with 1, as
@@ -106,7 +112,7 @@ def _run(body: Callable[[], int]) -> None:
         # The system refused a read or a write rocmfix did not expect to fail (a failing
         # disk, a permission): a condition of the machine, not a bug, and one line.
         where = f" ({exc.filename})" if exc.filename else ""
-        render.error(
+        console.error(
             RocmfixError(
                 f"{exc.strerror or exc}{where}",
                 hint="`rocmfix status` says what state every file is in",
@@ -115,12 +121,12 @@ def _run(body: Callable[[], int]) -> None:
         raise typer.Exit(EXIT_FAILED) from None
     except KeyboardInterrupt:
         # Ctrl-C where no engine said what state it left (apply and revert do): one line.
-        render.error(Interrupted("interrupted"))
+        console.error(Interrupted("interrupted"))
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - the last line of defence: log, never a traceback
-        render.internal_error(exc, crashlog.write(exc))
+        console.internal_error(exc, crashlog.write(exc))
         raise typer.Exit(EXIT_INTERNAL) from None
     raise typer.Exit(code)
 
@@ -171,14 +177,16 @@ def status(
     Example: [bold]rocmfix status --python ~/venvs/mineru/bin/python[/]
     """
     env, patches = _setup(python, only)
-    report = write.status(env, patches, explicit=named(patches, only or ()), waiting=render.waiting)
+    report = write.status(
+        env, patches, explicit=named(patches, only or ()), waiting=console.waiting
+    )
     if as_json:
-        render.status_json(report)
+        status_json(report)
     else:
-        render.status_table(report, verbose=verbose)
-        render.next_step(report)
+        status_table(report, verbose=verbose)
+        next_step(report)
     if check and not report.settled:
-        render.check_failures(report)
+        check_failures(report)
         return EXIT_FAILED
     return EXIT_OK
 
@@ -227,11 +235,11 @@ def apply(
         force=force,
         dry_run=dry_run or check,
         explicit=named(patches, only or ()),
-        waiting=render.waiting,
+        waiting=console.waiting,
     )
     if result.dry_run:
-        render.diff(result)
-    render.run_summary(result)
+        diff(result)
+    run_summary(result)
     return EXIT_FAILED if check and result.changed else EXIT_OK
 
 
@@ -248,7 +256,7 @@ def revert(
     """
     write.refuse_if_busy(python)
     env, patches = _setup(python, only)
-    render.run_summary(write.revert(env, patches, force=force, waiting=render.waiting))
+    run_summary(write.revert(env, patches, force=force, waiting=console.waiting))
     return EXIT_OK
 
 
@@ -261,7 +269,7 @@ def list_(
 
     Example: [bold]rocmfix list[/]
     """
-    render.patch_list(all_patches(), as_json=as_json)
+    patch_list(all_patches(), as_json=as_json)
     return EXIT_OK
 
 
@@ -305,12 +313,12 @@ def doctor_(
     ops = doctor.select_ops(op or [])
     env, patches = _setup(python, None)
     status_report = write.status(env, patches)
-    with render.progress("doctor") as progress:
+    with console.progress("doctor") as progress:
         report = doctor.run(status_report, ops=ops, time_limit=time_limit, progress=progress)
     if as_json:
-        render.doctor_json(report)
+        doctor_json(report)
     else:
-        render.doctor_table(report)
+        doctor_table(report)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -359,16 +367,16 @@ def tune_(
     """
     if reset:
         path, removed = tune.reset()
-        render.tune_reset(path, removed)
+        tune_reset(path, removed)
         return EXIT_OK
     ops = doctor.select_ops(op or [])
     env = discover(all_patches(), python)
-    with render.progress("tune") as progress:
+    with console.progress("tune") as progress:
         report = tune.run(env, ops=ops, budget_s=budget, interpret=interpret, progress=progress)
     if as_json:
-        render.tune_json(report)
+        tune_json(report)
     else:
-        render.tune_table(report)
+        tune_table(report)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -403,12 +411,12 @@ def kernels_(
     ops = doctor.select_ops(op or [])
     archs = kernels.select_archs(arch or [])
     env = discover(all_patches(), python)
-    with render.progress("kernels") as progress:
+    with console.progress("kernels") as progress:
         report = kernels.run(env, archs=archs, ops=ops, progress=progress)
     if as_json:
-        render.kernels_json(report)
+        kernels_json(report)
     else:
-        render.kernels_table(report)
+        kernels_table(report)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -440,7 +448,7 @@ def env_(
     """
     exports.check_choices(shell, model_source)
     env = discover(all_patches(), python)
-    render.text(exports.script(env, shell, model_source))
+    console.text(exports.script(env, shell, model_source))
     return EXIT_OK
 
 
@@ -510,7 +518,7 @@ def profile_(
         args = command[1:] if command and command[0] == "--" else command
         window = profile_mod.Window(skip_seconds, skip_calls, seconds, calls)
         report = profile_mod.run(args, all_patches(), window=window, top=top, out_dir=out_dir,
-                                 python=python, on_warning=render.warning)  # fmt: skip
+                                 python=python, on_warning=console.warning)  # fmt: skip
         render_profile.profile_table(report)
         if report.out_dir is not None and report.ops:
             render_profile.write_out(report, report.out_dir)
@@ -557,8 +565,8 @@ def _main(
     def body() -> int:
         env, patches = _setup(python, None)
         report = write.status(env, patches)
-        render.status_table(report)
-        render.next_step(report)
+        status_table(report)
+        next_step(report)
         return EXIT_OK
 
     _run(body)
@@ -567,7 +575,7 @@ def _main(
 def main() -> None:
     """Run the app; click's own usage errors get rocmfix's one error style and exit 2."""
     if os.environ.get(fsops.TEST_HOOKS_ENV):
-        render.warning(
+        console.warning(
             f"{fsops.TEST_HOOKS_ENV} is set: this run injects the faults its tests ask for"
         )
     try:
@@ -575,12 +583,12 @@ def main() -> None:
         # Here, not at exit: a reader that left must not turn into a traceback there.
         sys.stdout.flush()
     except BrokenPipeError:
-        render.closed_pipe()
+        console.closed_pipe()
         sys.exit(EXIT_FAILED)
     except typer.TyperException as exc:  # click's errors: a usage error, or a file it opened
         context = getattr(exc, "ctx", None)
         command = context.command_path if context is not None else "rocmfix"
-        render.error(UsageError(exc.format_message(), hint=f"`{command} --help` says more"))
+        console.error(UsageError(exc.format_message(), hint=f"`{command} --help` says more"))
         sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
     except typer.Abort:
         sys.exit(EXIT_INTERRUPTED)

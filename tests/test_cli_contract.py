@@ -90,10 +90,10 @@ def test_next_mentions_revert_only_where_something_is_applied(
 def test_internal_error_points_to_a_log(env: InstalledEnv, tmp_path: Path) -> None:
     program = textwrap.dedent(
         """
-        import rocmfix.write
+        import rocmfix.write.commands
         def boom(*args, **kwargs):
             raise RuntimeError("boom")
-        rocmfix.write.status = boom
+        rocmfix.write.commands.status = boom
         from rocmfix.cli import main
         main()
         """
