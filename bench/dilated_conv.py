@@ -269,7 +269,7 @@ def correctness(tri: ModuleType, phase: ModuleType) -> list[str]:
                 device=DEVICE,
                 dtype=dtype,
             )
-            kern, grid, args, kwargs, out = tri.prepare_launch(x, w, d, d * (k // 2), full, out)
+            kern, grid, args, kwargs, out = tri.dk.prepare_launch(x, w, d, d * (k // 2), full, out)
             with torch.no_grad():
                 kern[grid](*args, **kwargs)
                 e_tri = rel_err(out, ref)
@@ -361,7 +361,7 @@ def no_recompile_check(tri: ModuleType) -> str:
     dev = torch.cuda.current_device()
     w = torch.randn(96, 96, 5, 5, device=DEVICE)
     cfg = tri.resolve_config(DEVICE, 96, 96, 5)
-    kernel = tri._KERNELS[cfg["scheme"]]
+    kernel = tri.dk.KERNELS[cfg["scheme"]]
     with torch.no_grad():
         tri.dilated_conv2d(torch.randn(1, 96, 160, 116, device=DEVICE), w, 1, 2)
         before = len(kernel.device_caches[dev][0])

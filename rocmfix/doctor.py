@@ -111,7 +111,7 @@ class OpReport:
 @dataclass(frozen=True)
 class DoctorReport(WorkerReport):
     status: StatusReport
-    device: worker.DeviceInfo
+    device: protocol.DeviceFacts
     ops: tuple[OpReport, ...]
     time_limit_s: float
     tuned_file: str
@@ -396,7 +396,7 @@ def _native_floor(results: Sequence[CaseResult]) -> tuple[float | None, bool]:
 
 def _op_report(
     env: Environment,
-    device: worker.DeviceInfo,
+    device: protocol.DeviceFacts,
     op: Op,
     results: tuple[CaseResult, ...],
     patches: tuple[PatchStatus, ...],
@@ -434,7 +434,7 @@ def _op_report(
 
 def _needed(
     env: Environment,
-    device: worker.DeviceInfo,
+    device: protocol.DeviceFacts,
     op: Op,
     patches: tuple[PatchStatus, ...],
     timed_out: Sequence[CaseResult],
@@ -483,7 +483,7 @@ def _needed(
 
 
 def _advice(
-    device: worker.DeviceInfo,
+    device: protocol.DeviceFacts,
     op: Op,
     patches: tuple[PatchStatus, ...],
     needed: bool | None,

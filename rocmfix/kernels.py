@@ -55,7 +55,7 @@ class KernelCheck:
 @dataclass(frozen=True)
 class KernelsReport(WorkerReport):
     environment: Environment
-    device: worker.DeviceInfo
+    device: protocol.DeviceFacts
     checks: tuple[KernelCheck, ...]
     worker_error: str | None
     worker_log: str

@@ -76,7 +76,7 @@ class KernelResult:
 @dataclass(frozen=True)
 class TuneReport(WorkerReport):
     environment: Environment
-    device: worker.DeviceInfo
+    device: protocol.DeviceFacts
     path: str
     kernels: tuple[KernelResult, ...]
     stored: tuned_file.StoreResult | None

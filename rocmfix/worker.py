@@ -20,12 +20,10 @@ from .ops import Op
 
 # done, total, label: how doctor, tune and kernels report a long run while it goes.
 Progress = Callable[[int, int, str], None]
-# The device the worker reports (the defaults say "unknown" where it never said hello).
-DeviceInfo = protocol.DeviceFacts
 _E = TypeVar("_E", bound=protocol.Event)
 
 
-def compile_arch(device: DeviceInfo) -> str | None:
+def compile_arch(device: protocol.DeviceFacts) -> str | None:
     """The GPU ahead-of-time compiles target for this device: its own arch, or, without a
     GPU, only the one a test names (``aot_arch`` in the test hooks)."""
     if device.kind == "gpu":
@@ -61,8 +59,8 @@ class Answer:
     stderr_tail: str = ""
 
     @property
-    def device(self) -> DeviceInfo:
-        return self.hello.device if self.hello is not None else DeviceInfo()
+    def device(self) -> protocol.DeviceFacts:
+        return self.hello.device if self.hello is not None else protocol.DeviceFacts()
 
     def of(self, *kinds: type[_E]) -> list[_E]:
         return [e for e in self.events if isinstance(e, kinds)]

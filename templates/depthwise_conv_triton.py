@@ -43,7 +43,6 @@ OP_NAME = "depthwise_conv2d"
 # The configs live in depthwise_conv_config; tune, doctor and the tests read them here.
 KERNEL = dc.KERNEL
 CONFIG_ENV = dc.CONFIG_ENV
-SHIPPED_CONFIGS = dc.SHIPPED_CONFIGS
 CONFIG = dc.CONFIG
 precision_class, shape_class, layout_class = dc.precision_class, dc.shape_class, dc.layout_class
 resolve_config = dc.resolve_config

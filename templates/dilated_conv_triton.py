@@ -48,14 +48,9 @@ if TYPE_CHECKING:
 SCHEME = "gemm"
 # The kernel's identity, configs and their resolution, where rocmfix's tools look for them.
 CONFIG_ENV, KERNEL, CONFIG = dc.CONFIG_ENV, dc.KERNEL, dc.CONFIG
-SHIPPED_CONFIGS, TF32_HIP_ARCHS = dc.SHIPPED_CONFIGS, dc.TF32_HIP_ARCHS
 resolve_config, precision_class, shape_class = dc.resolve_config, dc.precision_class, dc.shape_class
-torch_allows_tf32, _read_conv_precision = dc.torch_allows_tf32, dc._read_conv_precision
 triton = rt.triton
 INTERPRETING = rt.INTERPRETING
-_KERNELS = dk.KERNELS
-prepare_launch = dk.prepare_launch
-_TMA_KERNEL = dk.TMA_KERNEL
 device_arch = kc.device_arch
 
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -307,7 +302,7 @@ def _plan_key(
         dilation,
         padding,
         # TF32 or IEEE is read from torch per call, as cuDNN reads it (fp32 only).
-        torch_allows_tf32() if x.dtype == torch.float32 else None,
+        dc.torch_allows_tf32() if x.dtype == torch.float32 else None,
         # The fold's kind, device and length: the first call of a key checked them against
         # x's device and the weight's output channels.
         (epilogue[2], epilogue[0].get_device(), epilogue[0].shape) if epilogue else None,
@@ -316,7 +311,7 @@ def _plan_key(
 
 def _replay(x: torch.Tensor, plan: tuple[Any, ...], epilogue: Epilogue | None) -> torch.Tensor:
     launcher, to_cl, packed, tail, _weight, out_shape = plan
-    if launcher.kernel is _TMA_KERNEL:
+    if launcher.kernel is dk.TMA_KERNEL:
         dk._ensure_allocator()  # per thread: a plan made in one thread may run in another
     xin = x.contiguous(memory_format=torch.channels_last) if to_cl else x
     out = torch.empty(out_shape, dtype=x.dtype, device=x.device)

@@ -22,10 +22,6 @@ that does not validate is ignored as a whole, with one warning that says what is
 half-applied config is one nobody measured. A config a caller passes explicitly
 (``rocmfix tune``) raises instead. Files and environment variables are read once per process
 and setting; :meth:`KernelConfig.clear` forgets them.
-
-How a kernel is launched lives in ``rocmfix_launcher`` and how it plugs into torch in
-``rocmfix_custom_op``; this module re-exports their names for kernels that import them from
-here.
 """
 
 from __future__ import annotations
@@ -40,15 +36,8 @@ from typing import Any
 
 import torch
 
-from . import rocmfix_custom_op as _rop
 from . import rocmfix_kernel_support as ks
-from . import rocmfix_launcher as _rl
 from . import rocmfix_triton as rt
-
-# Moved to their own modules; kernels that import them from here get the same objects.
-OP_NAMESPACE, is_compiling, register_op = _rop.OP_NAMESPACE, _rop.is_compiling, _rop.register_op
-Launcher, layout_key, device_index = _rl.Launcher, _rl.layout_key, _rl.device_index
-_launch_path = _rl._launch_path
 
 TUNED_FILE_ENV = "ROCMFIX_TUNED_FILE"
 TUNED_SCHEMA = 1

@@ -316,7 +316,7 @@ def test_the_kernel_alone_at_every_tune_target_and_grid_tile(tri: ModuleType) ->
 
 
 def test_shipped_configs_validate(tri: ModuleType) -> None:
-    for arch, layers in tri.SHIPPED_CONFIGS.items():
+    for arch, layers in tri.dc.SHIPPED_CONFIGS.items():
         for layer in layers.values():
             tri.CONFIG.validate(layer)
         if arch != "default":

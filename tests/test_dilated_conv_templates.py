@@ -61,7 +61,7 @@ def _run_poisoned(
     kh, kw = w.shape[-2:]
     oh, ow = x.shape[2] + 2 * p - d * (kh - 1), x.shape[3] + 2 * p - d * (kw - 1)
     out = torch.full((x.shape[0], w.shape[0], oh, ow), float("nan"), dtype=x.dtype)
-    kernel, grid, args, kwargs, out = mod.prepare_launch(x, w, d, p, full, out=out)
+    kernel, grid, args, kwargs, out = mod.dk.prepare_launch(x, w, d, p, full, out=out)
     kernel[grid](*args, **kwargs)
     return out
 
@@ -120,8 +120,8 @@ def test_triton_tma_route(tri: ModuleType, k: int, d: int, dt: torch.dtype, c: i
     wt = torch.randn(16, c, k, k).to(dt)
     cfg = {**TEST_CFG, "BLOCK_M": 16, "tma": 1}
     full = {**tri.resolve_config("cpu", c, 16, k, dt), **cfg}
-    kernel = tri.prepare_launch(x, wt, d, d * (k // 2), full)[0]
-    assert (kernel is tri._KERNELS["tma"]) == (c * x.element_size() % 16 == 0)
+    kernel = tri.dk.prepare_launch(x, wt, d, d * (k // 2), full)[0]
+    assert (kernel is tri.dk.KERNELS["tma"]) == (c * x.element_size() % 16 == 0)
     y = _run_poisoned(tri, x, wt, d, d * (k // 2), cfg)
     _check(y, _ref(x, wt, d, d * (k // 2)), dt)
 
@@ -376,7 +376,7 @@ def _binder_keys(mod: ModuleType, target: object, calls: list[tuple]) -> set:
     keys = set()
     for x, w, d, p in calls:
         cfg = mod.resolve_config("cpu", x.shape[1], w.shape[0], w.shape[-1], x.dtype)
-        kernel, _grid, args, kwargs, _out = mod.prepare_launch(x, w, d, p, cfg)
+        kernel, _grid, args, kwargs, _out = mod.dk.prepare_launch(x, w, d, p, cfg)
         binder = create_function_from_signature(kernel.signature, kernel.params, backend)
         _bound, specialization, options = binder(*args, **kwargs)
         keys.add((kernel.fn.__name__, tuple(specialization), str(options)))
@@ -422,7 +422,7 @@ def test_no_recompile_across_page_sizes(tri_jit: ModuleType, target_index: int) 
 
 
 def test_shipped_configs_validate(tri: ModuleType) -> None:
-    for arch, entry in tri.SHIPPED_CONFIGS.items():
+    for arch, entry in tri.dc.SHIPPED_CONFIGS.items():
         for cfg in entry.values():
             tri.CONFIG.validate(cfg)
         cfg = tri.resolve_config(arch=arch, c_in=96, c_out=96, k=5)
@@ -529,7 +529,7 @@ def test_config_bad_env_and_precision(tri: ModuleType, monkeypatch: pytest.Monke
 
     # fp32 follows torch's cuDNN TF32 switch, and only where the arch has TF32. (torch >= 2.9
     # has the switch's getter, which the template reads directly: every fp32 call asks.)
-    assert tri._read_conv_precision is not None, torch.__version__
+    assert tri.dc._read_conv_precision is not None, torch.__version__
     prec = torch.backends.cudnn.conv.fp32_precision
     try:
         torch.backends.cudnn.conv.fp32_precision = "tf32"

@@ -130,12 +130,12 @@ def _gemm(tiles: str = "gfx942") -> Any:
 def triton_only(module: Any) -> Iterator[None]:
     """Every launch through Triton's ``kernel[grid]`` while it holds (the launch path is
     one per process, shared by every import of the templates)."""
-    saved = list(module.kc._launch_path)
-    module.kc._launch_path[:] = [None]
+    saved = list(module.rl._launch_path)
+    module.rl._launch_path[:] = [None]
     try:
         yield
     finally:
-        module.kc._launch_path[:] = saved
+        module.rl._launch_path[:] = saved
 
 
 @pytest.mark.parametrize(

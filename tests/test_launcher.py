@@ -242,17 +242,6 @@ def test_a_call_from_another_current_device_launches_on_the_tensors_device(
     assert entered == [1, 1, 1] and len(kernel.runs) == 4
 
 
-def test_the_config_module_still_offers_the_launcher_and_the_op_helpers() -> None:
-    """Kernels dropped by an older scheme layout (the depthwise conv) import the launcher and
-    the op registration from rocmfix_kernel_config: they are the support modules' own."""
-    kc = load_template("rocmfix_kernel_config", interpret=True)
-    package = __import__(kc.__package__, fromlist=["rocmfix_launcher", "rocmfix_custom_op"])
-    launcher, custom_op = package.rocmfix_launcher, package.rocmfix_custom_op
-    assert kc.Launcher is launcher.Launcher and kc._launch_path is launcher._launch_path
-    assert kc.layout_key is launcher.layout_key and kc.device_index is launcher.device_index
-    assert kc.register_op is custom_op.register_op and kc.is_compiling is custom_op.is_compiling
-
-
 # Stand-ins for Triton's compiled-kernel launchers, written here after the layouts the
 # releases use (read from Triton 3.3, 3.6 and 3.8's drivers): each __call__ hands its
 # arguments to ``self.launch``, which records what the C launch would get.
