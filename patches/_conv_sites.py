@@ -149,6 +149,16 @@ def _mentions(cls: cst.ClassDef, attr: str) -> bool:
     return any(dotted(node) == f"self.{attr}" for node in nodes(cls, cst.Attribute))
 
 
+def _found(module: cst.Module, site: Site) -> tuple[cst.ClassDef, cst.FunctionDef | None] | None:
+    """``site``'s class, where the module has it and it mentions the conv (else None), with
+    its method where that runs the conv as rocmfix knows it (else None)."""
+    cls = find_class(module, site.cls)
+    if cls is None or not _mentions(cls, site.conv):
+        return None
+    method = find_method(cls, site.method)
+    return cls, (method if method is not None and _count_runs(method, site) else None)
+
+
 def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classification:
     local = router.local
     if calls(module, local):
@@ -157,11 +167,10 @@ def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classifi
         return Classification(CodeShape.UNKNOWN, f"{local} is there, but not from rocmfix")
     present = []
     for site in router.sites:
-        cls = find_class(module, site.cls)
-        if cls is None or not _mentions(cls, site.conv):
+        found = _found(module, site)
+        if found is None:
             continue
-        method = find_method(cls, site.method)
-        if method is None or _count_runs(method, site) == 0:
+        if found[1] is None:
             return Classification(
                 CodeShape.UNKNOWN,
                 f"{site.cls}.{site.method} does not run {site.label.split('(')[1][:-1]} "
@@ -237,11 +246,11 @@ def transform(router: Router, module: cst.Module) -> cst.Module:
         raise AnchorNotFoundError(f"{router.local} is already called")
     routed_any = False
     for site in router.sites:
-        cls = find_class(module, site.cls)
-        if cls is None or not _mentions(cls, site.conv):
+        found = _found(module, site)
+        if found is None:
             continue
-        method = find_method(cls, site.method)
-        if method is None or _count_runs(method, site) == 0:
+        cls, method = found
+        if method is None:
             raise AnchorNotFoundError(f"no {site.label} run")
         new_method = _route_method(module, router, site, method)
         body = cls.body
