@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import context
 from ..context import Context
+
+
+def fresh_generator(ctx: Context) -> Any:
+    """A generator seeded afresh each run: a kernel must compute the function, not one lucky
+    input."""
+    generator = context.torch.Generator(device=ctx.device)
+    generator.manual_seed(int(time.time() * 1e6) % (2**31))
+    return generator
 
 
 class Bench:

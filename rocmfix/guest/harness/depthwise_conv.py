@@ -5,7 +5,6 @@ BatchNorm and its activation. The native op is the three modules called in turn.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,9 +32,7 @@ def _precision(s: dict[str, Any]) -> str:
 def _modules(ctx: Context, s: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """x, the depthwise ``nn.Conv2d``, an eval BatchNorm with random statistics, the act."""
     torch = context.torch
-    generator = torch.Generator(device=ctx.device)
-    # Fresh inputs each run: a kernel must compute the function, not one lucky input.
-    generator.manual_seed(int(time.time() * 1e6) % (2**31))
+    generator = base.fresh_generator(ctx)
     c, kh, kw, kind = s["c"], s["kh"], s["kw"], dtype(s["dtype"])
     x = torch.randn(s["n"], c, s["h"], s["w"], generator=generator, device=ctx.device)
     conv = torch.nn.Conv2d(

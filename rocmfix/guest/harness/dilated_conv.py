@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,9 +35,7 @@ def reference(x: Any, w: Any, d: int, p: int) -> Any:
 def _inputs(ctx: Context, s: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """x, the shared weight, an eval BatchNorm with random statistics and the SiLU."""
     torch = context.torch
-    generator = torch.Generator(device=ctx.device)
-    # Fresh inputs each run: a kernel must compute the function, not one lucky input.
-    generator.manual_seed(int(time.time() * 1e6) % (2**31))
+    generator = base.fresh_generator(ctx)
     c, kind = s["c"], dtype(s["dtype"])
     x = torch.randn(s["n"], c, s["h"], s["w"], generator=generator, device=ctx.device)
     fan_in = c * s["k"] * s["k"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +20,7 @@ def _tolerance(name: str) -> float:
 class Bench(base.Bench):
     def __init__(self, ctx: Context, op: OpSpec, shape: dict[str, Any]) -> None:
         torch = context.torch
-        generator = torch.Generator(device=ctx.device)
-        # Fresh inputs each run: a kernel must compute the function, not one lucky input.
-        generator.manual_seed(int(time.time() * 1e6) % (2**31))
+        generator = base.fresh_generator(ctx)
         s = self.shape = shape
         self.ctx = ctx
         k = s["c"] * s["t"] * s["p"] * s["p"]
