@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, ParamSpec
+from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
@@ -32,6 +32,7 @@ from .render.kernels import kernels_json, kernels_table
 from .render.run import diff, run_summary
 from .render.status import check_failures, next_step, patch_list, status_json, status_table
 from .render.tune import tune_json, tune_reset, tune_table
+from .results import WorkerReport
 from .write import commands as write
 
 # Choices come from the op registry and the patch list, and --help shows them; the values are
@@ -45,6 +46,7 @@ DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
 
 
 P = ParamSpec("P")
+R = TypeVar("R", bound=WorkerReport)
 
 help_hooks.flags_show_no_type()
 help_hooks.arguments_show_no_type()
@@ -139,6 +141,14 @@ def _boundary(command: Callable[P, int]) -> Callable[P, None]:
         _run(lambda: command(*args, **kwargs))
 
     return run
+
+
+def _shown(
+    report: R, as_json: bool, document: Callable[[R], None], table: Callable[[R], None]
+) -> int:
+    """A worker command's report, as JSON or a table; exit 1 where it found a failure."""
+    (document if as_json else table)(report)
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def _setup(python: str | None, only: list[str] | None) -> tuple[Environment, tuple[Patch, ...]]:
@@ -315,11 +325,7 @@ def doctor_(
     status_report = write.status(env, patches)
     with console.progress("doctor") as progress:
         report = doctor.run(status_report, ops=ops, time_limit=time_limit, progress=progress)
-    if as_json:
-        doctor_json(report)
-    else:
-        doctor_table(report)
-    return EXIT_OK if report.ok else EXIT_FAILED
+    return _shown(report, as_json, doctor_json, doctor_table)
 
 
 @app.command("tune", cls=help_hooks.Command)
@@ -373,11 +379,7 @@ def tune_(
     env = discover(all_patches(), python)
     with console.progress("tune") as progress:
         report = tune.run(env, ops=ops, budget_s=budget, interpret=interpret, progress=progress)
-    if as_json:
-        tune_json(report)
-    else:
-        tune_table(report)
-    return EXIT_OK if report.ok else EXIT_FAILED
+    return _shown(report, as_json, tune_json, tune_table)
 
 
 @app.command("kernels", cls=help_hooks.Command)
@@ -413,11 +415,7 @@ def kernels_(
     env = discover(all_patches(), python)
     with console.progress("kernels") as progress:
         report = kernels.run(env, archs=archs, ops=ops, progress=progress)
-    if as_json:
-        kernels_json(report)
-    else:
-        kernels_table(report)
-    return EXIT_OK if report.ok else EXIT_FAILED
+    return _shown(report, as_json, kernels_json, kernels_table)
 
 
 @app.command("env", cls=help_hooks.Command)

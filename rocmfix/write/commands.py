@@ -185,43 +185,32 @@ def apply(
 ) -> RunResult:
     """Rewrite every selected target that needs it, all or nothing."""
     with _asking_git(env, patches, waiting), _interrupt_said("apply", env):
-        return _apply(env, patches, scheme, force, dry_run, explicit)
-
-
-def _apply(
-    env: Environment,
-    patches: Sequence[Patch],
-    scheme: str | None,
-    force: bool,
-    dry_run: bool,
-    explicit: Collection[str],
-) -> RunResult:
-    check_scheme(patches, scheme)
-    state = env.state
-    if dry_run:
-        return _apply_locked(env, patches, scheme, force, True, explicit, held=False)
-    if state.busy():
-        # Planning now would read another run's half-written files as someone's edits.
-        raise state.busy_error()
-    # The lock is taken before planning (its compile check runs the target interpreter), so
-    # that a run started beside another fails at once, not after planning too. Where it
-    # cannot be taken (a state folder this user may not write, a lock that is a link), the
-    # run plans without it: one with nothing to do needs no write access, and one with work
-    # refuses below, on the same error.
-    early = contextlib.ExitStack()
-    try:
-        early.enter_context(state.locked())
-        held = True
-    except LockBusyError:
-        raise
-    except RocmfixError:
-        held = False
-    with early:
+        check_scheme(patches, scheme)
+        state = env.state
+        if dry_run:
+            return _apply_locked(env, patches, scheme, force, True, explicit, held=False)
+        if state.busy():
+            # Planning now would read another run's half-written files as someone's edits.
+            raise state.busy_error()
+        # The lock is taken before planning (its compile check runs the target interpreter), so
+        # that a run started beside another fails at once, not after planning too. Where it
+        # cannot be taken (a state folder this user may not write, a lock that is a link), the
+        # run plans without it: one with nothing to do needs no write access, and one with work
+        # refuses below, on the same error.
+        early = contextlib.ExitStack()
         try:
-            return _apply_locked(env, patches, scheme, force, False, explicit, held=held)
-        finally:
-            if held:
-                state.tidy()
+            early.enter_context(state.locked())
+            held = True
+        except LockBusyError:
+            raise
+        except RocmfixError:
+            held = False
+        with early:
+            try:
+                return _apply_locked(env, patches, scheme, force, False, explicit, held=held)
+            finally:
+                if held:
+                    state.tidy()
 
 
 def _apply_locked(
