@@ -10,10 +10,8 @@ prints.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from . import kernels, measured, worker
 from .checks import EnvWarning, torch_build
@@ -21,12 +19,19 @@ from .environment import Environment
 from .errors import RefusedError, UsageError
 from .guest import protocol
 from .guest.protocol import item_id
-from .ops import OPS, Case, Op
-from .results import PatchStatus, StatusReport, Verdict, WorkerReport
+from .ops import OPS, Op
+from .results import (
+    CaseResult,
+    DoctorReport,
+    KernelCheck,
+    Measurement,
+    OpReport,
+    PatchStatus,
+    StatusReport,
+    Verdict,
+)
 from .tuned_file import file_warnings as tuned_warnings
 from .tuned_file import read as read_tuned
-
-SCHEMA = "rocmfix-doctor/1"
 
 # A scheme must beat the native op by this much to be worth a patch.
 WORTH = 1.2
@@ -34,104 +39,6 @@ WORTH = 1.2
 DEFAULT_TIME_LIMIT_S = 10.0
 # A Triton item's first call compiles the kernel; that is not the hang the limit is for.
 TRITON_LIMIT_S = 180.0
-# Eager time over this many times the kernel's: the call waits on the host, not the GPU
-# (back-to-back calls overlap host and GPU, so a GPU-bound call's ratio is near 1).
-LAUNCH_BOUND = 1.25
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One implementation on one case. ``status``: ok, failed (wrong result), error,
-    timeout, crashed (the worker died in it), unavailable (cannot run here)."""
-
-    impl: str
-    status: protocol.Status
-    first_ms: float | None = None
-    # Eager: back-to-back Python calls, as MinerU makes them. What doctor's advice compares.
-    ms: float | None = None
-    # The kernel alone (CUDA-graph replay, no host cost); None where a graph cannot record it.
-    kernel_ms: float | None = None
-    rel_err: float | None = None
-    tolerance: float | None = None
-    config: Mapping[str, Any] | None = None
-    message: str | None = None
-    limit_s: float | None = None
-    # What the compiler made of the config it ran, for this GPU (Triton schemes only).
-    compiled: kernels.KernelCheck | None = None
-
-    @property
-    def checked(self) -> bool:
-        return self.impl != "native"
-
-    @property
-    def launch_bound(self) -> bool:
-        """The host's per-call cost, not the kernel, sets the eager time."""
-        if self.status != "ok" or not self.ms or not self.kernel_ms:
-            return False
-        return self.ms > LAUNCH_BOUND * self.kernel_ms
-
-    @property
-    def failed(self) -> bool:
-        """A kernel that gave a wrong result or broke: what makes doctor exit 1."""
-        return self.checked and self.status in ("failed", "error", "crashed")
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    op: Op
-    case: Case
-    shape: Mapping[str, Any]
-    native: Measurement
-    schemes: tuple[Measurement, ...]
-    # False in the interpreter, where a time says nothing about a kernel.
-    timed: bool = True
-
-    def speedup(self, scheme: Measurement) -> float | None:
-        if not self.timed or scheme.status != "ok" or not scheme.ms:
-            return None
-        if self.native.status != "ok":
-            return None
-        return self.native.ms / scheme.ms if self.native.ms else None
-
-
-@dataclass(frozen=True)
-class OpReport:
-    op: Op
-    cases: tuple[CaseResult, ...]
-    patches: tuple[PatchStatus, ...]
-    needed: bool | None
-    why: str
-    recommended: str | None
-    speedup: float | None
-    speedup_at_least: bool
-    advice: str
-    totals: Mapping[str, float | None]
-
-
-@dataclass(frozen=True)
-class DoctorReport(WorkerReport):
-    status: StatusReport
-    device: protocol.DeviceFacts
-    ops: tuple[OpReport, ...]
-    time_limit_s: float
-    tuned_file: str
-    # GPU archs the tuned file has entries for (empty: no file, or nothing usable in it).
-    tuned_archs: tuple[str, ...]
-    tuned_exists: bool
-    warnings: tuple[EnvWarning, ...]
-    worker_error: str | None
-    worker_log: str
-
-    @property
-    def environment(self) -> Environment:
-        return self.status.environment
-
-    def findings(self) -> Iterator[str]:
-        for op in self.ops:
-            for result in op.cases:
-                for m in result.schemes:
-                    if m.failed:
-                        yield f"{result.case.id} {m.impl}: {m.status}"
 
 
 def _items(ops: Sequence[Op]) -> list[protocol.MeasureItem]:
@@ -217,7 +124,7 @@ def run(
         listen=on_event,
         item_ids=[i.id for i in items],
     )
-    compiled: dict[str, kernels.KernelCheck] = {}
+    compiled: dict[str, KernelCheck] = {}
     compiles = _compile_items(ops, answer)
     if compiles:
         if progress is not None:
@@ -268,7 +175,7 @@ def _compile_items(ops: Sequence[Op], answer: worker.Answer) -> list[protocol.Co
 
 
 def _measurement(
-    impl: str, event: protocol.Measured | None, compiled: kernels.KernelCheck | None = None
+    impl: str, event: protocol.Measured | None, compiled: KernelCheck | None = None
 ) -> Measurement:
     if event is None:
         return Measurement(impl=impl, status="missing", message="the worker never ran it")
@@ -294,7 +201,7 @@ def build_report(
     ops: Sequence[Op],
     time_limit: float,
     tuned_file: str,
-    compiled: Mapping[str, kernels.KernelCheck] | None = None,
+    compiled: Mapping[str, KernelCheck] | None = None,
 ) -> DoctorReport:
     """Turn the worker's events into the report (pure: the unit tests feed it events)."""
     compiled = compiled or {}

@@ -10,9 +10,7 @@ Nothing here prints.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 from . import worker
 from .environment import Environment
@@ -20,50 +18,10 @@ from .errors import RefusedError, UsageError
 from .guest import protocol
 from .guest.aot import TARGETS
 from .ops import OPS, Op
-from .results import WorkerReport
+from .results import KernelCheck, KernelsReport
 
-SCHEMA = "rocmfix-kernels/1"
 IDLE_LIMIT_S = 300.0
 ARCHS = tuple(TARGETS)
-
-
-@dataclass(frozen=True)
-class KernelCheck:
-    op: str
-    scheme: str
-    kernel: str
-    shape: str
-    shape_label: str
-    dtype: str
-    arch: str
-    ok: bool
-    registers: int | None
-    spills: int
-    sgpr_spills: int
-    scratch: int
-    shared: int
-    shared_limit: int
-    waves: int | None
-    matrix: int
-    matrix_wanted: str | None
-    operands: str | None
-    options: Mapping[str, Any]
-    constexprs: Mapping[str, Any]
-    problems: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class KernelsReport(WorkerReport):
-    environment: Environment
-    device: protocol.DeviceFacts
-    checks: tuple[KernelCheck, ...]
-    worker_error: str | None
-    worker_log: str
-
-    def findings(self) -> Iterator[str]:
-        for c in self.checks:
-            for problem in c.problems:
-                yield f"{c.kernel} {c.dtype} {c.shape} on {c.arch}: {problem}"
 
 
 def select_archs(names: Sequence[str]) -> tuple[str, ...]:

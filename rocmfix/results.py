@@ -1,16 +1,21 @@
-"""Frozen results the engine returns and the renderer shows. Nothing here prints."""
+"""Frozen results the engine returns and the renderer shows (the write side's, and the
+reports of doctor, kernels and tune). Nothing here prints."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .checks import EnvWarning
 from .environment import Environment
+from .guest import protocol
 from .manifest import Pending
+from .ops import Case, Op
 from .patch import Patch
+from .tuned_file import StoreResult
 
 
 class Verdict(enum.Enum):
@@ -157,3 +162,214 @@ class WorkerReport:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+
+# ---------------------------------------------------------------------------- doctor
+
+# Eager time over this many times the kernel's: the call waits on the host, not the GPU
+# (back-to-back calls overlap host and GPU, so a GPU-bound call's ratio is near 1).
+LAUNCH_BOUND = 1.25
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One implementation on one case. ``status``: ok, failed (wrong result), error,
+    timeout, crashed (the worker died in it), unavailable (cannot run here)."""
+
+    impl: str
+    status: protocol.Status
+    first_ms: float | None = None
+    # Eager: back-to-back Python calls, as MinerU makes them. What doctor's advice compares.
+    ms: float | None = None
+    # The kernel alone (CUDA-graph replay, no host cost); None where a graph cannot record it.
+    kernel_ms: float | None = None
+    rel_err: float | None = None
+    tolerance: float | None = None
+    config: Mapping[str, Any] | None = None
+    message: str | None = None
+    limit_s: float | None = None
+    # What the compiler made of the config it ran, for this GPU (Triton schemes only).
+    compiled: KernelCheck | None = None
+
+    @property
+    def checked(self) -> bool:
+        return self.impl != "native"
+
+    @property
+    def launch_bound(self) -> bool:
+        """The host's per-call cost, not the kernel, sets the eager time."""
+        if self.status != "ok" or not self.ms or not self.kernel_ms:
+            return False
+        return self.ms > LAUNCH_BOUND * self.kernel_ms
+
+    @property
+    def failed(self) -> bool:
+        """A kernel that gave a wrong result or broke: what makes doctor exit 1."""
+        return self.checked and self.status in ("failed", "error", "crashed")
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    op: Op
+    case: Case
+    shape: Mapping[str, Any]
+    native: Measurement
+    schemes: tuple[Measurement, ...]
+    # False in the interpreter, where a time says nothing about a kernel.
+    timed: bool = True
+
+    def speedup(self, scheme: Measurement) -> float | None:
+        if not self.timed or scheme.status != "ok" or not scheme.ms:
+            return None
+        if self.native.status != "ok":
+            return None
+        return self.native.ms / scheme.ms if self.native.ms else None
+
+
+@dataclass(frozen=True)
+class OpReport:
+    op: Op
+    cases: tuple[CaseResult, ...]
+    patches: tuple[PatchStatus, ...]
+    needed: bool | None
+    why: str
+    recommended: str | None
+    speedup: float | None
+    speedup_at_least: bool
+    advice: str
+    totals: Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class DoctorReport(WorkerReport):
+    status: StatusReport
+    device: protocol.DeviceFacts
+    ops: tuple[OpReport, ...]
+    time_limit_s: float
+    tuned_file: str
+    # GPU archs the tuned file has entries for (empty: no file, or nothing usable in it).
+    tuned_archs: tuple[str, ...]
+    tuned_exists: bool
+    warnings: tuple[EnvWarning, ...]
+    worker_error: str | None
+    worker_log: str
+
+    @property
+    def environment(self) -> Environment:
+        return self.status.environment
+
+    def findings(self) -> Iterator[str]:
+        for op in self.ops:
+            for result in op.cases:
+                for m in result.schemes:
+                    if m.failed:
+                        yield f"{result.case.id} {m.impl}: {m.status}"
+
+
+# ---------------------------------------------------------------------------- kernels
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    op: str
+    scheme: str
+    kernel: str
+    shape: str
+    shape_label: str
+    dtype: str
+    arch: str
+    ok: bool
+    registers: int | None
+    spills: int
+    sgpr_spills: int
+    scratch: int
+    shared: int
+    shared_limit: int
+    waves: int | None
+    matrix: int
+    matrix_wanted: str | None
+    operands: str | None
+    options: Mapping[str, Any]
+    constexprs: Mapping[str, Any]
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KernelsReport(WorkerReport):
+    environment: Environment
+    device: protocol.DeviceFacts
+    checks: tuple[KernelCheck, ...]
+    worker_error: str | None
+    worker_log: str
+
+    def findings(self) -> Iterator[str]:
+        for c in self.checks:
+            for problem in c.problems:
+                yield f"{c.kernel} {c.dtype} {c.shape} on {c.arch}: {problem}"
+
+
+# ---------------------------------------------------------------------------- tune
+
+
+@dataclass(frozen=True)
+class Candidate:
+    config: Mapping[str, Any]
+    role: str
+    status: protocol.Status
+    # What users get on a GPU: eager calls through the patched entry point.
+    ms: float | None
+    rel_err: float | None
+    message: str | None
+    # Registers, spills and LDS of its ahead-of-time compile for the GPU tune ran on.
+    compiled: Mapping[str, Any] | None = None
+    # The kernel alone (CUDA-graph replay), where the GPU can record it.
+    kernel_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    id: str
+    kernel: str
+    arch: str
+    key: str
+    precision: str
+    status: protocol.Status
+    message: str | None
+    method: str | None
+    shipped: Candidate | None
+    # The fastest correct candidate, and what the kernels will use: it, or the shipped one.
+    fastest: Candidate | None
+    best: Candidate | None
+    candidates: tuple[Candidate, ...]
+    tuned: bool
+    verified: bool | None
+    resolved: Mapping[str, Any] | None
+
+    @property
+    def gain(self) -> float | None:
+        """Shipped time over the fastest candidate's (> 1: the candidate is faster)."""
+        if self.shipped is None or self.fastest is None:
+            return None
+        if not self.shipped.ms or not self.fastest.ms:
+            return None
+        return self.shipped.ms / self.fastest.ms
+
+
+@dataclass(frozen=True)
+class TuneReport(WorkerReport):
+    environment: Environment
+    device: protocol.DeviceFacts
+    path: str
+    kernels: tuple[KernelResult, ...]
+    stored: StoreResult | None
+    min_gain: float
+    budget_s: float
+    worker_error: str | None
+    worker_log: str
+
+    def findings(self) -> Iterator[str]:
+        for k in self.kernels:
+            if k.status != "ok":
+                yield f"{k.id}: {k.status}" + (f": {k.message}" if k.message else "")
+            elif k.verified is False:
+                yield f"{k.id}: a fresh process did not resolve the stored config"

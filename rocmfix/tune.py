@@ -12,9 +12,8 @@ at inference time. Nothing here prints.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
 from . import __version__, tuned_file, worker
 from .environment import Environment
@@ -22,75 +21,10 @@ from .errors import RefusedError, UsageError
 from .guest import protocol
 from .manifest import now
 from .ops import OPS, Op
-from .results import WorkerReport
+from .results import Candidate, KernelResult, TuneReport
 
-SCHEMA = "rocmfix-tune/1"
 MIN_GAIN = 0.03
 DEFAULT_BUDGET_S = 300.0
-
-
-@dataclass(frozen=True)
-class Candidate:
-    config: Mapping[str, Any]
-    role: str
-    status: protocol.Status
-    # What users get on a GPU: eager calls through the patched entry point.
-    ms: float | None
-    rel_err: float | None
-    message: str | None
-    # Registers, spills and LDS of its ahead-of-time compile for the GPU tune ran on.
-    compiled: Mapping[str, Any] | None = None
-    # The kernel alone (CUDA-graph replay), where the GPU can record it.
-    kernel_ms: float | None = None
-
-
-@dataclass(frozen=True)
-class KernelResult:
-    id: str
-    kernel: str
-    arch: str
-    key: str
-    precision: str
-    status: protocol.Status
-    message: str | None
-    method: str | None
-    shipped: Candidate | None
-    # The fastest correct candidate, and what the kernels will use: it, or the shipped one.
-    fastest: Candidate | None
-    best: Candidate | None
-    candidates: tuple[Candidate, ...]
-    tuned: bool
-    verified: bool | None
-    resolved: Mapping[str, Any] | None
-
-    @property
-    def gain(self) -> float | None:
-        """Shipped time over the fastest candidate's (> 1: the candidate is faster)."""
-        if self.shipped is None or self.fastest is None:
-            return None
-        if not self.shipped.ms or not self.fastest.ms:
-            return None
-        return self.shipped.ms / self.fastest.ms
-
-
-@dataclass(frozen=True)
-class TuneReport(WorkerReport):
-    environment: Environment
-    device: protocol.DeviceFacts
-    path: str
-    kernels: tuple[KernelResult, ...]
-    stored: tuned_file.StoreResult | None
-    min_gain: float
-    budget_s: float
-    worker_error: str | None
-    worker_log: str
-
-    def findings(self) -> Iterator[str]:
-        for k in self.kernels:
-            if k.status != "ok":
-                yield f"{k.id}: {k.status}" + (f": {k.message}" if k.message else "")
-            elif k.verified is False:
-                yield f"{k.id}: a fresh process did not resolve the stored config"
 
 
 def _candidate(row: protocol.CandidateRow) -> Candidate:

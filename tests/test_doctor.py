@@ -23,7 +23,7 @@ from rocmfix.guest import protocol
 from rocmfix.ops import OPS, PATCH_EMBED
 from rocmfix.patch import TorchInfo
 from rocmfix.registry import all_patches
-from rocmfix.results import PatchStatus, StatusReport, Verdict
+from rocmfix.results import DoctorReport, PatchStatus, StatusReport, Verdict
 
 import releases
 from conftest import run_cli
@@ -242,7 +242,7 @@ def _embed(native: dict[str, Any], gemm_ms: float, linear_ms: float) -> dict[str
 
 def _report(
     env: Environment, verdicts: dict[str, tuple[Verdict, str]], items: dict[str, Any]
-) -> doctor.DoctorReport:
+) -> DoctorReport:
     return doctor.build_report(
         _status(env, verdicts),
         _run(items),

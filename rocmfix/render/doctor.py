@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from rocmfix import __version__, doctor, kernels
+from rocmfix import __version__
 from rocmfix.ops import Op
 from rocmfix.render.console import (
     Cell,
@@ -23,13 +23,23 @@ from rocmfix.render.console import (
 )
 from rocmfix.render.kernels import check_json, tile
 from rocmfix.render.status import NOT_ROCM, not_rocm_line, status_document, verdicts_block
+from rocmfix.results import (
+    LAUNCH_BOUND,
+    CaseResult,
+    DoctorReport,
+    KernelCheck,
+    Measurement,
+    OpReport,
+)
+
+SCHEMA = "rocmfix-doctor/1"
 
 
-def _case_label(result: doctor.CaseResult) -> str:
+def _case_label(result: CaseResult) -> str:
     return result.op.label(result.shape)
 
 
-def _impl_label(report: doctor.DoctorReport, op: Op, impl: str) -> str:
+def _impl_label(report: DoctorReport, op: Op, impl: str) -> str:
     if impl == "native":
         library = (report.device.conv_library or "").split(" ")[0] or report.device.backend
         if report.device.interpreter:
@@ -38,7 +48,7 @@ def _impl_label(report: doctor.DoctorReport, op: Op, impl: str) -> str:
     return f"{impl} ({op.scheme(impl).label})"
 
 
-def _check(m: doctor.Measurement) -> str:
+def _check(m: Measurement) -> str:
     if m.status == "ok":
         if not m.checked:
             return "[dim]reference[/]"
@@ -56,7 +66,7 @@ def _err_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
 
 
-def _device_line(report: doctor.DoctorReport) -> str:
+def _device_line(report: DoctorReport) -> str:
     d = report.device
     if d.kind != "gpu":
         return (
@@ -71,13 +81,13 @@ def _device_line(report: doctor.DoctorReport) -> str:
     return " · ".join(parts)
 
 
-def _packages_line(report: doctor.DoctorReport) -> str:
+def _packages_line(report: DoctorReport) -> str:
     versions = report.environment.versions
     names = ("vllm", "mineru", "mineru-vl-utils", "doclayout-yolo", "triton", "pytorch-triton-rocm")
     return " · ".join(f"{n} {versions[n]}" for n in names if n in versions) or "-"
 
 
-def _tuned_line(report: doctor.DoctorReport) -> str:
+def _tuned_line(report: DoctorReport) -> str:
     arch = report.device.arch
     if not report.tuned_exists:
         return f"none ({report.tuned_file} does not exist; `rocmfix tune` writes it)"
@@ -88,7 +98,7 @@ def _tuned_line(report: doctor.DoctorReport) -> str:
     return f"no tuned configs for {arch} in {report.tuned_file}: the shipped ones apply"
 
 
-def _compiled_line(c: kernels.KernelCheck) -> str:
+def _compiled_line(c: KernelCheck) -> str:
     words = [
         f"{c.registers if c.registers is not None else '?'} registers",
         f"{c.spills} spilled",
@@ -102,7 +112,7 @@ def _compiled_line(c: kernels.KernelCheck) -> str:
     return text if c.ok else f"{text}; {'; '.join(c.problems)}"
 
 
-def _compiled_block(console: Console, report: doctor.DoctorReport) -> None:
+def _compiled_block(console: Console, report: DoctorReport) -> None:
     """Registers, spills and LDS of each config the Triton schemes ran, once per kernel,
     dtype and config: what a slow time alone cannot explain."""
     lines: dict[str, list[str]] = {}
@@ -128,7 +138,7 @@ def _compiled_block(console: Console, report: doctor.DoctorReport) -> None:
 DOCTOR_HEADER = ("impl", "first call", "eager", "kernel", "vs native", "rel err", "check")
 
 
-def _check_cell(m: doctor.Measurement) -> Cell:
+def _check_cell(m: Measurement) -> Cell:
     """The check column as plain text and a style: every verdict whole at any width."""
     if m.status == "ok":
         return ("ok", "green") if m.checked else ("reference", "dim")
@@ -141,7 +151,7 @@ def _check_cell(m: doctor.Measurement) -> Cell:
     return (f"{m.status}: {m.message or ''}", "red")
 
 
-def _op_rows(op: doctor.OpReport) -> list[list[Cell]]:
+def _op_rows(op: OpReport) -> list[list[Cell]]:
     rows: list[list[Cell]] = []
     for result in op.cases:
         rows.append([(_case_label(result), "bold")])
@@ -161,7 +171,7 @@ def _op_rows(op: doctor.OpReport) -> list[list[Cell]]:
     return rows
 
 
-def _checked_lines(console: Console, op: doctor.OpReport) -> None:
+def _checked_lines(console: Console, op: OpReport) -> None:
     """Without a GPU the kernels ran in Triton's CPU interpreter, where a time means nothing:
     one line per case with each scheme's check and its error against fp64 (the native op is
     named only where it did not give its reference)."""
@@ -180,7 +190,7 @@ def _checked_lines(console: Console, op: doctor.OpReport) -> None:
         console.print(line)
 
 
-def doctor_table(report: doctor.DoctorReport) -> None:
+def doctor_table(report: DoctorReport) -> None:
     """The device and verdicts, then per op its cases as rows of one implementation each
     (short names, spelled out once above them), fitting the terminal at any width."""
     console = out()
@@ -216,7 +226,7 @@ def doctor_table(report: doctor.DoctorReport) -> None:
     ):
         console.print(
             wrap(
-                f"* launch-bound: the eager time per call is over {doctor.LAUNCH_BOUND:g}x the "
+                f"* launch-bound: the eager time per call is over {LAUNCH_BOUND:g}x the "
                 "kernel's, so the host's per-call cost sets it. Eager times decide the advice: "
                 "they are what MinerU gets.",
                 "",
@@ -238,13 +248,13 @@ def doctor_table(report: doctor.DoctorReport) -> None:
     failures(report.failures, report.worker_log)
 
 
-def _kernel_time(m: doctor.Measurement, timed: bool) -> str:
+def _kernel_time(m: Measurement, timed: bool) -> str:
     if not timed:
         return duration(None)
     return duration(m.kernel_ms) + ("*" if m.launch_bound else "")
 
 
-def _measurement_json(m: doctor.Measurement, result: doctor.CaseResult) -> dict[str, Any]:
+def _measurement_json(m: Measurement, result: CaseResult) -> dict[str, Any]:
     return {
         "impl": m.impl,
         "status": m.status,
@@ -262,11 +272,11 @@ def _measurement_json(m: doctor.Measurement, result: doctor.CaseResult) -> dict[
     }
 
 
-def doctor_document(report: doctor.DoctorReport) -> dict[str, Any]:
+def doctor_document(report: DoctorReport) -> dict[str, Any]:
     env = report.environment
     d = report.device
     return {
-        "schema": doctor.SCHEMA,
+        "schema": SCHEMA,
         "rocmfix_version": __version__,
         "environment": status_document(report.status)["environment"],
         "device": {
@@ -323,6 +333,6 @@ def doctor_document(report: doctor.DoctorReport) -> dict[str, Any]:
     }
 
 
-def doctor_json(report: doctor.DoctorReport) -> None:
+def doctor_json(report: DoctorReport) -> None:
     sys.stdout.write(json.dumps(doctor_document(report), indent=2) + "\n")
     failures(report.failures, report.worker_log)

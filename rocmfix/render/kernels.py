@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from rocmfix import __version__, kernels
+from rocmfix import __version__
 from rocmfix.render.console import (
     Cell,
     config_text,
@@ -19,9 +19,12 @@ from rocmfix.render.console import (
     out,
     wrapper,
 )
+from rocmfix.results import KernelCheck, KernelsReport
+
+SCHEMA = "rocmfix-kernels/1"
 
 
-def tile(check: kernels.KernelCheck) -> str:
+def tile(check: KernelCheck) -> str:
     return launch_text({**check.constexprs, **check.options})
 
 
@@ -36,11 +39,11 @@ def launch_text(config: Mapping[str, Any]) -> str:
     return " ".join([*words, f"w{config.get('num_warps', '?')}"]) if config else "-"
 
 
-def _shared(check: kernels.KernelCheck) -> str:
+def _shared(check: KernelCheck) -> str:
     return f"{check.shared / 1024:.0f}/{check.shared_limit // 1024} KiB"
 
 
-def _matrix(check: kernels.KernelCheck) -> Cell:
+def _matrix(check: KernelCheck) -> Cell:
     if not check.matrix_wanted:
         return ("FMA" if check.operands else "-", "dim")
     if check.matrix:
@@ -48,7 +51,7 @@ def _matrix(check: kernels.KernelCheck) -> Cell:
     return ("missing", "red")
 
 
-def _spills(check: kernels.KernelCheck) -> str:
+def _spills(check: KernelCheck) -> str:
     if check.registers is None:
         return "-"
     return str(check.spills) + (f" ({check.sgpr_spills} sgpr)" if check.sgpr_spills else "")
@@ -62,7 +65,7 @@ LEGEND = (
 )
 
 
-def _rows(rows: list[kernels.KernelCheck]) -> list[list[Cell]]:
+def _rows(rows: list[KernelCheck]) -> list[list[Cell]]:
     out: list[list[Cell]] = []
     previous = ""
     for c in rows:
@@ -87,7 +90,7 @@ def _rows(rows: list[kernels.KernelCheck]) -> list[list[Cell]]:
     return out
 
 
-def kernels_table(report: kernels.KernelsReport) -> None:
+def kernels_table(report: KernelsReport) -> None:
     """Per kernel, a block of rows by shape and GPU arch, every arch name and verdict whole at
     any width (the config wraps under itself), and one legend at the end."""
     console = out()
@@ -102,7 +105,7 @@ def kernels_table(report: kernels.KernelsReport) -> None:
             bold=8,
         )
     )
-    groups: dict[tuple[str, str, str], list[kernels.KernelCheck]] = {}
+    groups: dict[tuple[str, str, str], list[KernelCheck]] = {}
     for c in report.checks:
         groups.setdefault((c.op, c.scheme, c.kernel), []).append(c)
     for (op, scheme, kernel), rows in groups.items():
@@ -119,7 +122,7 @@ def kernels_table(report: kernels.KernelsReport) -> None:
     failures(report.failures, report.worker_log)
 
 
-def check_json(c: kernels.KernelCheck) -> dict[str, Any]:
+def check_json(c: KernelCheck) -> dict[str, Any]:
     return {
         "op": c.op,
         "scheme": c.scheme,
@@ -144,10 +147,10 @@ def check_json(c: kernels.KernelCheck) -> dict[str, Any]:
     }
 
 
-def kernels_document(report: kernels.KernelsReport) -> dict[str, Any]:
+def kernels_document(report: KernelsReport) -> dict[str, Any]:
     d = report.device
     return {
-        "schema": kernels.SCHEMA,
+        "schema": SCHEMA,
         "rocmfix_version": __version__,
         "python": report.environment.python.executable,
         "triton": d.triton,
@@ -158,5 +161,5 @@ def kernels_document(report: kernels.KernelsReport) -> dict[str, Any]:
     }
 
 
-def kernels_json(report: kernels.KernelsReport) -> None:
+def kernels_json(report: KernelsReport) -> None:
     sys.stdout.write(json.dumps(kernels_document(report), indent=2) + "\n")

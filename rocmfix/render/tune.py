@@ -10,11 +10,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from rocmfix import __version__
-from rocmfix import tune as tune_mod
 from rocmfix.render.console import config_text, duration, environment_line, err, failures, out
+from rocmfix.results import Candidate, TuneReport
+
+SCHEMA = "rocmfix-tune/1"
 
 
-def tune_table(report: tune_mod.TuneReport) -> None:
+def tune_table(report: TuneReport) -> None:
     console = out()
     console.print(f"[bold]Environment[/] {escape(environment_line(report.environment))}")
     d = report.device
@@ -85,7 +87,7 @@ def tune_table(report: tune_mod.TuneReport) -> None:
     failures(report.failures, report.worker_log)
 
 
-def _candidate_json(c: tune_mod.Candidate | None) -> dict[str, Any] | None:
+def _candidate_json(c: Candidate | None) -> dict[str, Any] | None:
     if c is None:
         return None
     return {
@@ -100,10 +102,10 @@ def _candidate_json(c: tune_mod.Candidate | None) -> dict[str, Any] | None:
     }
 
 
-def tune_document(report: tune_mod.TuneReport) -> dict[str, Any]:
+def tune_document(report: TuneReport) -> dict[str, Any]:
     d = report.device
     return {
-        "schema": tune_mod.SCHEMA,
+        "schema": SCHEMA,
         "rocmfix_version": __version__,
         "python": report.environment.python.executable,
         "device": {
@@ -145,7 +147,7 @@ def tune_document(report: tune_mod.TuneReport) -> dict[str, Any]:
     }
 
 
-def tune_json(report: tune_mod.TuneReport) -> None:
+def tune_json(report: TuneReport) -> None:
     sys.stdout.write(json.dumps(tune_document(report), indent=2) + "\n")
     failures(report.failures, report.worker_log)
 
