@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 # The GPUs rocmfix ships configs for, or that users run MinerU on: (backend, warp size,
@@ -76,27 +76,6 @@ def matrix(arch: str) -> dict[str, str]:
     if re.fullmatch(r"sm_(8\d|9\d|1\d\d)a?", arch):
         return {"f16": "mma", "tf32": "mma"}
     return {}
-
-
-@dataclass
-class Stats:
-    arch: str
-    ok: bool = True
-    error: str | None = None
-    registers: int | None = None
-    sgprs: int | None = None
-    spills: int = 0
-    sgpr_spills: int = 0
-    scratch: int = 0
-    shared: int = 0
-    shared_limit: int = 0
-    waves: int | None = None
-    matrix: int = 0
-    matrix_wanted: str | None = None
-    problems: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def target(arch: str) -> Any:
@@ -173,21 +152,26 @@ def _ptxas(ptx: str, arch: str) -> tuple[int | None, int, int]:
 
 
 def check(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arch: str,
-          operands: str) -> Stats:  # fmt: skip
-    """Compile one launch for ``arch``; ``operands`` is its operand class ("f16", "tf32",
-    "fp32"), which decides whether a matrix instruction must appear."""
+          operands: str) -> dict[str, Any]:  # fmt: skip
+    """Compile one launch for ``arch``: what the compiler made of it, as fields of the
+    ``protocol.Checked`` it goes into (where they are defined). ``operands`` is its operand
+    class ("f16", "tf32", "fp32"), which decides whether a matrix instruction must appear."""
     row = describe(arch)
     if row is None:
         raise ValueError(f"no compile target known for {arch}")
     _, _, _, lds_limit, vgprs_per_simd, max_waves = row
-    stats = Stats(arch=arch, shared_limit=lds_limit)
+    stats = SimpleNamespace(
+        arch=arch, ok=True, error=None, problems=[], registers=None, sgprs=None, spills=0,
+        sgpr_spills=0, scratch=0, shared=0, shared_limit=lds_limit, waves=None, matrix=0,
+        matrix_wanted=None,
+    )  # fmt: skip
     try:
         compiled = _compile(kernel, args, kwargs, arch)
     except Exception as exc:  # noqa: BLE001 - a config this compiler refuses is the finding
         stats.ok = False
         stats.error = (type(exc).__name__ + ": " + " ".join(str(exc).split()))[:400]
         stats.problems.append("does not compile: " + stats.error)
-        return stats
+        return vars(stats)
     stats.shared = int(getattr(compiled.metadata, "shared", 0) or 0)
     stats.matrix_wanted = matrix(arch).get(operands)
     if "amdgcn" in compiled.asm:
@@ -223,4 +207,4 @@ def check(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arch: str,
     if stats.matrix_wanted and not stats.matrix:
         stats.problems.append(f"no {stats.matrix_wanted} instruction: the dot runs on FMA units")
     stats.ok = not stats.problems
-    return stats
+    return vars(stats)

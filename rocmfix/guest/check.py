@@ -69,7 +69,7 @@ def compile_item(ctx: Context, item: CompileItem) -> Checked:
                 stats = aot.check(kernel, args, kwargs, item.arch, operands or "")
             finally:
                 module.clear_config_cache()
-        fields.update(stats.as_dict())
+        fields.update(stats)
         fields["kernel"] = kernel.__name__
         fields["operands"] = operands
         fields["options"] = {k: v for k, v in kwargs.items() if not k[0].isupper()}
