@@ -724,7 +724,7 @@ def render(
         "Do not edit by hand: run the script again.",
         "",
         "Every release gets a fresh environment with no torch (the verdicts of the vllm",
-        "patches from 0.11.1 on also depend on the target's torch: see the README) and goes",
+        "patches from 0.11.1 on also depend on the target's torch: see docs/patches.md) and goes",
         "through the real CLI with `--python`"
         + (
             " (called through typer's test runner in forked workers: the same parsing, engine"

@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import stat
@@ -303,11 +304,47 @@ class UnsafeFolderError(Exception):
     """A folder the user named for rocmfix's output that others could plant links in."""
 
 
+def _check_ancestors(folder: Path) -> None:
+    """Each existing folder from the root down to ``folder``, and each link on the way, must
+    belong to this user or root, and a folder others can write must have its sticky bit (as
+    /tmp does): elsewhere another user could swap a folder on the path for a link of theirs
+    between the check and the writes (what ssh's StrictModes checks of a home folder)."""
+    me = os.geteuid()
+    current = Path(folder.anchor)
+    for part in folder.parts[1:]:
+        current = current / part
+        try:
+            info = os.lstat(current)
+        except FileNotFoundError:
+            return  # made by make_dirs, as this user
+        except OSError as exc:
+            raise UnsafeFolderError(f"cannot use {current}: {exc.strerror or exc}") from None
+        if info.st_uid not in (0, me):
+            kind = "a link" if stat.S_ISLNK(info.st_mode) else "a folder"
+            try:
+                owner = pwd.getpwuid(info.st_uid).pw_name
+            except KeyError:
+                owner = f"uid {info.st_uid}"
+            raise UnsafeFolderError(f"{current} on the path is {kind} of {owner}")
+        if stat.S_ISLNK(info.st_mode):
+            current = Path(os.path.realpath(current))
+            _check_ancestors(current)
+            continue
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            raise UnsafeFolderError(
+                f"{current} on the path is writable by other users (mode "
+                f"{info.st_mode & 0o777:o}) and not sticky"
+            )
+
+
 def own_folder(path: Path) -> Path:
     """``path`` as a folder only this user writes: an existing one must be a real folder
     (not a link) owned by this user and not writable by group or others; a missing one is
     made (its parents as :func:`make_dirs` makes them, itself 0700). Nothing is followed at
-    the last component; raises :class:`UnsafeFolderError` with the reason."""
+    the last component, and every folder above it must be one no other user can rename
+    entries in (see :func:`_check_ancestors`); raises :class:`UnsafeFolderError` with the
+    reason."""
+    _check_ancestors(Path(os.path.abspath(path)).parent)
     try:
         info = os.lstat(path)
     except FileNotFoundError:

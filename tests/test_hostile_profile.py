@@ -105,6 +105,20 @@ def _plant(tmp_path: Path, case: str) -> Path:
     elif case == "an uncreatable path":
         (tmp_path / "file").write_text("")
         out = tmp_path / "file" / "out"
+    elif case == "under a folder others can write":
+        (tmp_path / "open").mkdir()
+        (tmp_path / "open").chmod(0o777)  # no sticky bit: another user can rename "out"
+        out = tmp_path / "open" / "out"
+        out.mkdir(mode=0o700)
+    elif case == "under another user's folder":
+        (tmp_path / "theirs").mkdir(mode=0o755)
+        os.chown(tmp_path / "theirs", 65534, 65534)
+        out = tmp_path / "theirs" / "out"
+    elif case == "through another user's link":
+        (tmp_path / "mine").mkdir(mode=0o700)
+        (tmp_path / "via").symlink_to(tmp_path / "mine")
+        os.lchown(tmp_path / "via", 65534, 65534)
+        out = tmp_path / "via" / "out"
     return out
 
 
@@ -117,6 +131,9 @@ def _plant(tmp_path: Path, case: str) -> Path:
         "a link to this user's folder",
         "a file",
         "an uncreatable path",
+        "under a folder others can write",
+        "under another user's folder",
+        "through another user's link",
     ],
 )
 def test_an_out_folder_others_could_plant_links_in_is_refused_before_the_command_runs(
@@ -124,7 +141,7 @@ def test_an_out_folder_others_could_plant_links_in_is_refused_before_the_command
 ) -> None:
     """An existing --out was accepted whoever owned it, and a bad one was found only after the
     command had run (hours, for a real job): exit 1 and an unrelated hint."""
-    if case == "another user's folder" and os.geteuid() != 0:
+    if "another user's" in case and os.geteuid() != 0:
         pytest.skip("needs root to give a folder to another user")
     out = _plant(tmp_path, case)
     mark = tmp_path / "ran"
@@ -138,7 +155,10 @@ def test_an_out_folder_others_could_plant_links_in_is_refused_before_the_command
 
 
 def test_a_new_out_folder_is_made_private_and_a_private_one_is_used(tmp_path: Path) -> None:
-    new = tmp_path / "a" / "b"
+    # Under a sticky folder others can write (as /tmp is), no one else can rename the entries.
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared").chmod(0o1777)
+    new = tmp_path / "shared" / "a" / "b"
     assert run_cli("profile", "--out", str(new), "--", "true").returncode == 0
     assert new.is_dir() and new.stat().st_mode & 0o077 == 0
     assert run_cli("profile", "--out", str(new), "--", "true").returncode == 0

@@ -35,7 +35,7 @@ def test_tool_is_clean(command: list[str]) -> None:
 
 def test_readme_documents_every_exit_code() -> None:
     readme = (ROOT / "README.md").read_text()
-    table = readme.split("### Exit codes", 1)[1].split("\n## ", 1)[0]
+    table = readme.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     documented = {int(code) for code in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)}
     defined = {value for name, value in vars(errors).items() if name.startswith("EXIT_")}
     assert documented == defined

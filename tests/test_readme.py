@@ -23,6 +23,7 @@ from conftest import ROOT, run_cli
 pytestmark = pytest.mark.network
 
 README = ROOT / "README.md"
+COMMANDS = ROOT / "docs" / "commands.md"
 SHOWN = "~/mineru/.venv"
 VERSION = "0.1.13"
 _BLOCK = re.compile(r"```console\n(\$ rocmfix [^\n]*)\n(.*?)```", re.DOTALL)
@@ -117,8 +118,9 @@ def test_the_test_command_installs_a_cpu_torch_with_triton() -> None:
     extra = (ROOT / "pyproject.toml").read_text().split("test = [", 1)[1].split("]", 1)[0]
     pins = dict(re.findall(r'"(torch|torchvision|triton)==([0-9.]+)"', extra))
     assert set(pins) == {"torch", "torchvision", "triton"}, pins
-    # What the skips need is said next to the command's section.
-    assert "What the skips need" in text
+    # What the skips need is said where the README sends a developer.
+    assert "docs/development.md" in text
+    assert "What the skips need" in (ROOT / "docs" / "development.md").read_text()
 
 
 def test_the_schemes_table_is_the_op_registry() -> None:
@@ -127,8 +129,8 @@ def test_the_schemes_table_is_the_op_registry() -> None:
     from rocmfix.ops import OPS
     from rocmfix.registry import scheme_names
 
-    text = README.read_text()
-    table = text.split("### Schemes", 1)[1].split("\n\n")[1].splitlines()
+    text = COMMANDS.read_text()
+    table = text.split("## Schemes", 1)[1].split("\n\n")[1].splitlines()
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
     header, body = rows[0], rows[2:]
     assert len(header) == len(OPS) + 1, header
@@ -148,14 +150,14 @@ def test_the_patch_table_and_only_name_every_distribution() -> None:
     distributions is the registry's."""
     from rocmfix.registry import all_patches
 
-    text = README.read_text()
+    text = (ROOT / "docs" / "patches.md").read_text()
     table = text[text.index("| patch | target file |") :].split("\n\n", 1)[0]
     firsts = {line.split("|")[1] for line in table.splitlines()[2:]}
     distributions = list(dict.fromkeys(p.distribution for p in all_patches()))
     for name in distributions:
         ids = {p.id for p in all_patches() if p.distribution == name}
         assert any(f"`{i}`" in cell for i in ids for cell in firsts), name
-    only = " ".join(text.split("`--only` with a distribution (", 1)[1].split(")", 1)[0].split())
+    only = " ".join(COMMANDS.read_text().split("`--only` with a distribution (", 1)[1].split(")", 1)[0].split())
     assert only == ", ".join(f"`{name}`" for name in distributions), only
 
 
@@ -164,5 +166,19 @@ def test_what_the_readme_says_of_piped_help_holds() -> None:
     README says so rather than promise otherwise."""
     shown = run_cli("apply", "--help").stdout.splitlines()
     padded = any(line != line.rstrip() for line in shown)
-    text = " ".join(README.read_text().split())
+    text = " ".join(COMMANDS.read_text().split())
     assert ("`--help` is typer's own" in text and "padded" in text) == padded
+
+
+def test_every_environment_variable_the_code_reads_is_documented() -> None:
+    """docs/commands.md's table names every ``ROCMFIX_*`` variable that rocmfix, its patches or
+    its dropped-in templates mention, and nothing they do not."""
+    code = "".join(
+        path.read_text(encoding="utf-8")
+        for folder in ("rocmfix", "patches", "templates")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    )
+    used = set(re.findall(r"\bROCMFIX_[A-Z0-9_]*[A-Z0-9]\b", code))
+    table = COMMANDS.read_text().split("## Environment variables", 1)[1]
+    documented = set(re.findall(r"`(ROCMFIX_[A-Z0-9_]+)", table))
+    assert used == documented, (sorted(used - documented), sorted(documented - used))
