@@ -157,7 +157,8 @@ def test_the_patch_table_and_only_name_every_distribution() -> None:
     for name in distributions:
         ids = {p.id for p in all_patches() if p.distribution == name}
         assert any(f"`{i}`" in cell for i in ids for cell in firsts), name
-    only = " ".join(COMMANDS.read_text().split("`--only` with a distribution (", 1)[1].split(")", 1)[0].split())
+    listed = COMMANDS.read_text().split("`--only` with a distribution (", 1)[1]
+    only = " ".join(listed.split(")", 1)[0].split())
     assert only == ", ".join(f"`{name}`" for name in distributions), only
 
 
