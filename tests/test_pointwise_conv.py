@@ -5,20 +5,28 @@ naming it from the registry."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import libcst as cst
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rocmfix.ops import OPS, op
-from rocmfix.patch import Patch, TargetContext
+from rocmfix.patch import CodeShape, Patch, TargetContext
 from rocmfix.registry import all_patches
+from rocmfix.rewrite import MARKER
 
-from conftest import load_template
+from conftest import ROOT, InstalledEnv, files_under, load_template
 
 PATCH = "doclayout-pointwise-conv"
 TARGET = "doclayout_yolo/nn/modules/conv.py"
@@ -180,6 +188,141 @@ def test_a_failing_gemm_is_the_stock_result_and_a_warning_that_cannot_raise(
         got = gemm.pointwise_conv2d(x, conv, bn=bn, act=act)
         torch.testing.assert_close(got, act(bn(conv(x))))
     assert any("1x1 conv as a GEMM failed" in str(w.message) for w in caught)
+
+
+# The route: golden code written for these tests.
+GOLDEN_CASES = [
+    ("doclayout_conv", CodeShape.NEEDS_PATCH, "Conv: 1x1 convs"),
+    ("doclayout_conv_fused", CodeShape.UNKNOWN, "does not run self.conv → self.bn → self.act"),
+    ("hgnet_layer", CodeShape.FIXED_UPSTREAM, "has no Conv"),
+]
+
+
+@pytest.mark.parametrize(("source", "shape", "says"), GOLDEN_CASES)
+def test_golden(source: str, shape: CodeShape, says: str) -> None:
+    p = _patch()
+    data = (GOLDEN / f"{source}.py").read_bytes()
+    found = p.classify(p.parse(data), CTX)
+    assert found.shape is shape and says in found.reason, found
+    assert p.classify(cst.parse_module(data), CTX) == found
+    if shape is not CodeShape.NEEDS_PATCH:
+        return
+    patched = p.transform(cst.parse_module(data)).code
+    expected = GOLDEN / f"{source}.pointwise.patched.py"
+    if os.environ.get("ROCMFIX_UPDATE_GOLDEN"):
+        expected.write_text(patched)
+    assert patched == expected.read_text()
+    assert MARKER in patched
+    compile(patched, source, "exec")
+    # Only Conv's nested return is routed; Conv2's sum and forward_fuse keep theirs.
+    assert patched.count("_rocmfix_pointwise_conv2d(x, self.conv, bn=self.bn, act=self.act)") == 1
+    assert patched.count("return self.act(self.bn(self.conv(x)))") == 1
+    assert patched.count("return self.act(self.bn(self.conv(x) + x))") == 1
+    assert p.classify(p.parse(patched.encode()), CTX).shape is CodeShape.PATCHED
+    with pytest.raises(Exception, match="already called"):
+        p.transform(cst.parse_module(patched))
+
+
+@pytest.mark.network
+def test_release_round_trip(doclayout_env: Callable[[str], InstalledEnv]) -> None:
+    """The real 0.0.4 (the three releases ship one byte-identical conv.py): apply alone and
+    beside the dilated-conv patch (both drop rocmfix_kernel_support.py), revert to the bytes."""
+    env = doclayout_env("0.0.4")
+    before = files_under(env.site)
+    target = env.site / TARGET
+    original = target.read_bytes()
+    status = env.status(PATCH)
+    assert status["pristine"] == "record", status
+    applied = env.cli("apply", "--only", PATCH)
+    assert applied.returncode == 0, applied.stderr
+    text = target.read_text()
+    compile(text, TARGET, "exec")
+    assert "return _rocmfix_pointwise_conv2d(x, self.conv, bn=self.bn, act=self.act)" in text
+    assert "            return self.act(self.bn(self.conv(x)))" in text  # the stock branch
+    assert (env.site / DROP).read_bytes() == (ROOT / "templates" / OP.schemes[0].entry).read_bytes()
+    assert env.status(PATCH)["verdict"] == "applied"
+    both = env.cli("apply", "--only", PATCH, "--only", "doclayout-dilated-conv")
+    assert both.returncode == 0, both.stderr
+    reverted = env.cli("revert")
+    assert reverted.returncode == 0, reverted.stderr
+    assert target.read_bytes() == original
+    assert files_under(env.site) == before
+
+
+_FORWARD = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import doclayout_yolo
+    from doclayout_yolo.nn.tasks import YOLOv10DetectionModel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Routed(torch.Tensor):
+        "A CPU tensor that takes the rewrite's GPU branch."
+        @property
+        def is_cuda(self):
+            return True
+
+    class Pointwise(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = 0
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.convolution.default, torch.ops.aten.conv2d.default):
+                self.seen += tuple(args[1].shape[2:]) == (1, 1)
+            return func(*args, **(kwargs or {}))
+
+    cfg = f"{doclayout_yolo.__path__[0]}/cfg/models/v10/yolov10m-doclayout.yaml"
+    torch.manual_seed(0)
+    model = YOLOv10DetectionModel(cfg, nc=10, verbose=False).eval()
+    for m in model.modules():  # running statistics that are not the identity
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    x = torch.rand(1, 3, 128, 96)
+    results = {}
+    with torch.inference_mode():
+        for name, inp in (("plain", x), ("routed", x.as_subclass(Routed))):
+            spy = Pointwise()
+            with spy:
+                maps = model(inp)["one2one"][1]
+            flat = torch.cat([m.as_subclass(torch.Tensor).flatten(1) for m in maps], 1)
+            results[name] = flat.double().flatten().tolist()
+            results[name + "_1x1"] = spy.seen
+    print(json.dumps(results))
+    """
+)
+
+
+def _forward(env: InstalledEnv) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", _FORWARD],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(env.site)},
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.network
+def test_the_patched_model_matches_stock(doclayout_env: Callable[[str], InstalledEnv]) -> None:
+    """DocLayout-YOLO from its shipped yaml (random weights), its GPU branch taken on the CPU:
+    every 1x1 conv of a Conv layer runs as a GEMM, and the outputs match stock."""
+    env = doclayout_env("0.0.4")
+    stock = _forward(env)
+    assert stock["plain_1x1"] == stock["routed_1x1"] > 100
+    assert env.cli("apply", "--only", PATCH).returncode == 0
+    patched = _forward(env)
+    assert patched["plain"] == stock["plain"], "the CPU path is the stock code"
+    # What is left are the head's twelve bare nn.Conv2d 1x1s, which no Conv layer wraps.
+    assert patched["routed_1x1"] == 12, patched["routed_1x1"]
+    num = sum((a - b) ** 2 for a, b in zip(patched["routed"], stock["plain"], strict=True))
+    den = sum(b * b for b in stock["plain"])
+    assert (num / den) ** 0.5 < 1e-5
 
 
 def test_the_op_is_registered_with_a_measured_verdict() -> None:
