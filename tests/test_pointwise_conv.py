@@ -325,6 +325,54 @@ def test_the_patched_model_matches_stock(doclayout_env: Callable[[str], Installe
     assert (num / den) ** 0.5 < 1e-5
 
 
+# The profile names it from the registry.
+GROUPED = {"name": "aten::conv2d", "shapes": [[1, 576, 80, 58], [192, 3, 1, 1], []],
+           "concrete": [None, None, None, [1, 1], [0, 0], [1, 1], 192]}  # fmt: skip
+SOURCE = "/x/site-packages/doclayout_yolo/nn/modules/conv.py:50 Conv.forward"
+
+
+def test_the_profile_knows_a_1x1_conv_and_names_its_patch() -> None:
+    from rocmfix.profile import analyse
+    from rocmfix.profile.model import OpStat
+
+    assert analyse.conv_kind(GROUPED) == "pointwise-conv"
+    dense = dict(GROUPED, shapes=[[1, 64, 8, 8], [32, 64, 1, 1], []],
+                 concrete=[None, None, None, [1, 1], [0, 0], [1, 1], 1])  # fmt: skip
+    assert analyse.conv_kind(dense) == "pointwise-conv"
+    for other in ([2, 2], [0, 0]), ([1, 1], [1, 1]):
+        concrete = [None, None, None, other[0], other[1], [1, 1], 192]
+        assert analyse.conv_kind(dict(GROUPED, concrete=concrete)) is None
+    patch, routed = analyse.patch_for(GROUPED, SOURCE, all_patches())
+    assert patch is not None and patch.id == PATCH and not routed
+    dropped = "/x/site-packages/doclayout_yolo/nn/modules/rocmfix_pointwise_conv.py:90 f"
+    assert analyse.patch_for(GROUPED, dropped, all_patches()) == (patch, True)
+    # The replay gets the op's schemes from the registry ...
+    forms = analyse.replay_forms(GROUPED)
+    assert forms == [{"label": "GEMM", "template": "pointwise_conv_gemm", "function": "conv2d"}]
+    # ... and a flagged call whose GEMM form won names the patch.
+    row = OpStat(key="k", op="conv2d", shapes=((1, 576, 80, 58), (192, 3, 1, 1), ()),
+                 dtypes=("float32",), layout="contiguous", conv=analyse.conv_params(GROUPED),
+                 calls=10, total_ms=100.0, first_ms=10.0, steady_ms=3.0, share=0.5,
+                 flops=None, bytes=None, tflops=None, gbps=None, roofline=None, modules=(),
+                 source=SOURCE, kernels=(), pids=(1,))  # fmt: skip
+    result = {"status": "ok", "forms": {"as run": {"ms": 3.0, "ok": True},
+                                        "GEMM": {"ms": 1.0, "ok": True}}}  # fmt: skip
+    done = analyse.verdict(row, result, patch, False, "cuda", False, {}, total_ms=200.0)
+    assert done["flagged"] and done["fix"].command == f"rocmfix apply --only {PATCH} --force"
+    assert done["fix"].kind == "patch" and done["best"] == "GEMM"
+
+
+def test_the_profile_replay_runs_the_registry_s_form() -> None:
+    """The guest's replay runs each scheme the item names, checked against the call as run."""
+    from rocmfix.guest import profile_replay
+    from rocmfix.profile import analyse
+
+    item = dict(GROUPED, shapes=[[1, 576, 20, 14], [192, 3, 1, 1], []], dtypes=["float"] * 2,
+                strides=[], forms=analyse.replay_forms(GROUPED))  # fmt: skip
+    forms = profile_replay._replay(torch, False, item, str(ROOT / "templates"))["forms"]
+    assert forms["GEMM"]["ok"] and forms["GEMM"]["rel_err"] < 1e-6, forms
+
+
 def test_the_op_is_registered_with_a_measured_verdict() -> None:
     assert OP in OPS and OP.measured_verdict and OP.fallback == "gemm"
     cases = {c.id for c in OP.cases}
