@@ -8,7 +8,9 @@ For every case of rocmfix/ops/pointwise_conv.py, in fp32 and fp16, NCHW and chan
 - ``cudnn``: ``conv(x)``, the ``nn.Conv2d`` as the model calls it, cuDNN on;
 - ``native``: the same with cuDNN off;
 - ``op``: templates/pointwise_conv_gemm.py's entry, ``pointwise_conv2d(x, conv)`` (its checks
-  and the GEMM), as the patched layer calls it; ``gemm``: its GEMM alone.
+  and the GEMM), as the patched layer calls it; ``gemm``: its GEMM alone;
+- ``mul+sum`` (grouped convs with at most 16 weights a group; not shipped): broadcast
+  multiplies and a sum instead of the batched GEMM, shown after the row when it ran.
 
 Each time is the median over many rounds of a CUDA-event-timed burst of calls (eager: what a
 user's Python loop gets, launch cost included), and, with ``--graphs``, the same calls replayed
@@ -134,12 +136,26 @@ def one(s: dict[str, Any], module: Any, dev: str, args: argparse.Namespace) -> d
     def gemm() -> Any:
         return module.gemm(x, w, None, g)
 
+    def mulsum() -> Any:
+        # Not shipped: a grouped 1x1 with few channels a group as broadcast multiplies and a
+        # sum (no GEMM), to see whether the batched GEMM is the right formulation there.
+        n, _, h, wd = x.shape
+        cig, cog = cin // g, cout // g
+        if x.is_contiguous():
+            prod = x.view(n, g, 1, cig, h * wd) * w.view(1, g, cog, cig, 1)
+            return prod.sum(3).view(n, cout, h, wd)
+        rows = x.permute(0, 2, 3, 1).reshape(-1, g, 1, cig)
+        out = (rows * w.view(1, g, cog, cig)).sum(-1)
+        return out.view(n, h, wd, cout).permute(0, 3, 1, 2)
+
     calls: dict[str, Callable[[], Any]] = {
         "cudnn": lambda: conv(x),
         "native": no_cudnn(lambda: conv(x)),
         "op": lambda: module.pointwise_conv2d(x, conv),
         "gemm": gemm,
     }
+    if g > 1 and cin // g * (cout // g) <= 16:
+        calls["mulsum"] = mulsum
     row: dict[str, Any] = {**s, "label": op("pointwise-conv").label(s)}
     with torch.inference_mode():
         ref = torch.nn.functional.conv2d(x.double(), w.double(), groups=g)
@@ -156,6 +172,8 @@ def one(s: dict[str, Any], module: Any, dev: str, args: argparse.Namespace) -> d
             row[f"ms_{name}"] = eager_ms(fn, dev, args.burst, args.rounds)
             if args.graphs and dev == "cuda":
                 row[f"graph_ms_{name}"] = graph_ms(fn, args.burst, args.rounds)
+    if "ms_mulsum" in row:
+        row["x_mulsum_vs_op"] = row["ms_op"] / row["ms_mulsum"]
     for base in ("cudnn", "native"):
         row[f"x_{base}"] = row[f"ms_{base}"] / row["ms_op"]
         if f"graph_ms_{base}" in row:
@@ -175,6 +193,9 @@ def table(rows: list[dict[str, Any]], graphs: bool) -> str:
                 f"{r['x_native']:>7.2f}x {r['err_op_vs_cudnn']:>12.2e}")  # fmt: skip
         if graphs and "graph_x_cudnn" in r:
             line += f" {r['graph_x_cudnn']:>13.2f}x {r['graph_x_native']:>12.2f}x"
+        if "x_mulsum_vs_op" in r:
+            alt = r["ms_mulsum"] * 1e3
+            line += f"  (mul+sum {alt:.1f}us: op/mul+sum {r['x_mulsum_vs_op']:.2f}x)"
         lines.append(line)
     return "\n".join(lines)
 
