@@ -2,6 +2,7 @@
 shape), in the order status lists them."""
 
 from . import (
+    doclayout_conv,
     doclayout_dilated_conv,
     lmdeploy_vision,
     mineru_graphs,
@@ -23,6 +24,7 @@ PATCHES = (
     *mineru_pytorchocr.PATCHES,
     *mineru_graphs.PATCHES,
     *mineru_tables.PATCHES,
+    doclayout_conv.PATCH,
     doclayout_dilated_conv.PATCH,
     mineru_tokenizer.PATCH,
 )

@@ -7,6 +7,7 @@ ports all sit in a layer's ``forward`` as consecutive statements on one variable
     hidden = self.normalization(hidden)
     hidden = self.activation(hidden)
 
+or nested in one ``return self.act(self.bn(self.conv(x)))`` (DocLayout-YOLO's ``Conv``).
 A :class:`Site` names such a run by its class and attributes; the rewrite keeps the run, as
 the ``else`` of a guard that sends GPU inputs to the dropped entry with the same modules
 (``entry(x, self.convolution, bn=self.normalization, act=self.activation)``). The entry
@@ -71,6 +72,9 @@ class Router:
     # keep the stock call, without even the entry's checks (a layer's module may be a wrapper
     # with no ``groups``: it counts as 1).
     grouped: bool = False
+    # More of the guard, an expression of ``{conv}`` (the layer's conv module), so that convs
+    # the entry never takes keep the stock call.
+    gate: str = ""
 
     @property
     def local(self) -> str:
@@ -96,9 +100,27 @@ def _single_call(line: cst.CSTNode) -> tuple[str, str, cst.Call] | None:
     return target.value, callee, call
 
 
-def _run_at(lines: Sequence[cst.BaseStatement], i: int, site: Site) -> tuple[str, str] | None:
-    """(target, input) when ``lines[i:]`` starts with ``site``'s run, else None."""
+def _returned(line: cst.BaseStatement, steps: Sequence[str]) -> str | None:
+    """The input's name where ``line`` is ``return self.act(self.bn(self.conv(x)))`` (the
+    steps nested, the first innermost), else None."""
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        return None
+    node = line.body[0].value if isinstance(line.body[0], cst.Return) else None
+    for attr in reversed(steps):
+        if not (isinstance(node, cst.Call) and dotted(node.func) == f"self.{attr}"):
+            return None
+        if len(node.args) != 1 or node.args[0].keyword is not None or node.args[0].star:
+            return None
+        node = node.args[0].value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _run_at(lines: Sequence[cst.BaseStatement], i: int, site: Site) -> tuple[str, str, int] | None:
+    """(target, input, lines) when ``lines[i:]`` starts with ``site``'s run, else None; the
+    target is "" for a run nested in one ``return``."""
     steps = [a for a in (site.conv, site.bn, site.act) if a]
+    if (returned := _returned(lines[i], steps)) is not None:
+        return "", returned, 1
     if i + len(steps) > len(lines):
         return None
     first = _single_call(lines[i])
@@ -114,7 +136,7 @@ def _run_at(lines: Sequence[cst.BaseStatement], i: int, site: Site) -> tuple[str
         inner = found[2].args[0].value
         if not (isinstance(inner, cst.Name) and inner.value == target):
             return None
-    return target, arg.value
+    return target, arg.value, len(steps)
 
 
 def _blocks(method: cst.FunctionDef) -> list[cst.IndentedBlock]:
@@ -189,14 +211,17 @@ def _guarded(
     router: Router,
     site: Site,
     run: list[cst.BaseStatement],
-    io: tuple[str, str],
+    io: tuple[str, str, int],
 ) -> cst.If:
-    target, arg = io
+    target, arg, _size = io
     extra = "".join(f", {k}=self.{v}" for k, v in (("bn", site.bn), ("act", site.act)) if v)
     gate = f' and getattr(self.{site.conv}, "groups", 1) > 1' if router.grouped else ""
+    if router.gate:
+        gate += " and " + router.gate.format(conv=f"self.{site.conv}")
+    assign = f"{target} =" if target else "return"
     code = (
         f"if {router.local} is not None and {arg}.is_cuda{gate}:\n"
-        f"    {target} = {router.local}({arg}, self.{site.conv}{extra})\n"
+        f"    {assign} {router.local}({arg}, self.{site.conv}{extra})\n"
         "else:\n    pass\n"
     )
     guard = statement(module, code)
@@ -231,7 +256,7 @@ def _route_method(
                     out.append(lines[i])
                     i += 1
                     continue
-                size = len([a for a in (site.conv, site.bn, site.act) if a])
+                size = io[2]
                 out.append(_guarded(module, router, site, lines[i : i + size], io))
                 i += size
             return new.with_changes(body=out)

@@ -286,6 +286,12 @@ def _replay(torch: Any, gpu: bool, item: dict[str, Any], templates: str | None) 
                 return y if b is None else y + b.view(1, -1, 1, 1)
 
             forms["rocmfix Triton"] = direct
+    for form in item.get("forms") or ():
+        # An op's own schemes, named by the registry: each takes the call's own arguments.
+        module = _template(templates, str(form["template"])) if templates else None
+        entry = getattr(module, str(form["function"]), None)
+        if callable(entry):
+            forms[str(form["label"])] = partial(entry, x, w, b, stride, padding, dilation, groups)
     if gpu:
 
         def native() -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -154,6 +154,12 @@ class Op:
     # Whether the vendor op is slow depends on the GPU and the ROCm release: status and apply
     # follow what doctor measured here (rocmfix.measured), not the code alone.
     measured_verdict: bool = False
+    # How ``rocmfix profile`` knows a recorded conv call for this op, from its arguments (as
+    # ``profile.analyse.conv_params`` reads them) and the input's and weight's shapes.
+    matches: Callable[[Mapping[str, Any], Sequence[int], Sequence[int]], bool] | None = None
+    # The function of each scheme's entry that takes ``F.conv2d``'s arguments and raises for a
+    # call it does not compute: the profile replays each scheme through it, by its label.
+    replay: str = ""
 
     def __post_init__(self) -> None:
         names = self.scheme_names

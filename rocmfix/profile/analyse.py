@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rocmfix.ops import OPS, Op
 from rocmfix.patch import Patch
 
 from .collect import Group, layout
@@ -139,6 +140,10 @@ def conv_kind(op: Mapping[str, Any]) -> str | None:
     if params is None or len(shapes) < 2 or len(shapes[0]) < 3 or len(shapes[1]) < 3:
         return None
     x, w = shapes[0], shapes[1]
+    # The ops that say themselves which calls are theirs (rocmfix.ops.Op.matches) first.
+    for each in OPS:
+        if each.matches is not None and each.matches(params, x, w):
+            return each.name
     dims = len(x) - 2
     dl = _expand(params["dilation"], dims)
     if params["transposed"]:
@@ -155,6 +160,24 @@ def conv_kind(op: Mapping[str, Any]) -> str | None:
     if dims == 2 and groups > 1 and groups == x[1] == w[0] and w[1] == 1 and max(dl) == 1:
         return "depthwise-conv"
     return None
+
+
+def scheme_labels(op: Op) -> dict[str, str]:
+    """Which replayed form is which scheme of ``op``: its own schemes by label where the
+    replay runs them (``Op.replay``)."""
+    own = {s.label: s.name for s in op.schemes} if op.replay else {}
+    return {**SCHEME_OF.get(op.name, {}), **own}
+
+
+def replay_forms(op: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The schemes the replay runs beside the call, for an op whose schemes take the call's
+    own arguments (``Op.replay``): label, template module and function."""
+    kind = conv_kind(op)
+    found = next((each for each in OPS if each.name == kind and each.replay), None)
+    if found is None:
+        return []
+    return [{"label": s.label, "template": s.entry.removesuffix(".py"), "function": found.replay}
+            for s in found.schemes]  # fmt: skip
 
 
 def patch_for(
@@ -434,7 +457,7 @@ def verdict(
         reason = _first_reason(row)
         fields.update(flagged=True, reason=reason)
     gpu = device == "cuda"
-    schemes = SCHEME_OF.get(patch.op.name, {}) if patch is not None and patch.op else {}
+    schemes = scheme_labels(patch.op) if patch is not None and patch.op else {}
     scheme = schemes.get(best.label) if best is not None and startup is None else None
     # rocmfix's routes take GPU inputs only (CPU inputs run the stock line): a patch is the fix
     # on a GPU, where it changes what runs; on a torch that is not ROCm, apply needs --force.
@@ -463,7 +486,7 @@ def _not_proposed(
     patch: Patch, row: OpStat, fields: Mapping[str, Any], base: Form | None, gpu: bool
 ) -> str:
     """What a patch that routes this op does, and why it is not the fix here."""
-    labels = SCHEME_OF.get(patch.op.name, {}) if patch.op is not None else {}
+    labels = scheme_labels(patch.op) if patch.op is not None else {}
     own = [f for f in fields["forms"] if f.label in labels and f.ok and f.ms]
     if not gpu:
         why = "CPU inputs take the stock path (its routes take GPU inputs only)"
@@ -496,5 +519,6 @@ def replay_items(rows_: Sequence[OpStat], groups: Mapping[str, Group]) -> list[d
         op = groups[row.key].op
         items.append({"id": f"op{n}", "name": op["name"], "shapes": op["shapes"],
                       "dtypes": op["dtypes"], "strides": op["strides"],
-                      "concrete": json.loads(json.dumps(op["concrete"]))})  # fmt: skip
+                      "concrete": json.loads(json.dumps(op["concrete"])),
+                      "forms": replay_forms(op)})  # fmt: skip
     return items
