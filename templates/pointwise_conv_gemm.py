@@ -29,7 +29,9 @@ _LAST = torch.channels_last
 
 def pointwise(weight: torch.Tensor, stride: Any, padding: Any, groups: int) -> bool:
     """Whether a conv with these settings is a GEMM: a 1x1 kernel, stride 1, no padding
-    (dilation changes nothing at 1x1)."""
+    (dilation changes nothing at 1x1), and more than one channel in or out per group. One in
+    and one out per group is a per-channel scale with no GEMM in it: as a batched GEMM of 1x1
+    matrices it took 2-4x the vendor's own time (H100, docs/performance-pointwise.md)."""
     return (
         weight.dim() == 4
         and tuple(weight.shape[2:]) == (1, 1)
@@ -38,6 +40,7 @@ def pointwise(weight: torch.Tensor, stride: Any, padding: Any, groups: int) -> b
         and type(groups) is int
         and groups > 0
         and weight.shape[0] % groups == 0
+        and (weight.shape[1] > 1 or weight.shape[0] > groups)
     )
 
 
