@@ -52,7 +52,9 @@ call :func:`reset` after changing a live model). Standard library and torch's pu
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import types
 import warnings
 import weakref
 from collections import OrderedDict
@@ -274,8 +276,12 @@ def _eager_reason(model: Any, device_type: str) -> tuple[str, str] | None:
 
 
 # Set while this thread runs a capture (and its warm-up): a model the captured forward calls
-# through the runner runs as it is, inside the outer graph.
-_capturing = threading.local()
+# through the runner runs as it is, inside the outer graph. One flag for every copy of this
+# file in the process: each patched file imports the copy dropped beside it (MinerU's layout
+# call and transformers' backbone call are two).
+_capturing: threading.local = sys.modules.setdefault(
+    "_rocmfix_graphs_shared", types.ModuleType("_rocmfix_graphs_shared")
+).__dict__.setdefault("capturing", threading.local())
 
 
 def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
