@@ -446,8 +446,9 @@ def _frozen(value: Any) -> Any:
 def constant(value: Any, dtype: torch.dtype | None = None, device: Any = None) -> torch.Tensor:
     """``torch.tensor(value, dtype=dtype, device=device)``, made once per value, dtype and
     device and kept: the same numbers as the stock call, with no copy from the host after the
-    first call (the eager warm-up makes it before any capture). Callers only read it."""
-    if not ENABLED:
+    first call (the eager warm-up makes it before any capture). Callers only read it. Under
+    ``torch.compile`` it is the stock call (the compiler sees a plain factory)."""
+    if not ENABLED or _is_compiling():
         return torch.tensor(value, dtype=dtype, device=device)
     try:
         key = (_frozen(value), dtype, torch.device(device) if device is not None else None)

@@ -388,5 +388,8 @@ def test_constant_is_the_stock_tensor_made_once(
     monkeypatch.setattr(graphs, "_MAX_CONSTANTS", len(graphs._constants))
     assert graphs.constant(7) is not graphs.constant(7)
     monkeypatch.setattr(graphs, "_MAX_CONSTANTS", 1 << 20)
+    monkeypatch.setattr(graphs, "_is_compiling", lambda: True)
+    assert graphs.constant([3, 1, 2], dtype=torch.int32, device="cpu") is not order
+    monkeypatch.setattr(graphs, "_is_compiling", lambda: False)
     monkeypatch.setattr(graphs, "ENABLED", False)
     assert graphs.constant([3, 1, 2], dtype=torch.int32, device="cpu") is not order

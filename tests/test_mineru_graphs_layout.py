@@ -33,6 +33,7 @@ LAYOUT_ID = "transformers-pp-doclayout-v2-graphs"
 MINERU_ID = "mineru-layout-graphs"
 FORMULA_ID = "mineru-formula-encoder-graphs"
 LAYOUT_FILE = "transformers/models/pp_doclayout_v2/modeling_pp_doclayout_v2.py"
+MINERU_LAYOUT_FILE = "mineru/model/layout/pp_doclayoutv2.py"
 HERE = str(Path(__file__).parent)
 
 
@@ -209,7 +210,7 @@ def test_every_host_sync_of_the_real_layout_forward_is_gone(tmp_path: Path) -> N
 
 def _both(root: Path) -> InstalledEnv:
     """The pinned MinerU and transformers in one venv, as MinerU's torch stack has them."""
-    env = install_release(root, "mineru", releases.PINNED["mineru"], LAYOUT_FILE)
+    env = install_release(root, "mineru", releases.PINNED["mineru"], MINERU_LAYOUT_FILE)
     releases.pip_install(
         env.python, releases.wheel("transformers", releases.PINNED["transformers"])
     )
@@ -384,7 +385,8 @@ print(json.dumps(report))
 
 @pytest.mark.network
 def test_the_real_patched_formula_encoder_on_a_cpu(tmp_path: Path) -> None:
-    env = install_release(tmp_path / "env", "mineru", releases.PINNED["mineru"], LAYOUT_FILE)
+    pinned = releases.PINNED["mineru"]
+    env = install_release(tmp_path / "env", "mineru", pinned, _patch(FORMULA_ID).path)
     fake_torch(env.site, "2.9.1+rocm7.2", hip="7.2.26015-fc0010cf6a")
     result = env.cli("apply", "--only", FORMULA_ID)
     assert result.returncode == 0, result.stderr
