@@ -240,9 +240,14 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         if args.side == "patched":
             fresh = torch.randn(shape, generator=gen).to(DEVICE, dtype)
             replayed = [t.clone() for t in _flat(call(net, fresh))]
-            runner.ENABLED = False  # the eager forward of the same files
+            # The eager forward of the same files: every copy of the runner off (the patched
+            # BaseModel and transformers' backbone call route through copies of their own).
+            copies = {runner, *(m for n, m in sys.modules.items() if n.endswith(".rocmfix_graphs"))}
+            for copy_ in copies:
+                copy_.ENABLED = False
             eager = _flat(call(net, fresh))
-            runner.ENABLED = True
+            for copy_ in copies:
+                copy_.ENABLED = True
             assert replayed and len(replayed) == len(eager)
             out["identical"] = all(_bits(a, b) for a, b in zip(replayed, eager, strict=True))
             out["max_diff"] = max(
