@@ -3,17 +3,31 @@
 
     python bench/graphs_gpu.py --stock STOCK_SITE --patched PATCHED_SITE --out DIR
 
-STOCK_SITE and PATCHED_SITE each hold an installed ``mineru`` (4.0.x); the patched one has
-``mineru-ocr-{det,rec,cls}-graphs`` applied (bench/graphs_gpu.sh does both). Each process
-builds PP-OCRv6 det tiny or rec small from the arch config inside that mineru (random
-weights, seed 0, so both sides hold the same model), imports the predictor file
-(``predict_det.py``/``predict_rec.py``) and calls the model the way its rewritten line does:
-``self.net(inp)`` in the stock file, ``_rocmfix_graph_forward(self.net, inp)`` (the name the
-patched file imported) in the patched one. Under ``torch.inference_mode()``: 3 warm-up calls
-(the patched side captures at its 2nd), then ``--reps`` forwards, each timed on the host
-between two ``torch.cuda.synchronize()`` (MinerU copies every output to the host next). The
-patched side also checks the replay against the eager forward of the same files on a fresh
-input, bit for bit, and reports the graph memory held (``rocmfix_graphs.held_bytes``).
+STOCK_SITE and PATCHED_SITE each hold an installed ``mineru`` (4.0.x) and ``transformers``
+(5.3+); the patched one has ``mineru-ocr-{det,rec,cls}-graphs``, ``mineru-layout-graphs``,
+``transformers-pp-doclayout-v2-graphs`` and ``mineru-formula-encoder-graphs`` applied
+(bench/graphs_gpu.sh does both). Each process builds one model from that site's own code
+(random weights, seed 0, so both sides hold the same model):
+
+- det/rec: PP-OCRv6 det tiny or rec small from the arch config inside that mineru, called the
+  way the predictor's rewritten line does: ``self.net(inp)`` in the stock file,
+  ``_rocmfix_graph_forward(self.net, inp)`` (the name the patched file imported) in the
+  patched one;
+- layout: the whole PP-DocLayoutV2 detector (transformers' default config, 25 classes), called
+  as MinerU's ``batch_predict`` does, ``self.model(pixel_values=...)`` under
+  ``torch.no_grad()``, through the runner the patched ``pp_doclayoutv2.py`` imports (loaded
+  by path: that file's own imports pull in torchvision); the patched transformers file keeps
+  its host values on the device, which is what lets the whole forward be captured;
+- formula: PP-FormulaNet_plus-M's encoder (``PPHGNetV2_B6_Formula``, fp16, from the arch
+  config in that mineru), called as ``BaseModel.forward``'s line calls its backbone:
+  ``self.backbone(x)`` stock, ``_rocmfix_graph_forward(self.backbone, x)`` patched.
+
+Under ``torch.inference_mode()`` (layout: ``torch.no_grad()``): 3 warm-up calls (the patched
+side captures at its 2nd), then ``--reps`` forwards, each timed on the host between two
+``torch.cuda.synchronize()`` (MinerU copies every output to the host next). The patched side
+also checks the replay against the eager forward of the same files on a fresh input, bit for
+bit (NaN payloads included: fp16 random weights overflow), and reports the graph memory held
+(``rocmfix_graphs.held_bytes``).
 ``--pairs`` pairs per configuration, stock first in even pairs and patched first in odd ones.
 
 ``--interleave`` feeds det and rec several shapes in turn (40 calls each), checks every
@@ -52,7 +66,10 @@ CONFIGS = {
     "det-736x960": ("det", (1, 3, 736, 960), "float32"),
     "rec-6x320": ("rec", (6, 3, 48, 320), "float16"),
     "rec-6x1280": ("rec", (6, 3, 48, 1280), "float16"),
+    "layout-800": ("layout", (1, 3, 800, 800), "float32"),
+    "formula-8x384": ("formula", (8, 3, 384, 384), "float16"),
 }
+LAYOUT_RUNNER = "mineru/model/layout/rocmfix_graphs.py"
 
 
 def _mineru(root: str) -> None:
@@ -96,6 +113,81 @@ def build(root: str, model: str, dtype: Any) -> Any:
     return net.eval().to(DEVICE, dtype)
 
 
+def _randomize(net: Any) -> None:
+    import torch
+
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+
+
+def layout(root: str, side: str) -> tuple[Any, Any, Any, Any]:
+    """(model, call, runner, the model whose stats count) for the whole PP-DocLayoutV2."""
+    import torch
+
+    sys.path.insert(0, root)  # this side's transformers, stock or patched
+    from transformers import PPDocLayoutV2Config, PPDocLayoutV2ForObjectDetection
+    from transformers.models.pp_doclayout_v2 import modeling_pp_doclayout_v2 as modeling
+
+    assert modeling.__file__.startswith(root), modeling.__file__
+    with open(os.path.join(root, "mineru/model/layout/pp_doclayoutv2.py")) as f:
+        routed = "_rocmfix_graph_forward(self.model, pixel_values=" in f.read()
+    kept = hasattr(modeling, "_rocmfix_graph_constant")
+    assert routed == kept == (side == "patched"), (routed, kept, side)
+    config = PPDocLayoutV2Config()
+    config.num_labels = 25
+    config.class_thresholds = [0.5] * 25
+    config.class_order = list(range(25))
+    torch.manual_seed(0)
+    net = PPDocLayoutV2ForObjectDetection(config)
+    _randomize(net)
+    net = net.eval().to(DEVICE)
+    if side == "stock":
+        return net, lambda net, x: net(pixel_values=x), None, net
+    spec = importlib.util.spec_from_file_location(
+        "mineru.model.layout.rocmfix_graphs", os.path.join(root, LAYOUT_RUNNER)
+    )
+    assert spec is not None and spec.loader is not None
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    return net, lambda net, x: runner.forward(net, pixel_values=x), runner, net
+
+
+def formula(root: str, side: str, dtype: Any) -> tuple[Any, Any, Any, Any]:
+    """(model, call, runner, the model whose stats count) for PP-FormulaNet_plus-M's encoder,
+    called as BaseModel.forward's rewritten line calls it (the head, its autoregressive
+    decoder, is not run: it stays eager)."""
+    import torch
+    import yaml
+
+    _mineru(root)
+    base = importlib.import_module(OCR + ".modeling.architectures.base_model")
+    routed = getattr(base, "_rocmfix_graph_forward", None)
+    assert (routed is not None) == (side == "patched"), side
+    resources = os.path.join(root, *OCR.split("."), "utils", "resources")
+    with open(os.path.join(resources, "pp_formulanet_arch_config.yaml")) as f:
+        arch = yaml.safe_load(f)["PP-FormulaNet_plus-M"]["Architecture"]
+    torch.manual_seed(0)
+    encoder = base.BaseModel(copy.deepcopy(arch)).backbone
+    _randomize(encoder)
+    encoder = encoder.eval().to(DEVICE, dtype)
+    if routed is None:
+        return encoder, lambda net, x: net(x), None, encoder
+    return encoder, routed, sys.modules[routed.__module__], encoder
+
+
+def _bits(a: Any, b: Any) -> bool:
+    """The same bits (NaN payloads too), where torch.equal calls NaN unequal to itself."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point:
+        a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+    return bool(torch.equal(a, b))
+
+
 def _flat(out: Any) -> list[Any]:
     import torch
 
@@ -116,19 +208,26 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     model, shape, dtype_name = CONFIGS[args.config]
     dtype = getattr(torch, dtype_name)
     root = args.stock if args.side == "stock" else args.patched
-    net = build(root, model, dtype)
-    predictor = importlib.import_module(f"{OCR}.infer.predict_{model}")
-    graphed = getattr(predictor, "_rocmfix_graph_forward", None)
-    if args.side == "patched":
-        assert graphed is not None, "the patched file did not import its runner"
-        call = graphed
+    if model == "layout":
+        net, call, runner, counted = layout(root, args.side)
+    elif model == "formula":
+        net, call, runner, counted = formula(root, args.side, dtype)
     else:
-        assert graphed is None, "the stock file holds rocmfix's rewrite"
-        call = lambda net, inp: net(inp)  # noqa: E731 - the stock line: self.net(inp)
+        net = counted = build(root, model, dtype)
+        predictor = importlib.import_module(f"{OCR}.infer.predict_{model}")
+        graphed = getattr(predictor, "_rocmfix_graph_forward", None)
+        if args.side == "patched":
+            assert graphed is not None, "the patched file did not import its runner"
+            call, runner = graphed, sys.modules[graphed.__module__]
+        else:
+            assert graphed is None, "the stock file holds rocmfix's rewrite"
+            call = lambda net, inp: net(inp)  # noqa: E731 - the stock line: self.net(inp)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(shape, generator=gen).to(DEVICE, dtype)
     times = []
-    with torch.inference_mode():
+    # MinerU calls its layout model under no_grad, the others under inference_mode.
+    mode = torch.no_grad if model == "layout" else torch.inference_mode
+    with mode():
         for _ in range(3):
             call(net, x)
         for _ in range(args.reps):
@@ -139,17 +238,24 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             times.append((time.perf_counter() - start) * 1e3)
         out: dict[str, Any] = {"side": args.side, "config": args.config, "ms": times}
         if args.side == "patched":
-            runner = sys.modules[graphed.__module__]
             fresh = torch.randn(shape, generator=gen).to(DEVICE, dtype)
             replayed = [t.clone() for t in _flat(call(net, fresh))]
-            eager = _flat(net(fresh))
-            out["identical"] = all(torch.equal(a, b) for a, b in zip(replayed, eager, strict=True))
+            # The eager forward of the same files: every copy of the runner off (the patched
+            # BaseModel and transformers' backbone call route through copies of their own).
+            copies = {runner, *(m for n, m in sys.modules.items() if n.endswith(".rocmfix_graphs"))}
+            for copy_ in copies:
+                copy_.ENABLED = False
+            eager = _flat(call(net, fresh))
+            for copy_ in copies:
+                copy_.ENABLED = True
+            assert replayed and len(replayed) == len(eager)
+            out["identical"] = all(_bits(a, b) for a, b in zip(replayed, eager, strict=True))
             out["max_diff"] = max(
-                (a.float() - b.float()).abs().max().item()
+                (a.double() - b.double()).abs().nan_to_num(nan=0.0).max().item()
                 for a, b in zip(replayed, eager, strict=True)
             )
-            out["stats"] = runner.stats(net)
-            out["held_mib"] = runner.held_bytes(net) / 2**20
+            out["stats"] = runner.stats(counted)
+            out["held_mib"] = runner.held_bytes(counted) / 2**20
     return out
 
 

@@ -1,10 +1,14 @@
 #!/bin/sh
-# Issue 41's graph replay on a lent GPU (bench/graphs_gpu.py): mineru 4.0.12 installed twice
-# with --no-deps, once as it ships (/tmp/stock) and once into the machine's python, where
-# `rocmfix apply` rewrites the three predictors for graphs; then the fallback checks and the
-# paired fresh-process timings, then `rocmfix revert`.
-# Needs $WHL (default .whl) with libcst-*.whl and mineru/mineru-4.0.12-py3-none-any.whl;
-# results land in $OUT (graphs.json, graphs_check.json, graphs.txt).
+# Issue 41's graph replay on a lent GPU (bench/graphs_gpu.py): mineru 4.0.12 and transformers
+# 5.24.0 installed twice, once as they ship (/tmp/stock, --no-deps) and once into the machine's
+# python (transformers with its dependencies, from $WHL/transformers), where `rocmfix apply`
+# rewrites the three predictors, MinerU's layout call, PP-DocLayoutV2's modeling file and the
+# formula encoder for graphs; then the fallback checks and the paired fresh-process timings,
+# then `rocmfix revert`.
+# Needs $WHL (default .whl) with libcst-*.whl, mineru/mineru-4.0.12-py3-none-any.whl and
+# transformers/ (transformers-5.24.0-py3-none-any.whl and its dependencies, as
+# `pip download -d transformers` gives them); results land in $OUT (graphs.json,
+# graphs_check.json, graphs.txt). CONFIGS=layout-800,formula-8x384 times only those two.
 set -u
 W=${WHL:-.whl}
 OUT=${OUT:-/tmp/out}
@@ -20,9 +24,18 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/stock 
 python3 -m pip install -q --no-index --no-deps --no-compile "$MW" \
     || python3 -m pip install -q --no-index --no-deps --no-compile --break-system-packages "$MW" \
     || exit 1
+TW=$W/transformers
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/stock \
+    "$TW"/transformers-5.24.0-py3-none-any.whl || exit 1
+python3 -m pip install -q --no-index --no-compile --find-links "$TW" transformers==5.24.0 \
+    || python3 -m pip install -q --no-index --no-compile --break-system-packages \
+        --find-links "$TW" transformers==5.24.0 \
+    || exit 1
 SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 python3 -m rocmfix apply --only mineru-ocr-det-graphs --only mineru-ocr-rec-graphs \
-    --only mineru-ocr-cls-graphs --python "$PY" 2>&1 | tail -6
+    --only mineru-ocr-cls-graphs --only mineru-layout-graphs \
+    --only transformers-pp-doclayout-v2-graphs --only mineru-formula-encoder-graphs \
+    --python "$PY" 2>&1 | tail -9
 timeout 120 python3 bench/graphs_gpu.py --check --stock /tmp/stock --patched "$SITE" \
     --out "$OUT" 2>&1 | tail -40
 timeout 200 python3 bench/graphs_gpu.py --interleave --stock /tmp/stock --patched "$SITE" \

@@ -1,5 +1,5 @@
-"""MinerU's PaddleOCR predictors (and PP-DocLayoutV2's backbone), replayed as CUDA/HIP
-graphs per input shape.
+"""MinerU's PaddleOCR predictors, PP-DocLayoutV2 and PP-FormulaNet's encoder, replayed as
+CUDA/HIP graphs per input shape.
 
 Once rocmfix's kernel routes make the slow ops fast, MinerU's small models are bound by
 Python and kernel launches, not kernels: on an H100, PP-OCRv6 det tiny does 1.6-1.9 ms of GPU
@@ -22,8 +22,10 @@ folders (read from the wheels 2.0.6-4.0.12): 4.0.x ``mineru/model/_internal/pyto
 ``mineru/model/ocr/paddleocr2pytorch/tools/infer/``. One patch per file and folder; a folder
 the installed MinerU does not have reads ``not-needed``.
 
-PP-DocLayoutV2 (MinerU 3.0+ layout) cannot be captured whole; one more patch routes its
-HGNetV2 backbone's call in transformers' ``modeling_pp_doclayout_v2.py`` (``LAYOUT_PATCH``).
+PP-DocLayoutV2 (MinerU 3.0+ layout): ``LAYOUT_PATCH`` makes transformers'
+``modeling_pp_doclayout_v2.py`` capturable (its host values kept on the device) and routes its
+backbone's call; ``MINERU_LAYOUT`` routes MinerU's call of the whole detector. PP-FormulaNet's
+encoder: ``FORMULA_PATCH`` (its decoder is autoregressive and stays eager).
 
 Graphs are no ROCm gap: the patch applies on any torch (a CPU input runs the stock call).
 MinerU is AGPL-3.0: rocmfix patches the user's installed files and ships none of their code.
@@ -41,6 +43,8 @@ from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetCon
 from rocmfix.rewrite import (
     call_name,
     calls,
+    dotted,
+    expression,
     find_class,
     insert_after_last_import,
     marker_line,
@@ -201,7 +205,85 @@ class _Route(_Scoped, cst.CSTTransformer):
         )
 
 
-def transform(caller: Caller, path: str, kernel_module: str, module: cst.Module) -> cst.Module:
+CONSTANT = "_rocmfix_graph_constant"
+HOST_WHY = "the host value kept on the device (rocmfix_graphs.constant): a graph can read it"
+
+
+def _host_scalar(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Integer | cst.Name) or dotted(node) is not None
+
+
+class _HostValues(cst.CSTTransformer):
+    """Host values a forward copies into device tensors, made device tensors once instead
+    (``rocmfix_graphs.constant``), in the classes ``scopes`` names. A copy from the host waits
+    for it, which a capture refuses. Two shapes, the ones PP-DocLayoutV2's forward has:
+
+    - ``torch.tensor(self.config.<name>, ...)``: a config list, sent to the device per call;
+    - ``t[i, j] = <name or constant>``, every index an integer or a tensor (no slice): a
+      0-dim view (``copy_`` from the host) or ``index_put_`` (which copies its value to the
+      device). A slice makes it a fill and a single boolean mask a masked fill, which do not
+      wait: those stay.
+    """
+
+    def __init__(self, module: cst.Module, scopes: tuple[str, ...]) -> None:
+        self.module = module
+        self.scopes = scopes
+        self.classes: list[str] = []
+        self.kept = 0
+        self._before = 0
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, old: cst.ClassDef, new: cst.ClassDef) -> cst.ClassDef:
+        self.classes.pop()
+        return new
+
+    def _on(self) -> bool:
+        return bool(self.classes) and self.classes[-1] in self.scopes
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._before = self.kept
+
+    def leave_Call(self, old: cst.Call, new: cst.Call) -> cst.Call:
+        first = new.args[0] if new.args else None
+        if not self._on() or call_name(new) != "torch.tensor" or first is None:
+            return new
+        if first.keyword is not None or not (dotted(first.value) or "").startswith("self.config."):
+            return new
+        self.kept += 1
+        return new.with_changes(func=cst.Name(CONSTANT))
+
+    def leave_Assign(self, old: cst.Assign, new: cst.Assign) -> cst.Assign:
+        target = new.targets[0].target if len(new.targets) == 1 else None
+        if not self._on() or not isinstance(target, cst.Subscript):
+            return new
+        tensor = dotted(target.value)
+        elements = [e.slice for e in target.slice]
+        if tensor is None or len(elements) < 2 or not _host_scalar(new.value):
+            return new
+        for element in elements:
+            if not isinstance(element, cst.Index) or dotted(element.value) == "None":
+                return new
+            if isinstance(element.value, cst.Ellipsis):
+                return new
+        self.kept += 1
+        value = self.module.code_for_node(new.value)
+        kept = f"{CONSTANT}({value}, dtype={tensor}.dtype, device={tensor}.device)"
+        return new.with_changes(value=expression(self.module, kept))
+
+    def leave_SimpleStatementLine(
+        self, old: cst.SimpleStatementLine, new: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine:
+        if self.kept == self._before:
+            return new
+        return new.with_changes(leading_lines=[*new.leading_lines, marker_line(HOST_WHY)])
+
+
+def transform(caller: Caller, path: str, kernel_module: str, module: cst.Module,
+              scopes: tuple[str, ...] = ()) -> cst.Module:  # fmt: skip
+    """Route the caller's statements through the runner and, in the classes ``scopes``
+    names, keep host values on the device (:class:`_HostValues`)."""
     if calls(module, LOCAL):
         raise AnchorNotFoundError(f"{LOCAL} is already called")
     router = _Route(caller, module)
@@ -209,11 +291,16 @@ def transform(caller: Caller, path: str, kernel_module: str, module: cst.Module)
     if not router.routed:
         raise AnchorNotFoundError(f"no `x = {caller.callee}(...)` statement")
     runner = relative_import(path, kernel_module)
+    host = _HostValues(module, scopes)
+    routed = routed.visit(host)
+    # The stock torch.tensor where the runner is missing: the same values, as stock makes them.
+    fallback = f"    from torch import tensor as {CONSTANT}\n" if host.kept else ""
+    also = f", constant as {CONSTANT}" if host.kept else ""
     imported = statement(
         module,
-        f"try:\n    from {runner} import forward as {LOCAL}\n"
+        f"try:\n    from {runner} import forward as {LOCAL}{also}\n"
         # OSError too: a runner file another user cannot read must not break the import.
-        f"except (ImportError, OSError):\n    {LOCAL} = None\n",
+        f"except (ImportError, OSError):\n    {LOCAL} = None\n{fallback}",
     )
     imported = imported.with_changes(
         leading_lines=[
@@ -246,33 +333,102 @@ def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, w
 
 OCR = tuple(_patch(*layout, *row) for layout in LAYOUTS for row in FILES)
 
-# PP-DocLayoutV2 (MinerU 3.0+ layout) cannot be captured whole: its forward writes host values
-# into device tensors (``spatial_shapes[level, 0] = height``). Its HGNetV2 backbone, which
-# ``PPDocLayoutV2ConvEncoder.forward`` calls as ``self.model(pixel_values).feature_maps``, is
-# clean, and MinerU feeds it one size (800x800): that call alone goes through the runner.
+# PP-DocLayoutV2 (MinerU 3.0+ layout). Its forward copies host values into device tensors
+# (``spatial_shapes[level, 0] = height`` in PPDocLayoutV2Model, ``torch.tensor(self.config.
+# class_order, ...)`` in the detector, ``input_ids[rows, end] = self.config.end_token_id`` in
+# the reading-order head), which a capture refuses; the rewrite keeps those values on the
+# device (``_HostValues``), so that MinerU's call of the whole detector can be replayed
+# (``MINERU_LAYOUT``). The HGNetV2 backbone, which ``PPDocLayoutV2ConvEncoder.forward`` calls
+# as ``self.model(pixel_values).feature_maps``, goes through the runner too: inside the whole
+# detector's graph it runs as it is; where that capture fails, it is replayed on its own.
 LAYOUT = "transformers/models/pp_doclayout_v2"
+LAYOUT_HOST = (
+    "PPDocLayoutV2Model",
+    "PPDocLayoutV2ForObjectDetection",
+    "PPDocLayoutV2ReadingOrder",
+)
 BACKBONE = Caller(
     "PPDocLayoutV2ConvEncoder", "self.model", scope="PPDocLayoutV2ConvEncoder", beside="mineru"
 )
 LAYOUT_PATCH = Patch(
     id="transformers-pp-doclayout-v2-graphs",
-    summary="Replay PP-DocLayoutV2's backbone as CUDA/HIP graphs",
+    summary="Make PP-DocLayoutV2 capturable; replay its backbone as CUDA/HIP graphs",
     distribution="transformers",
     package="transformers",
     path=f"{LAYOUT}/modeling_pp_doclayout_v2.py",
     classify=partial(classify, BACKBONE),
     transform=partial(
-        transform, BACKBONE, f"{LAYOUT}/modeling_pp_doclayout_v2.py", f"{LAYOUT}/{RUNNER}"
+        transform,
+        BACKBONE,
+        f"{LAYOUT}/modeling_pp_doclayout_v2.py",
+        f"{LAYOUT}/{RUNNER}",
+        scopes=LAYOUT_HOST,
     ),
     missing_reason="transformers {version} has no PP-DocLayoutV2 model",
     kernel_module=f"{LAYOUT}/{RUNNER}",
     runner=RUNNER,
     known=("PPDocLayoutV2ConvEncoder: <target> = self.model(...).feature_maps",),
     mineru=MinerUUse(
-        "PP-DocLayoutV2 layout (its backbone), every tier",
+        "PP-DocLayoutV2 layout, every tier",
         imports=("transformers.models.pp_doclayout_v2",),
         names=("PPDocLayoutV2ForObjectDetection",),
         small_model=True,
     ),
 )
-PATCHES = (*OCR, LAYOUT_PATCH)
+
+# MinerU's own call of the whole detector, ``outputs = self.model(pixel_values=...)`` in
+# PPDocLayoutV2LayoutModel.batch_predict (under torch.no_grad(), one 800x800 size). Replayed
+# only where the transformers file above keeps its host values on the device; else the
+# capture fails once, says so, and the detector runs eager (its backbone replayed).
+MINERU_LAYOUT_PATH = "mineru/model/layout/pp_doclayoutv2.py"
+DETECTOR = Caller("PPDocLayoutV2LayoutModel", "self.model", scope="PPDocLayoutV2LayoutModel")
+MINERU_LAYOUT = Patch(
+    id="mineru-layout-graphs",
+    summary="Replay PP-DocLayoutV2 (MinerU's layout) as CUDA/HIP graphs",
+    distribution="mineru",
+    package="mineru",
+    path=MINERU_LAYOUT_PATH,
+    classify=partial(classify, DETECTOR),
+    transform=partial(transform, DETECTOR, MINERU_LAYOUT_PATH, f"mineru/model/layout/{RUNNER}"),
+    missing_reason="mineru {version} runs its layout model from another file",
+    kernel_module=f"mineru/model/layout/{RUNNER}",
+    runner=RUNNER,
+    known=("PPDocLayoutV2LayoutModel: <target> = self.model(...)",),
+    mineru=MinerUUse(
+        "PP-DocLayoutV2 layout (the whole detector), every tier", own=True, small_model=True
+    ),
+)
+
+# PP-FormulaNet's encoder (MinerU 4.0.x formula recognition): ``x = self.backbone(x)`` in
+# BaseModel.forward, the one place the encoder (PPHGNetV2_B6_Formula for plus-M) is called; its
+# output, an OrderedDict of the flattened feature map, is rebuilt as it was made. The decoder
+# is autoregressive (a token a step, stopping on the data, up to 2560): it stays eager. The
+# encoder's own file (rec_pphgnetv2.py) is ``mineru-ocr-hgnetv2``'s: one patch per file. The
+# line is every PaddleOCR model's: where det, rec and cls replay whole, their backbone runs
+# inside that graph; where one runs eager (a shape past the caps), its backbone is replayed.
+FORMULA_PATH = "mineru/model/_internal/pytorchocr/modeling/architectures/base_model.py"
+ENCODER = Caller("BaseModel", "self.backbone", scope="BaseModel")
+FORMULA_PATCH = Patch(
+    id="mineru-formula-encoder-graphs",
+    summary="Replay PP-FormulaNet's encoder (BaseModel's backbone call) as CUDA/HIP graphs",
+    distribution="mineru",
+    package="mineru",
+    path=FORMULA_PATH,
+    classify=partial(classify, ENCODER),
+    transform=partial(
+        transform,
+        ENCODER,
+        FORMULA_PATH,
+        f"mineru/model/_internal/pytorchocr/modeling/architectures/{RUNNER}",
+    ),
+    missing_reason="mineru {version} keeps its PaddleOCR models in another folder (4.0.x's)",
+    kernel_module=f"mineru/model/_internal/pytorchocr/modeling/architectures/{RUNNER}",
+    runner=RUNNER,
+    known=("BaseModel: <target> = self.backbone(...)",),
+    mineru=MinerUUse(
+        "PP-FormulaNet's encoder (and every PaddleOCR model's backbone call)",
+        own=True,
+        small_model=True,
+    ),
+)
+PATCHES = (*OCR, LAYOUT_PATCH, MINERU_LAYOUT, FORMULA_PATCH)

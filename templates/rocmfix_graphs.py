@@ -33,7 +33,14 @@ tensors and constants (tuples, lists and dicts of them are taken apart), a captu
 raised (no more captures for that model), a replay that failed (that graph dropped), a
 shape past the caps.
 CPU inputs and ``torch.compile``'d callers are left to the stock call without a word: there
-is nothing to replay on a CPU, and a warning would break the compiler's graph.
+is nothing to replay on a CPU, and a warning would break the compiler's graph. So is a model
+called inside another model's capture (PP-DocLayoutV2's backbone inside the whole detector):
+the outer graph holds it; were that capture to fail, the inner one is replayed on its own.
+
+:func:`constant` is what patched files write host values into device tensors with
+(``torch.tensor(self.config.class_order, device=...)``, ``spatial_shapes[level, 0] = height``):
+a copy from the host waits for it, which a capture refuses; a device tensor kept per value
+is read by the graph instead.
 ``ROCMFIX_GRAPHS=0`` in the environment (read at import) turns all of it off.
 
 What a replay assumes: the model's parameters and buffers stay where they were at capture
@@ -45,7 +52,9 @@ call :func:`reset` after changing a live model). Standard library and torch's pu
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import types
 import warnings
 import weakref
 from collections import OrderedDict
@@ -68,7 +77,10 @@ MAX_BYTES = 1 << 30
 # Signatures counted per model before the count starts again (a bound, not a policy).
 _MAX_SEEN = 1024
 
-__all__ = ["ENABLED", "SCHEME", "forward", "held_bytes", "reset", "stats"]
+# Values :func:`constant` keeps (a bound: past it, each call makes a fresh tensor).
+_MAX_CONSTANTS = 1024
+
+__all__ = ["ENABLED", "SCHEME", "constant", "forward", "held_bytes", "reset", "stats"]
 
 
 class _Unsupported(Exception):
@@ -263,10 +275,19 @@ def _eager_reason(model: Any, device_type: str) -> tuple[str, str] | None:
     return None
 
 
+# Set while this thread runs a capture (and its warm-up): a model the captured forward calls
+# through the runner runs as it is, inside the outer graph. One flag for every copy of this
+# file in the process: each patched file imports the copy dropped beside it (MinerU's layout
+# call and transformers' backbone call are two).
+_capturing: threading.local = sys.modules.setdefault(
+    "_rocmfix_graphs_shared", types.ModuleType("_rocmfix_graphs_shared")
+).__dict__.setdefault("capturing", threading.local())
+
+
 def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
     """``model(*args, **kwargs)``, replayed from a graph where one was captured for these
     inputs; the stock call wherever it cannot be (see the module's docstring)."""
-    if not ENABLED or _is_compiling():
+    if not ENABLED or _is_compiling() or getattr(_capturing, "on", False):
         return model(*args, **kwargs)
     leaves: list[torch.Tensor] = []
     try:
@@ -372,7 +393,11 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
             pool = state.pools[device] = backend.new_pool(device)
         before = backend.settle(device)
         state.captures += 1
-        graph, out = backend.capture(device, pool, lambda: model(*call_args, **call_kwargs))
+        _capturing.on = True
+        try:
+            graph, out = backend.capture(device, pool, lambda: model(*call_args, **call_kwargs))
+        finally:
+            _capturing.on = False
         outputs: list[torch.Tensor] = []
         out_spec = _flatten(out, outputs, inputs=False)
         _rebuild(out_spec, outputs, [0])  # a container type that cannot be rebuilt fails here
@@ -404,6 +429,38 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
         _drop(state, next(iter(state.graphs)))
         state.count("dropped")
     return _replay(model, state, key, found, leaves)
+
+
+# -- host values as device tensors ----------------------------------------------------------
+
+_constants: dict[Any, torch.Tensor] = {}
+_constants_lock = threading.Lock()
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(map(_frozen, value))
+    return (type(value), value)  # 1, 1.0 and True are equal keys otherwise
+
+
+def constant(value: Any, dtype: torch.dtype | None = None, device: Any = None) -> torch.Tensor:
+    """``torch.tensor(value, dtype=dtype, device=device)``, made once per value, dtype and
+    device and kept: the same numbers as the stock call, with no copy from the host after the
+    first call (the eager warm-up makes it before any capture). Callers only read it. Under
+    ``torch.compile`` it is the stock call (the compiler sees a plain factory)."""
+    if not ENABLED or _is_compiling():
+        return torch.tensor(value, dtype=dtype, device=device)
+    try:
+        key = (_frozen(value), dtype, torch.device(device) if device is not None else None)
+        found = _constants.get(key)
+    except TypeError:  # a value that cannot be a key: the stock call
+        return torch.tensor(value, dtype=dtype, device=device)
+    if found is None:
+        found = torch.tensor(value, dtype=dtype, device=device)
+        with _constants_lock:
+            if len(_constants) < _MAX_CONSTANTS:
+                found = _constants.setdefault(key, found)
+    return found
 
 
 # -- what is held --------------------------------------------------------------------------

@@ -48,6 +48,7 @@ def graphs() -> ModuleType:
 @pytest.fixture
 def fake(graphs: ModuleType, monkeypatch: pytest.MonkeyPatch) -> CpuGraphs:
     backend = CpuGraphs()
+    backend.inside = graphs._capturing
     monkeypatch.setattr(graphs, "_BACKEND", backend)
     return backend
 
@@ -315,3 +316,80 @@ def test_a_warning_never_raises_under_w_error() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "torch.Size([2])"
     assert "RuntimeWarning: rocmfix graphs: Linear runs eager (grad mode" in done.stderr
+
+
+class Outer(nn.Module):
+    """A model whose forward calls another through the runner, as PP-DocLayoutV2's encoder
+    calls its backbone inside the whole detector."""
+
+    def __init__(self, graphs: ModuleType, syncs: bool = False) -> None:
+        super().__init__()
+        self.inner = Net()
+        self.graphs = graphs
+        self.syncs = syncs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.graphs.forward(self.inner, x)["maps"]
+        if self.syncs and getattr(self.graphs._capturing, "on", False):
+            # what a host sync does under a capture (on the GPU, only there)
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return out * 2
+
+    def eager(self, x: torch.Tensor) -> torch.Tensor:
+        """The same forward, not through the runner (which would count the inner call)."""
+        return self.inner.forward(x)["maps"] * 2
+
+
+@pytest.mark.parametrize("copies", [1, 2])
+def test_a_model_called_inside_a_capture_runs_as_it_is(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught, copies: int
+) -> None:
+    # Two copies: MinerU's layout call and transformers' backbone call each import the runner
+    # dropped beside them; the flag is one per process.
+    inner_runner = graphs if copies == 1 else load_template("rocmfix_graphs", interpret=None)
+    assert inner_runner._capturing is graphs._capturing
+    outer = Outer(inner_runner).eval()
+    xs = [torch.randn(1, 3, 8, 8) for _ in range(5)]
+    with torch.inference_mode():
+        assert all(torch.equal(graphs.forward(outer, x), outer.eager(x)) for x in xs)
+    # The outer graph holds the inner forward: one capture, no graph of the inner model's own.
+    assert fake.captures == 1 and graphs.stats(outer)["counts"]["replayed"] == 4
+    assert inner_runner.stats(outer.inner)["graphs"] == 0
+    assert not said(told)
+
+
+def test_where_the_outer_capture_fails_the_inner_model_is_replayed(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    outer = Outer(graphs, syncs=True).eval()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.inference_mode():
+        # Call 2: the outer capture fails; its eager run is the inner model's 2nd sighting.
+        assert all(torch.equal(graphs.forward(outer, x), outer.eager(x)) for _ in range(5))
+    assert str(graphs.stats(outer)["broken"]).startswith("RuntimeError: operation not")
+    inner = graphs.stats(outer.inner)
+    assert (inner["graphs"], inner["counts"]) == (1, {"eager": 1, "captured": 1, "replayed": 4})
+    assert [m for m in said(told) if "Outer runs eager (capture failed" in m]
+
+
+def test_constant_is_the_stock_tensor_made_once(
+    graphs: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order = graphs.constant([3, 1, 2], dtype=torch.int32, device="cpu")
+    assert torch.equal(order, torch.tensor([3, 1, 2], dtype=torch.int32))
+    assert order.dtype == torch.int32
+    assert graphs.constant([3, 1, 2], dtype=torch.int32, device=torch.device("cpu")) is order
+    assert graphs.constant([3, 1, 2], dtype=torch.int64, device="cpu") is not order
+    # 1, 1.0 and True are equal as keys; each keeps the dtype torch.tensor gives it.
+    dtypes = [graphs.constant(v).dtype for v in (1, 1.0, True)]
+    assert dtypes == [torch.int64, torch.float32, torch.bool]
+    assert graphs.constant([[0.5, 0.25]]).shape == (1, 2)
+    # Past its bound, and with the runner off, each call makes the stock tensor afresh.
+    monkeypatch.setattr(graphs, "_MAX_CONSTANTS", len(graphs._constants))
+    assert graphs.constant(7) is not graphs.constant(7)
+    monkeypatch.setattr(graphs, "_MAX_CONSTANTS", 1 << 20)
+    monkeypatch.setattr(graphs, "_is_compiling", lambda: True)
+    assert graphs.constant([3, 1, 2], dtype=torch.int32, device="cpu") is not order
+    monkeypatch.setattr(graphs, "_is_compiling", lambda: False)
+    monkeypatch.setattr(graphs, "ENABLED", False)
+    assert graphs.constant([3, 1, 2], dtype=torch.int32, device="cpu") is not order

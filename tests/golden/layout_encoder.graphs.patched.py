@@ -6,9 +6,10 @@ from torch import nn
 
 # rocmfix: rocmfix_graphs was dropped here by rocmfix; revert removes it
 try:
-    from .rocmfix_graphs import forward as _rocmfix_graph_forward
+    from .rocmfix_graphs import forward as _rocmfix_graph_forward, constant as _rocmfix_graph_constant
 except (ImportError, OSError):
     _rocmfix_graph_forward = None
+    from torch import tensor as _rocmfix_graph_constant
 
 
 class PPDocLayoutV2ConvEncoder(nn.Module):
@@ -34,3 +35,38 @@ class TinyDetector(nn.Module):
     def forward(self, pixel_values):
         outputs = self.model(pixel_values)
         return outputs
+
+
+class PPDocLayoutV2Model(nn.Module):
+    """Host values written into device tensors, the shapes the rewrite keeps on the device,
+    and the ones it leaves (a slice, one boolean mask, a list that is no config's)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def forward(self, sources, mask):
+        spatial_shapes = torch.empty((len(sources), 2), dtype=torch.long, device=mask.device)
+        for level, source in enumerate(sources):
+            height, width = source.shape[-2:]
+            # rocmfix: the host value kept on the device (rocmfix_graphs.constant): a graph can read it
+            spatial_shapes[level, 0] = _rocmfix_graph_constant(height, dtype=spatial_shapes.dtype, device=spatial_shapes.device)
+            # rocmfix: the host value kept on the device (rocmfix_graphs.constant): a graph can read it
+            spatial_shapes[level, 1] = _rocmfix_graph_constant(width, dtype=spatial_shapes.dtype, device=spatial_shapes.device)
+        ids = torch.zeros(mask.shape, dtype=torch.long, device=mask.device)
+        ids[:, 0] = self.config.start_token_id
+        ids[mask] = self.config.pred_token_id
+        # rocmfix: the host value kept on the device (rocmfix_graphs.constant): a graph can read it
+        ids[torch.arange(len(ids), device=mask.device), mask.sum(1)] = _rocmfix_graph_constant(self.config.end_token_id, dtype=ids.dtype, device=ids.device)
+        # rocmfix: the host value kept on the device (rocmfix_graphs.constant): a graph can read it
+        order = _rocmfix_graph_constant(self.config.class_order, dtype=torch.int32, device=mask.device)
+        steps = torch.tensor([1, 2], device=mask.device)
+        return spatial_shapes, ids, order[ids] + steps.sum()
+
+
+class Elsewhere(nn.Module):
+    """The same shapes in a class the rewrite does not name: left as they are."""
+
+    def forward(self, x):
+        x[0, 0] = 1
+        return x + torch.tensor(self.config.offsets, device=x.device)

@@ -1,0 +1,34 @@
+"""A layout predictor in the shape of MinerU's (written for rocmfix's tests): the whole
+detector called once per batch, under torch.no_grad()."""
+import torch
+
+# rocmfix: rocmfix_graphs was dropped here by rocmfix; revert removes it
+try:
+    from .rocmfix_graphs import forward as _rocmfix_graph_forward
+except (ImportError, OSError):
+    _rocmfix_graph_forward = None
+
+
+class PPDocLayoutV2LayoutModel:
+    def __init__(self, model, device):
+        self.model = model
+        self.device = device
+
+    def batch_predict(self, images):
+        results = []
+        with torch.no_grad():
+            for image in images:
+                batch = torch.stack([image]).to(self.device)
+                # rocmfix: CUDA/HIP graph replay per input shape (rocmfix_graphs)
+                if _rocmfix_graph_forward is not None:
+                    outputs = _rocmfix_graph_forward(self.model, pixel_values=batch)
+                else:
+                    outputs = self.model(pixel_values=batch)
+                results.append(outputs.logits.cpu())
+        return results
+
+
+class Other:
+    def run(self, x):
+        y = self.model(pixel_values=x)
+        return y
