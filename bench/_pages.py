@@ -134,7 +134,7 @@ def write_pdfs(folder: Path, pages_each: int = 4, seed: int = 0) -> list[Path]:
     # Where the tables are: a layout model finds a table whole, not cell by cell.
     (folder / "tables_a4.json").write_text(json.dumps(tables))
 
-    pdf = doc("A5")  # a small-format booklet
+    pdf = doc((419.53, 595.28))  # a small-format booklet (A5)
     pdf.set_margins(40, 40, 40)
     for _ in range(pages_each):
         pdf.add_page()
