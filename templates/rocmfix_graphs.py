@@ -334,7 +334,7 @@ def _due(state: _State, key: Any) -> bool:
 def _pad(state: _State, leaves: list[torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
     """(rows asked for, the input padded to the largest batch seen) where padding applies,
     else (0, the input as it is)."""
-    if not PAD_BATCH or state.batch < 0 or len(leaves) != 1 or leaves[0].dim() < 2:
+    if not PAD_BATCH or state.batch < 0 or state.broken or len(leaves) != 1 or leaves[0].dim() < 2:
         return 0, leaves
     x = leaves[0]
     rows = x.shape[0]

@@ -362,3 +362,16 @@ def test_outputs_without_the_batch_first_turn_padding_off(
             assert torch.equal(graphs.forward(net, x), x.sum(0))
     counts = graphs.stats(net)["counts"]
     assert counts["not padded"] == 1 and counts["padded"] == 1  # then 4 rows are their own
+
+
+def test_no_padding_once_captures_have_failed(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    fake.fail_capture = RuntimeError("operation not permitted when stream is capturing")
+    net = Net().eval()
+    with torch.inference_mode():
+        for rows in (6, 6, 4, 4):  # the capture at the 2nd call raises: eager for good
+            x = torch.randn(rows, 3, 8, 8)
+            assert _same(graphs.forward(net, x), net(x))
+    assert "padded" not in graphs.stats(net)["counts"]  # no copy made for a graph never run
+    assert len(said(told)) == 1 and "capture failed" in said(told)[0]
