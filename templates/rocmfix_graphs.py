@@ -343,9 +343,12 @@ def _pad(state: _State, leaves: list[torch.Tensor]) -> tuple[int, list[torch.Ten
         return 0, leaves
     if 2 * rows < state.batch:  # more padding than rows: a graph of its own costs less
         return 0, leaves
-    pad = x.new_zeros((state.batch - rows, *x.shape[1:]))
+    try:
+        padded = torch.cat((x, x.new_zeros((state.batch - rows, *x.shape[1:]))))
+    except Exception:  # noqa: BLE001 - out of memory, say: this call runs as it came
+        return 0, leaves
     state.count("padded")
-    return rows, [torch.cat((x, pad))]
+    return rows, [padded]
 
 
 def _cut(state: _State, outputs: list[torch.Tensor], rows: int, batch: int) -> list[torch.Tensor]:

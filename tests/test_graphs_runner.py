@@ -375,3 +375,22 @@ def test_no_padding_once_captures_have_failed(
             assert _same(graphs.forward(net, x), net(x))
     assert "padded" not in graphs.stats(net)["counts"]  # no copy made for a graph never run
     assert len(said(told)) == 1 and "capture failed" in said(told)[0]
+
+
+def test_a_pad_that_fails_runs_the_call_as_it_came(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net = Net().eval()
+    with torch.inference_mode():
+        for _ in range(2):
+            graphs.forward(net, torch.randn(6, 3, 8, 8))
+
+        def no_memory(*args: Any, **kwargs: Any) -> torch.Tensor:
+            raise RuntimeError("CUDA out of memory")
+
+        x = torch.randn(4, 3, 8, 8)
+        with monkeypatch.context() as patched:
+            patched.setattr(torch, "cat", no_memory)
+            out = graphs.forward(net, x)  # eager, unpadded: nothing raised in the forward
+        assert _same(out, net(x))
+    assert "padded" not in graphs.stats(net)["counts"] and not said(told)
