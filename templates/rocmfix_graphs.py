@@ -32,6 +32,18 @@ class and reason in a ``RuntimeWarning`` that cannot become an exception (not ev
 tensors and constants (tuples, lists and dicts of them are taken apart), a capture that
 raised (no more captures for that model), a replay that failed (that graph dropped), a
 shape past the caps.
+Batches (issue 41): a call whose one input is a batch of images (one tensor of two or more
+dimensions) with fewer rows than the largest batch the model has been called with, but at
+least half as many, is padded with rows of zeros up to that batch, replayed from that batch's
+graph and its outputs cut back to the rows asked for (an output that is not a tensor with the
+batch as its first dimension turns padding off for the model). MinerU's predictors call det
+with up to 16 crops of a shape and rec with 6 lines but leave a short batch at the end of a
+group or window; padded, those calls replay the full batch's graph instead of capturing
+their own. The rows asked for are computed as eager computes them only where a batch's rows
+are independent of each other, as they are in every model the patches route (eval-mode
+convolutional and attention networks, whose attention runs within a row): the same values,
+though a GPU library may pick another kernel for the larger batch, so not always the same
+bits. ``ROCMFIX_GRAPHS_PAD_BATCH=0`` turns padding off.
 CPU inputs and ``torch.compile``'d callers are left to the stock call without a word: there
 is nothing to replay on a CPU, and a warning would break the compiler's graph. So is a model
 called inside another model's capture (PP-DocLayoutV2's backbone inside the whole detector):
@@ -74,6 +86,9 @@ MAX_CAPTURES = 64
 # for a new shape once MAX_GRAPHS are kept.
 STALE_AFTER = 4
 MAX_BYTES = 1 << 30
+PAD_BATCH = os.environ.get("ROCMFIX_GRAPHS_PAD_BATCH", "1").strip().lower() not in (
+    "0", "false", "no", "off"
+)  # fmt: skip
 # Signatures counted per model before the count starts again (a bound, not a policy).
 _MAX_SEEN = 1024
 
@@ -233,6 +248,7 @@ class _State:
         self.full = False
         self.counts: dict[str, int] = {}
         self.calls = 0
+        self.batch = 0  # the largest batch seen; -1 once padding is off for this model
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -304,19 +320,20 @@ def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
         state.count(reason[0])
         _tell(model, *reason)
         return model(*args, **kwargs)
-    key = (
-        spec,
-        tuple((t.shape, t.stride(), t.dtype, t.device) for t in leaves),
-        torch.is_inference_mode_enabled(),
-    )
     try:
         with state.lock:
+            rows, leaves = _pad(state, leaves)
+            key = (
+                spec,
+                tuple((t.shape, t.stride(), t.dtype, t.device) for t in leaves),
+                torch.is_inference_mode_enabled(),
+            )
             state.calls += 1
             found = state.graphs.get(key)
             if found is not None:
-                return _replay(model, state, key, found, leaves)
+                return _replay(model, state, key, found, leaves, rows)
             if state.broken is None and key not in state.failed and _due(state, key):
-                return _capture(model, state, key, spec, leaves, backend)
+                return _capture(model, state, key, spec, leaves, backend, rows)
     except _Fallback:
         pass
     state.count("eager")
@@ -335,7 +352,36 @@ def _due(state: _State, key: Any) -> bool:
     return seen >= MIN_SEEN
 
 
-def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[torch.Tensor]) -> Any:
+def _pad(state: _State, leaves: list[torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
+    """(rows asked for, the input padded to the largest batch seen) where padding applies,
+    else (0, the input as it is)."""
+    if not PAD_BATCH or state.batch < 0 or state.broken or len(leaves) != 1 or leaves[0].dim() < 2:
+        return 0, leaves
+    x = leaves[0]
+    rows = x.shape[0]
+    if rows >= state.batch:
+        state.batch = rows
+        return 0, leaves
+    if 2 * rows < state.batch:  # more padding than rows: a graph of its own costs less
+        return 0, leaves
+    try:
+        padded = torch.cat((x, x.new_zeros((state.batch - rows, *x.shape[1:]))))
+    except Exception:  # noqa: BLE001 - out of memory, say: this call runs as it came
+        return 0, leaves
+    state.count("padded")
+    return rows, [padded]
+
+
+def _cut(state: _State, outputs: list[torch.Tensor], rows: int, batch: int) -> list[torch.Tensor]:
+    if all(t.dim() and t.shape[0] == batch for t in outputs):
+        return [t[:rows] for t in outputs]
+    state.batch = -1  # not the batch first: never padded again
+    state.count("not padded")
+    raise _Fallback
+
+
+def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[torch.Tensor],
+            rows: int = 0) -> Any:  # fmt: skip
     try:
         if list(map(torch.Tensor.data_ptr, found.weights)) != found.addresses:
             _drop(state, key)
@@ -344,7 +390,10 @@ def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[tor
         for static, t in zip(found.inputs, leaves):
             static.copy_(t)
         _BACKEND.replay(found.graph)
-        outputs = [t.clone() for t in found.outputs]
+        if rows:
+            outputs = [t.clone() for t in _cut(state, found.outputs, rows, leaves[0].shape[0])]
+        else:
+            outputs = [t.clone() for t in found.outputs]
     except _Fallback:
         raise
     except Exception as exc:
@@ -377,7 +426,7 @@ def _in_use(state: _State) -> bool:
 
 
 def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.Tensor],
-             backend: _Backend) -> Any:  # fmt: skip
+             backend: _Backend, rows: int = 0) -> Any:  # fmt: skip
     busy = len(state.graphs) >= MAX_GRAPHS and _in_use(state)
     if state.full or state.captures >= MAX_CAPTURES or busy:
         state.count("past the cap")
@@ -428,7 +477,7 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
     while len(state.graphs) > MAX_GRAPHS:
         _drop(state, next(iter(state.graphs)))
         state.count("dropped")
-    return _replay(model, state, key, found, leaves)
+    return _replay(model, state, key, found, leaves, rows)
 
 
 # -- host values as device tensors ----------------------------------------------------------

@@ -393,3 +393,82 @@ def test_constant_is_the_stock_tensor_made_once(
     monkeypatch.setattr(graphs, "_is_compiling", lambda: False)
     monkeypatch.setattr(graphs, "ENABLED", False)
     assert graphs.constant([3, 1, 2], dtype=torch.int32, device="cpu") is not order
+
+
+def test_a_short_batch_replays_the_full_batch_graph(graphs: ModuleType, fake: CpuGraphs) -> None:
+    net = Net().eval()
+    with torch.inference_mode():
+        for rows in (6, 6, 4, 4, 5, 3):  # MinerU's rec: batches of 6, a short one at the end
+            x = torch.randn(rows, 3, 8, 8)
+            out = graphs.forward(net, x)
+            want = net(x)
+            assert out["maps"].shape[0] == rows and out["pair"][1][0].shape[0] == rows
+            assert out["raw"] is True
+            # Rows are independent: the padded replay's rows are eager's own.
+            assert _same(out, want)
+    assert fake.captures == 1 and fake.replays == 5  # one graph, at 6 rows, for all of them
+    assert graphs.stats(net)["counts"]["padded"] == 4
+
+
+def test_padding_is_bounded_and_can_be_turned_off(
+    graphs: ModuleType, fake: CpuGraphs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net = Net().eval()
+    with torch.inference_mode():
+        for rows in (6, 6, 2, 2):  # 2 rows padded to 6 would triple the work: a graph of its own
+            graphs.forward(net, torch.randn(rows, 3, 8, 8))
+    assert fake.captures == 2 and "padded" not in graphs.stats(net)["counts"]
+    monkeypatch.setattr(graphs, "PAD_BATCH", False)
+    other = Net().eval()
+    with torch.inference_mode():
+        for rows in (6, 6, 4, 4):
+            graphs.forward(other, torch.randn(rows, 3, 8, 8))
+    assert fake.captures == 4 and "padded" not in graphs.stats(other)["counts"]
+
+
+def test_outputs_without_the_batch_first_turn_padding_off(
+    graphs: ModuleType, fake: CpuGraphs
+) -> None:
+    class Pooled(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.sum(0)  # mixes the rows: padding would not be exact, and is not done
+
+    net = Pooled().eval()
+    with torch.inference_mode():
+        for rows in (6, 6, 4, 4, 4):
+            x = torch.randn(rows, 3, 8)
+            assert torch.equal(graphs.forward(net, x), x.sum(0))
+    counts = graphs.stats(net)["counts"]
+    assert counts["not padded"] == 1 and counts["padded"] == 1  # then 4 rows are their own
+
+
+def test_no_padding_once_captures_have_failed(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    fake.fail_capture = RuntimeError("operation not permitted when stream is capturing")
+    net = Net().eval()
+    with torch.inference_mode():
+        for rows in (6, 6, 4, 4):  # the capture at the 2nd call raises: eager for good
+            x = torch.randn(rows, 3, 8, 8)
+            assert _same(graphs.forward(net, x), net(x))
+    assert "padded" not in graphs.stats(net)["counts"]  # no copy made for a graph never run
+    assert len(said(told)) == 1 and "capture failed" in said(told)[0]
+
+
+def test_a_pad_that_fails_runs_the_call_as_it_came(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net = Net().eval()
+    with torch.inference_mode():
+        for _ in range(2):
+            graphs.forward(net, torch.randn(6, 3, 8, 8))
+
+        def no_memory(*args: Any, **kwargs: Any) -> torch.Tensor:
+            raise RuntimeError("CUDA out of memory")
+
+        x = torch.randn(4, 3, 8, 8)
+        with monkeypatch.context() as patched:
+            patched.setattr(torch, "cat", no_memory)
+            out = graphs.forward(net, x)  # eager, unpadded: nothing raised in the forward
+        assert _same(out, net(x))
+    assert "padded" not in graphs.stats(net)["counts"] and not said(told)

@@ -1,0 +1,327 @@
+"""A realistic page mix for issue 41's shape and page benchmarks, and MinerU 4.0's own OCR
+predictors built with random weights (bench/shape_repeat.py, bench/page_gpu.py).
+
+Pages: PDFs written here with fpdf2 (single-column prose on Letter, a two-column paper on
+A4, tables on A4, prose on A5, a landscape slide deck), their text lines read back from the
+PDF's text layer with pypdfium2 (MinerU's PDF library), pages rendered at 200 DPI (docvortex's
+``DEFAULT_PDF_IMAGE_DPI``, what MinerU renders at). Models with random weights find no text,
+so the text layer stands in for what layout and det would find:
+
+- a *line* is a run of characters on one baseline with no gap wider than twice their height
+  (a table's cells are lines of their own), its box the characters' loose boxes (the font's
+  ascent to descent: about the region DB's unclipped box covers);
+- a *block* (a layout region MinerU hands det) is a run of lines in text order whose vertical
+  gap is under half a line height and which overlap horizontally; MinerU crops each with 50 px
+  of white around it (``crop_img(..., crop_paste_x=50, crop_paste_y=50)``).
+
+Needs numpy, fpdf2 (and its fonttools, defusedxml, pillow), pypdfium2; the predictors need
+mineru 4.0.x (``--no-deps``), torch, pyyaml, docvortex (its ``image`` and ``geometry``
+modules: numpy only), shapely, pyclipper.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import random
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DPI = 200
+WORDS = (  # noqa: SIM905 - prose reads better than a list of 70 strings
+    "the of and to in is for that with as on by this are be we from at an which model data "
+    "results method using table figure each section page network training performance value "
+    "analysis paper shown based two than our these learning between system time more can "
+    "approach document layout detection recognition text line image first where error both "
+    "number 2026 0.85 12.4% (see 3.1) [17] equation measured rate baseline proposed dataset"
+).split()
+
+
+@dataclass
+class Page:
+    name: str
+    image: np.ndarray  # H x W x 3 uint8, RGB
+    lines: list[tuple[float, float, float, float]]  # pixel boxes x0, y0, x1, y1
+    blocks: list[tuple[int, int, int, int]]
+
+
+def _sentence(rng: random.Random, n: int) -> str:
+    words = [rng.choice(WORDS) for _ in range(n)]
+    return " ".join(words).capitalize() + "."
+
+
+def _paragraph(rng: random.Random) -> str:
+    return " ".join(_sentence(rng, rng.randint(6, 22)) for _ in range(rng.randint(2, 7)))
+
+
+def write_pdfs(folder: Path, pages_each: int = 4, seed: int = 0) -> list[Path]:
+    """Five documents of ``pages_each`` pages (the deck twice as many)."""
+    from fpdf import FPDF
+
+    rng = random.Random(seed)
+    out = []
+
+    def doc(fmt: Any, orientation: str = "P") -> Any:
+        pdf = FPDF(orientation=orientation, unit="pt", format=fmt)
+        pdf.set_auto_page_break(True, margin=54)
+        pdf.set_margins(60, 54, 60)
+        return pdf
+
+    def save(pdf: Any, name: str) -> None:
+        path = folder / name
+        pdf.output(str(path))
+        out.append(path)
+
+    pdf = doc("letter")  # single-column prose: headings, paragraphs, page numbers
+    for p in range(pages_each):
+        pdf.add_page()
+        pdf.set_font("Times", "B", 16)
+        pdf.multi_cell(0, 20, f"{p + 1}. " + _sentence(rng, 5)[:-1], new_x="LMARGIN", new_y="NEXT")
+        while pdf.get_y() < 640:
+            pdf.set_font("Times", "", 11)
+            pdf.multi_cell(0, 14, _paragraph(rng), new_x="LMARGIN", new_y="NEXT")
+            pdf.ln(6)
+        pdf.set_font("Times", "", 9)
+        pdf.set_xy(300, 724)
+        pdf.cell(20, 10, str(p + 1))
+    save(pdf, "prose_letter.pdf")
+
+    pdf = doc("A4")  # a two-column paper
+    for p in range(pages_each):
+        pdf.add_page()
+        if p == 0:
+            pdf.set_font("Helvetica", "B", 15)
+            pdf.multi_cell(0, 19, _sentence(rng, 9), align="C", new_x="LMARGIN", new_y="NEXT")
+            pdf.set_font("Helvetica", "I", 9)
+            pdf.multi_cell(0, 11, _paragraph(rng), new_x="LMARGIN", new_y="NEXT")
+            pdf.ln(8)
+        pdf.set_font("Times", "", 9.5)
+        with pdf.text_columns(ncols=2, gutter=18, text_align="J", l_margin=60, r_margin=60) as cols:
+            for _ in range(11):
+                cols.write(text=_paragraph(rng) + "\n")
+                cols.ln()
+    save(pdf, "paper_a4_two_column.pdf")
+
+    pdf = doc("A4")  # tables with a caption and a little prose
+    tables: dict[int, list[tuple[float, float]]] = {}
+    for _p in range(pages_each):
+        pdf.add_page()
+        for _t in range(2):
+            pdf.set_font("Helvetica", "", 9)
+            pdf.multi_cell(0, 12, "Table: " + _sentence(rng, 10), new_x="LMARGIN", new_y="NEXT")
+            ncols = rng.randint(3, 7)
+            start = (pdf.page_no(), pdf.get_y())
+            with pdf.table(line_height=12, first_row_as_headings=True) as table:
+                for r in range(rng.randint(6, 14)):
+                    row = table.row()
+                    for c in range(ncols):
+                        if r == 0 or c == 0:
+                            row.cell(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3))))
+                        else:
+                            row.cell(f"{rng.uniform(0, 1000):.{rng.randint(0, 3)}f}")
+            _table_region(tables, start, (pdf.page_no(), pdf.get_y()), pdf.h)
+            pdf.ln(10)
+            pdf.set_font("Times", "", 10)
+            pdf.multi_cell(0, 13, _paragraph(rng), new_x="LMARGIN", new_y="NEXT")
+    save(pdf, "tables_a4.pdf")
+    # Where the tables are: a layout model finds a table whole, not cell by cell.
+    (folder / "tables_a4.json").write_text(json.dumps(tables))
+
+    pdf = doc((419.53, 595.28))  # a small-format booklet (A5)
+    pdf.set_margins(40, 40, 40)
+    for _ in range(pages_each):
+        pdf.add_page()
+        while pdf.get_y() < 500:
+            pdf.set_font("Times", "", 10)
+            pdf.multi_cell(0, 13, _paragraph(rng), new_x="LMARGIN", new_y="NEXT")
+            pdf.ln(4)
+    save(pdf, "booklet_a5.pdf")
+
+    pdf = doc((540, 960), "L")  # 16:9 slides: titles and bullets
+    for _ in range(pages_each * 2):
+        pdf.add_page()
+        pdf.set_font("Helvetica", "B", 28)
+        pdf.multi_cell(0, 34, _sentence(rng, 6)[:-1], new_x="LMARGIN", new_y="NEXT")
+        pdf.ln(10)
+        pdf.set_font("Helvetica", "", 18)
+        for _ in range(rng.randint(3, 6)):
+            pdf.multi_cell(0, 24, "- " + _sentence(rng, rng.randint(4, 14)), new_x="LMARGIN",
+                           new_y="NEXT")  # fmt: skip
+    save(pdf, "slides_16x9.pdf")
+    return out
+
+
+def _table_region(found: dict[int, list[tuple[float, float]]], start: tuple[int, float],
+                  end: tuple[int, float], height: float) -> None:  # fmt: skip
+    if start[0] == end[0]:
+        found.setdefault(start[0], []).append((start[1], end[1]))
+    else:
+        found.setdefault(start[0], []).append((start[1], height))
+        found.setdefault(end[0], []).append((0.0, end[1]))
+
+
+def _lines(textpage: Any, page_height: float) -> list[tuple[float, float, float, float]]:
+    """Runs of characters on one baseline (PDF points, top-left origin)."""
+    runs: list[list[float]] = []
+    cur: list[float] | None = None
+    for i in range(textpage.count_chars()):
+        ch = textpage.get_text_range(i, 1)
+        if not ch.strip():
+            continue
+        x0, y0, x1, y1 = textpage.get_charbox(i, loose=True)  # left, bottom, right, top
+        top, bottom = page_height - y1, page_height - y0
+        h = bottom - top
+        if h <= 0:
+            continue
+        if cur is not None:
+            same_line = abs((top + bottom) / 2 - (cur[1] + cur[3]) / 2) < 0.5 * h
+            if same_line and x0 - cur[2] < 2 * h and x0 >= cur[0]:
+                cur[2], cur[1], cur[3] = max(cur[2], x1), min(cur[1], top), max(cur[3], bottom)
+                continue
+            runs.append(cur)
+        cur = [x0, top, x1, bottom]
+    if cur is not None:
+        runs.append(cur)
+    return [(a, b, c, d) for a, b, c, d in runs]
+
+
+def _blocks(lines: list[tuple[float, float, float, float]],
+            tables: list[tuple[float, float]]) -> list[tuple[float, ...]]:  # fmt: skip
+    blocks: list[list[float]] = []
+    in_table: dict[int, list[float]] = {}
+    for x0, y0, x1, y1 in lines:
+        table = next((i for i, (t0, t1) in enumerate(tables) if t0 <= (y0 + y1) / 2 <= t1), None)
+        if table is not None:
+            b = in_table.get(table)
+            if b is None:
+                b = in_table[table] = [x0, y0, x1, y1]
+                blocks.append(b)
+            b[0], b[1], b[2], b[3] = min(b[0], x0), min(b[1], y0), max(b[2], x1), max(b[3], y1)
+            continue
+        if blocks and not any(blocks[-1] is t for t in in_table.values()):
+            b = blocks[-1]
+            gap = y0 - b[3]
+            overlap = min(x1, b[2]) - max(x0, b[0])
+            if -0.5 * (y1 - y0) < gap < 0.5 * (y1 - y0) and overlap > 0.3 * min(
+                x1 - x0, b[2] - b[0]
+            ):
+                b[0], b[1], b[2], b[3] = min(b[0], x0), min(b[1], y0), max(b[2], x1), max(b[3], y1)
+                continue
+        blocks.append([x0, y0, x1, y1])
+    return [tuple(b) for b in blocks]
+
+
+def load_pages(paths: list[Path], limit: int | None = None) -> list[Page]:
+    import pypdfium2 as pdfium
+
+    pages = []
+    scale = DPI / 72
+    for path in paths:
+        sidecar = path.with_suffix(".json")
+        tables = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+        pdf = pdfium.PdfDocument(str(path))
+        for index in range(len(pdf)):
+            page = pdf[index]
+            height = page.get_height()
+            lines = _lines(page.get_textpage(), height)
+            image = page.render(scale=scale).to_numpy()[:, :, :3].copy()
+            ih, iw = image.shape[:2]
+            px = [
+                (x0 * scale, y0 * scale, min(iw - 1.0, x1 * scale), min(ih - 1.0, y1 * scale))
+                for x0, y0, x1, y1 in lines
+            ]
+            blocks = [
+                (int(a * scale), int(b * scale), min(iw, int(c * scale) + 1),
+                 min(ih, int(d * scale) + 1))
+                for a, b, c, d in _blocks(lines, tables.get(str(index + 1), []))
+            ]  # fmt: skip
+            pages.append(Page(f"{path.stem}:{index + 1}", image, px, blocks))
+            if limit is not None and len(pages) >= limit:
+                return pages
+    return pages
+
+
+def block_crops(page: Page, paste: int = 50) -> list[np.ndarray]:
+    """Each block as MinerU hands it to det: cropped, 50 px of white around it, BGR (what
+    docvortex's ``crop_img`` and ``rgb_to_bgr`` make of it)."""
+    crops = []
+    for x0, y0, x1, y1 in page.blocks:
+        canvas = np.full((y1 - y0 + 2 * paste, x1 - x0 + 2 * paste, 3), 255, np.uint8)
+        canvas[paste : paste + y1 - y0, paste : paste + x1 - x0] = page.image[y0:y1, x0:x1]
+        crops.append(np.ascontiguousarray(canvas[:, :, ::-1]))
+    return crops
+
+
+def line_crops(page: Page, mineru_image: Any) -> list[np.ndarray]:
+    """Each text line cropped as MinerU crops a det box for rec
+    (``get_rotate_crop_image_for_text_rec``), from the BGR page."""
+    bgr = np.ascontiguousarray(page.image[:, :, ::-1])
+    crops = []
+    for x0, y0, x1, y1 in page.lines:
+        pts = np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]], dtype=np.float32)
+        crop = mineru_image.get_rotate_crop_image_for_text_rec(bgr, pts)
+        if crop is not None and min(crop.shape[:2]) > 0:
+            crops.append(crop)
+    return crops
+
+
+# -- MinerU's own predictors -----------------------------------------------------------------
+
+OCR = "mineru.model._internal.pytorchocr"
+ARCH = {"det": "ch_PP-OCRv6_tiny_det_infer", "rec": "ch_PP-OCRv6_small_rec_infer"}
+
+
+def import_mineru(root: str) -> None:
+    """``mineru`` from ``root`` without its package __init__ (which imports the whole document
+    stack and its services)."""
+    stub = types.ModuleType("mineru")
+    stub.__path__ = [os.path.join(root, "mineru")]
+    sys.modules["mineru"] = stub
+    for name in ("mineru.model", "mineru.model.ocr"):
+        # Their __init__ files import model registries (and the hub) the OCR path never uses.
+        module = types.ModuleType(name)
+        module.__path__ = [os.path.join(root, *name.split("."))]
+        sys.modules[name] = module
+
+
+def predictors(root: str, device: str, weights_dir: str) -> tuple[Any, Any]:
+    """MinerU's ``TextDetector`` and ``TextRecognizer``, made the way ``PytorchPaddleOCR``
+    makes them (its default args, ``rec_batch_num=6``), from weight files written here with
+    random values (seed 0) under the names MinerU's arch table knows."""
+    import torch
+    import yaml
+
+    import_mineru(root)
+    utility = importlib.import_module(OCR + ".infer.pytorchocr_utility")
+    base = importlib.import_module(OCR + ".modeling.architectures.base_model")
+    resources = importlib.import_module("mineru.model.ocr.resources")
+    with open(utility.DEFAULT_CFG_PATH, encoding="utf-8") as f:
+        arch = yaml.safe_load(f)
+    paths = {}
+    for model, name in ARCH.items():
+        path = os.path.join(weights_dir, name + ".pth")
+        paths[model] = path
+        if os.path.exists(path):
+            continue
+        torch.manual_seed(0)
+        net = base.BaseModel(copy.deepcopy(arch[name]))
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+        torch.save(net.state_dict(), path)
+    args = utility.init_args().parse_args([])
+    args.det_model_path, args.rec_model_path = paths["det"], paths["rec"]
+    args.rec_char_dict_path = str(resources.PPOCRV6_DICT_PATH)
+    args.rec_batch_num = 6
+    args.device = device
+    det = importlib.import_module(OCR + ".infer.predict_det").TextDetector(args)
+    rec = importlib.import_module(OCR + ".infer.predict_rec").TextRecognizer(args)
+    return det, rec

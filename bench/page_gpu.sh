@@ -1,0 +1,54 @@
+#!/bin/sh
+# Issue 41's page benchmark on a lent GPU (bench/page_gpu.py): mineru 4.0.12 installed twice
+# with --no-deps, as it ships (/tmp/stock) and into the machine's python, where `rocmfix apply`
+# rewrites the three OCR predictors for graphs; then the paired fresh-process page runs, the
+# 200-page memory run, and `rocmfix revert`. No network.
+# Needs $WHL (default .whl) with libcst-*.whl, mineru/mineru-4.0.12-py3-none-any.whl and, in
+# $WHL/page/, wheels of what the page path imports beyond torch where the machine's python
+# lacks it (every one of them can be there: the loop below installs only the missing ones),
+# made where there is a network with (3.X: the machine's python, 3.11 or later: docvortex's
+# wheel is cp311-abi3)
+#   pip download --no-deps --only-binary=:all: --python-version 3.X \
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#       --platform manylinux2014_x86_64 -d .whl/page pypdfium2 fpdf2 fonttools defusedxml \
+#       docvortex shapely pyclipper loguru tqdm pydantic pydantic-core annotated-types \
+#       typing-inspection numpy pillow pyyaml
+# fpdf2 (with fonttools, defusedxml) writes the PDFs, pypdfium2 reads and renders them;
+# MinerU's predictors import docvortex (its image and geometry modules; it imports pydantic),
+# shapely, pyclipper, loguru, tqdm, numpy, pillow, pyyaml.
+# Results land in $OUT (page.json, page_memory.json, page.txt).
+set -u
+W=${WHL:-.whl}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $W/libcst-*.whl \
+    || exit 1
+# Only what the machine's python lacks: a second numpy or typing_extensions on the path first
+# would shadow the ones torch came with.
+for pair in numpy:numpy PIL:pillow yaml:pyyaml fpdf:fpdf2 fontTools:fonttools \
+    defusedxml:defusedxml pypdfium2:pypdfium2 docvortex:docvortex shapely:shapely \
+    pyclipper:pyclipper loguru:loguru tqdm:tqdm pydantic:pydantic pydantic_core:pydantic-core \
+    annotated_types:annotated-types typing_inspection:typing-inspection; do
+    PYTHONPATH=/tmp/site python3 -c "import ${pair%%:*}" 2>/dev/null && continue
+    python3 -m pip install -q --no-index --no-deps --no-compile --find-links "$W/page" \
+        --target /tmp/site "${pair#*:}" || { echo "no wheel for ${pair#*:} in $W/page"; exit 1; }
+done
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 COLUMNS=100
+PY=$(command -v python3)
+date -u
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
+MW=$W/mineru/mineru-4.0.12-py3-none-any.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/stock "$MW" || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile "$MW" \
+    || python3 -m pip install -q --no-index --no-deps --no-compile --break-system-packages "$MW" \
+    || exit 1
+SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+python3 -m rocmfix apply --only mineru-ocr-det-graphs --only mineru-ocr-rec-graphs \
+    --only mineru-ocr-cls-graphs --python "$PY" 2>&1 | tail -6
+timeout "${LIMIT:-420}" python3 bench/page_gpu.py --stock /tmp/stock --patched "$SITE" \
+    --out "$OUT" --pairs "${PAIRS:-5}" --pages-each "${PAGES_EACH:-4}" --work /tmp/page_work \
+    2>&1 | tee "$OUT/page.txt" | tail -40
+[ -n "${NO_MEMORY:-}" ] || timeout "${MEMORY_LIMIT:-150}" python3 bench/page_gpu.py --memory --patched "$SITE" \
+    --out "$OUT" --pages "${PAGES:-200}" --work /tmp/page_work 2>&1 | tail -40
+python3 -m rocmfix revert --python "$PY" 2>&1 | tail -2
