@@ -48,8 +48,9 @@ def _case(gpu: dict[str, Any]) -> Case:
 # first. DocLayout-YOLO's (yolov10m-doclayout at 1280x928, fp32, MinerU 2.x's layout, read
 # the same way): the DilatedBlocks' grouped 1x1s (3 channels into 1 per group, 4 each) and
 # its most common dense ones. Their depthwise gates (one channel a group) are no GEMM and the
-# entry leaves them to the stock line (templates/pointwise_conv_gemm.py: pointwise). OCR rec and the formula
-# encoder run fp16 (their shapes not read here): two of these GEMMs in half, channels-last.
+# entry leaves them to the stock line (templates/pointwise_conv_gemm.py: pointwise). OCR rec
+# and the formula encoder run fp16 (their shapes not read here): two of these GEMMs in half,
+# channels-last.
 CASES = (
     _case(shape(192, 192, 50, 50)),
     _case(shape(256, 256, 50, 50)),
