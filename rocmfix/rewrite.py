@@ -181,6 +181,10 @@ def statement(module: cst.Module, code: str) -> Statement:
     return cst.parse_statement(code, config=module.config_for_parsing)
 
 
+def expression(module: cst.Module, code: str) -> cst.BaseExpression:
+    return cst.parse_expression(code, config=module.config_for_parsing)
+
+
 def find_class(module: cst.Module, name: str) -> cst.ClassDef | None:
     for node in module.body:
         if isinstance(node, cst.ClassDef) and node.name.value == name:
