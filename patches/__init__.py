@@ -8,6 +8,7 @@ from . import (
     mineru_pytorchocr,
     mineru_tables,
     mineru_tokenizer,
+    mineru_vit_attention,
     sglang_vision,
     transformers_hgnet,
     transformers_vision,
@@ -23,6 +24,7 @@ PATCHES = (
     *mineru_pytorchocr.PATCHES,
     *mineru_graphs.PATCHES,
     *mineru_tables.PATCHES,
+    *mineru_vit_attention.PATCHES,
     doclayout_dilated_conv.PATCH,
     mineru_tokenizer.PATCH,
 )
