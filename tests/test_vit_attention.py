@@ -188,3 +188,40 @@ def test_env_exports_the_flag_only_where_it_measured_faster(tmp_path: Path) -> N
     out = run_cli("env", "--python", str(python), env={"HSA_OVERRIDE_GFX_VERSION": "12.0.1"})
     assert _exported(out.stdout) == ""
     assert "not measured on this GPU (gfx1201)" in out.stdout
+
+
+def test_profile_names_the_towers_attention_its_kernel_and_the_patch() -> None:
+    from rocmfix.profile import analyse
+    from rocmfix.profile.model import OpStat
+
+    patches = all_patches()
+    sdpa = {"name": "aten::scaled_dot_product_attention", "shapes": [[1, 16, 5476, 80]] * 3}
+    wrapper = "vllm/v1/attention/ops/vit_attn_wrappers.py:202 apply_sdpa"
+    patch, routed = analyse.patch_for(sdpa, wrapper, patches)
+    assert patch is not None and patch.id == "mineru-vit-attention" and not routed
+    # SDPA called from anywhere else (a text model, the user's code) is no tower's.
+    elsewhere = "transformers/integrations/sdpa_attention.py:96 sdpa_attention_forward"
+    assert analyse.patch_for(sdpa, elsewhere, patches) == (None, False)
+
+    row = OpStat(key="k", op="scaled_dot_product_attention", shapes=((1, 16, 5476, 80),) * 3,
+                 dtypes=("bfloat16",), layout="contiguous", conv=None, calls=32, total_ms=900.0,
+                 first_ms=40.0, steady_ms=28.0, share=0.6, flops=None, bytes=None, tflops=None,
+                 gbps=None, roofline=None, modules=(), source=wrapper, kernels=(),
+                 pids=(1,))  # fmt: skip
+    math = ("aten::_scaled_dot_product_attention_math",)
+    found = analyse.verdict(row, None, patch, False, "cuda", True, {}, total_ms=1500.0,
+                            callees=math)  # fmt: skip
+    assert found["flagged"]
+    assert found["reason"] == "vision attention: vLLM's TORCH_SDPA ran SDPA's math kernel"
+    fix = found["fix"]
+    assert (fix.kind, fix.patch_id) == ("patch", "mineru-vit-attention")
+    assert fix.command == (
+        "rocmfix doctor --op vit-attention && rocmfix apply --only mineru-vit-attention"
+    )
+    # The same call elsewhere keeps the flag's fix; a fused kernel is nothing to fix.
+    other = analyse.verdict(row, None, None, False, "cuda", True, {}, total_ms=1500.0,
+                            callees=math)  # fmt: skip
+    assert other["fix"].command == 'eval "$(rocmfix env)"'
+    flash = ("aten::_scaled_dot_product_flash_attention",)
+    assert not analyse.verdict(row, None, patch, False, "cuda", True, {}, total_ms=1500.0,
+                               callees=flash)["flagged"]  # fmt: skip

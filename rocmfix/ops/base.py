@@ -159,6 +159,11 @@ class Op:
     # Whether the vendor op is slow depends on the GPU and the ROCm release: status and apply
     # follow what doctor measured here (rocmfix.measured), not the code alone.
     measured_verdict: bool = False
+    # How the profiler knows this op when it is not a conv it classifies by its arguments:
+    # the torch op it is called as (``calls``), from a file whose path ends in one of
+    # ``sites`` (the engine's wrapper that issues it).
+    calls: tuple[str, ...] = ()
+    sites: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         names = self.scheme_names

@@ -104,4 +104,12 @@ OP = Op(
     dtypes=("bfloat16",),
     measured_verdict=True,
     order=60,
+    # vLLM's TORCH_SDPA runs the tower's SDPA from its ViT wrappers (vllm#27190's refactor put
+    # them in v1/attention/ops; earlier releases called it from the layer itself).
+    calls=("scaled_dot_product_attention",),
+    sites=(
+        "vllm/v1/attention/ops/vit_attn_wrappers.py",
+        "vllm/model_executor/layers/attention/mm_encoder_attention.py",
+        "vllm/attention/layers/mm_encoder_attention.py",
+    ),
 )
