@@ -14,7 +14,7 @@ route is MinerU's file, not vLLM's selector: the rewrite wraps the value
 ``FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE`` (their choice of flash-attn's Triton path), win.
 
 Where MinerU has the function (read from the wheels): 4.0.x ``mineru/model/vlm/engine_utils.py``,
-3.4.x ``mineru/backend/vlm/utils.py``. What decides, read from the installed vLLM's code,
+2.7.6-3.4.x ``mineru/backend/vlm/utils.py``. What decides, read from the installed vLLM's code,
 never its version label: its ``EngineArgs`` has ``mm_encoder_attn_backend`` (0.11.2 on), its
 ROCm platform lists ``TRITON_ATTN`` among the tower's backends (0.18 on; 0.13-0.14 do not), and
 its own choice still ends in ``TORCH_SDPA``. And it is applied only where ``rocmfix doctor``
@@ -195,6 +195,6 @@ PATCHES = (
     _patch(
         "mineru-vit-attention-3",
         "mineru/backend/vlm/utils.py",
-        "3.4.x: _get_device_config in backend/vlm/utils.py",
+        "2.7.6-3.4.x: _get_device_config in backend/vlm/utils.py",
     ),
 )
