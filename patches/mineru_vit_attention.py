@@ -88,8 +88,12 @@ def vllm_choice(ctx: TargetContext) -> tuple[bool, str]:
     TRITON_ATTN for it on ROCm, and picks TORCH_SDPA itself on RDNA; and why not."""
     rocm, args = ctx.related.get(ROCM_PY), ctx.related.get(ARG_UTILS)
     version = ctx.versions.get("vllm")
-    if rocm is None or args is None or version is None:
+    if version is None:
         return False, "no vllm here: MinerU's VLM runs another engine"
+    for name, data in ((ROCM_PY, rocm), (ARG_UTILS, args)):
+        if data is None:
+            return False, f"vllm {version} has no {name.removeprefix('vllm:vllm/')}"
+    assert rocm is not None and args is not None
     if b"mm_encoder_attn_backend" not in args:
         return False, f"vllm {version} takes no mm_encoder_attn_backend engine argument"
     try:

@@ -162,6 +162,8 @@ CASES = [
     Case("vit_device_config", VIT, FIXED, "takes no mm_encoder_attn_backend",
          related=_vllm("sdpa", "_old"), versions=VLLM),
     Case("vit_device_config", VIT, FIXED, "no vllm here"),
+    Case("vit_device_config", VIT, FIXED, "vllm 0.99.0 has no platforms/rocm.py",
+         versions=VLLM),
     Case("vit_device_config_set", VIT, FIXED, "already sets mm_encoder_attn_backend",
          related=_vllm("sdpa"), versions=VLLM),
     Case("vit_device_config_absent", VIT, UNKNOWN, "has no _get_device_config",

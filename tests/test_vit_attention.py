@@ -60,6 +60,7 @@ def test_doctor_runs_each_backend_on_a_cpu(tmp_path: Path) -> None:
         for impl in ("native", "sdpa-math", "sdpa-flash"):
             assert found[impl]["status"] == "ok", found[impl]
             assert found[impl]["rel_err"] < 1e-4
+        # Measured in a worker started with the flag (it says so first when it was not).
         assert found["sdpa-aotriton"]["status"] == "unavailable"
         assert "not a ROCm build" in found["sdpa-aotriton"]["message"]
         assert found["triton-attn"]["status"] == "unavailable"  # no vLLM here

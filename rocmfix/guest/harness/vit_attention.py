@@ -89,10 +89,11 @@ class Bench(base.Bench):
         if scheme == "triton-attn":
             return self._triton()
         if scheme == "sdpa-aotriton":
-            if not getattr(context.torch.version, "hip", None):
-                raise Unavailable(f"{AOTRITON_ENV} is ROCm torch's; this torch is not a ROCm build")
+            # The setting first: a CPU run then shows that the host started this worker with it.
             if os.environ.get(AOTRITON_ENV) != "1":
                 raise Unavailable(f"this worker was started without {AOTRITON_ENV}=1")
+            if not getattr(context.torch.version, "hip", None):
+                raise Unavailable(f"{AOTRITON_ENV} is ROCm torch's; this torch is not a ROCm build")
             return self._sdpa
         if scheme not in _SDPA_BACKENDS:
             raise Unavailable(f"unknown setting {scheme}")
