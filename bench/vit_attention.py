@@ -17,7 +17,9 @@ Part 2, where transformers is installed: a Qwen2-VL vision tower with MinerU2.5'
 built from its config with random weights (seed 0, no hub), run on one page's patches with
 its attention switched (eager, SDPA's own choice, SDPA forced to math, to flash, to
 efficient): each output against the fp32 eager tower, and whether it is within bf16's
-tolerance. Prints one JSON document (and writes it to --out).
+tolerance. Part 3: a tiny whole Qwen2-VL (random weights, the tower's heads of 80)
+generating greedily from one image with each switch: the same tokens as eager attention, or
+not. Prints one JSON document (and writes it to --out).
 """
 
 from __future__ import annotations
@@ -205,6 +207,56 @@ def tower(depth: int) -> dict[str, Any]:
     return report
 
 
+def tokens(new_tokens: int = 16) -> dict[str, Any]:
+    """A whole (tiny) Qwen2-VL with random weights, its tower's heads of 80 as MinerU2.5's,
+    generating greedily from one image with each attention switch: the same tokens as eager
+    attention in the same dtype, or not."""
+    try:
+        from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    except ImportError as exc:
+        return {"skipped": f"transformers is not installed ({exc})"}
+    text = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+            "max_position_embeddings": 4096,
+            "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]}}  # fmt: skip
+    vision = {"depth": 2, "embed_dim": 2 * HEAD_DIM, "num_heads": 2, "hidden_size": 128,
+              "mlp_ratio": 2}  # fmt: skip
+    special = {"image_token_id": 500, "vision_start_token_id": 501, "vision_end_token_id": 502,
+               "video_token_id": 503}  # fmt: skip
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, **special)
+    grid = torch.tensor([[1, 28, 28]], device=DEVICE)
+    patches = int(grid.prod())
+    gen = torch.Generator(DEVICE).manual_seed(2)
+    pixels = torch.randn(patches, 3 * 2 * 14 * 14, device=DEVICE, generator=gen)
+    ids = torch.tensor([[1, 2, 501] + [500] * (patches // 4) + [502, 3, 4]], device=DEVICE)
+    cases = {"eager": ("eager", None), "sdpa (torch's choice)": ("sdpa", None),
+             "sdpa math": ("sdpa", "MATH"), "sdpa flash": ("sdpa", "FLASH_ATTENTION"),
+             "sdpa efficient": ("sdpa", "EFFICIENT_ATTENTION")}  # fmt: skip
+    state = None
+    found: dict[str, Any] = {}
+    for name, (impl, kernel) in cases.items():
+        torch.manual_seed(0)
+        model = Qwen2VLForConditionalGeneration._from_config(config, attn_implementation=impl)
+        if state is None:
+            state = model.state_dict()
+        model.load_state_dict(state)
+        model = model.to(DEVICE, torch.bfloat16).eval()
+        try:
+            with torch.inference_mode(), forced(kernel):
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                     pixel_values=pixels.to(torch.bfloat16), image_grid_thw=grid,
+                                     max_new_tokens=new_tokens, do_sample=False)  # fmt: skip
+            found[name] = out[0, ids.shape[1] :].tolist()
+        except Exception as exc:  # noqa: BLE001 - a kernel this GPU has none of
+            found[name] = str(exc).splitlines()[0][:160]
+    same = {
+        name: got == found["eager"] if isinstance(got, list) else None  # None: did not run
+        for name, got in found.items()
+        if name != "eager"
+    }
+    return {"image_tokens": patches // 4, "generated": found, "same_as_eager": same}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
@@ -221,6 +273,7 @@ def main() -> None:
         report["page"] = attention(PAGE, args.rounds)
         report["blocks"] = attention(BLOCKS, args.rounds)
     report["tower"] = tower(args.depth)
+    report["tokens"] = tokens()
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:
