@@ -9,8 +9,11 @@ prints.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import kernels, measured, worker
@@ -48,6 +51,24 @@ def _items(ops: Sequence[Op]) -> list[protocol.MeasureItem]:
         for case in op.cases
         for impl in ("native", *op.scheme_names)
     ]
+
+
+def _runs(
+    ops: Sequence[Op],
+    items: Sequence[protocol.MeasureItem],
+    environ: Mapping[str, str] = os.environ,
+) -> list[tuple[dict[str, str], list[protocol.MeasureItem]]]:
+    """The worker runs that measure ``items``, each with its whole environment: the items of
+    a scheme that needs settings read before torch is imported (``Scheme.env``) in a worker
+    started with them, every other item in one started without any of them (what the user's
+    stack does unless told)."""
+    settings = {(op.name, s.name): s.env for op in ops for s in op.schemes}
+    names = {name for env in settings.values() for name, _ in env}
+    stock = {k: v for k, v in environ.items() if k not in names}
+    groups: dict[tuple[tuple[str, str], ...], list[protocol.MeasureItem]] = {(): []}
+    for item in items:
+        groups.setdefault(settings.get((item.op, item.impl), ()), []).append(item)
+    return [(dict(stock, **dict(env)), group) for env, group in groups.items() if group or not env]
 
 
 def _limit(ops: Sequence[Op], time_limit: float) -> Callable[[str], float]:
@@ -117,12 +138,22 @@ def run(
             done += 1
             progress(done, len(items), f"{labels.get(event.id, '')}: {event.status}")
 
-    answer = worker.run(
-        env.python.executable,
-        body,
-        limit_for=_limit(ops, time_limit),
-        listen=on_event,
-        item_ids=[i.id for i in items],
+    answers = [
+        worker.run(
+            env.python.executable,
+            dataclasses.replace(body, items=group),
+            limit_for=_limit(ops, time_limit),
+            listen=on_event,
+            item_ids=[i.id for i in group],
+            env=settings,
+        )
+        for settings, group in _runs(ops, items)
+    ]
+    answer = worker.Answer(
+        hello=answers[0].hello,
+        events=tuple(e for a in answers for e in a.events),
+        fatal=next((a.fatal for a in answers if a.fatal), None),
+        stderr_tail="".join(a.stderr_tail for a in answers)[-4000:],
     )
     compiled: dict[str, KernelCheck] = {}
     compiles = _compile_items(ops, answer)
@@ -408,9 +439,18 @@ def _advice(
     if speedup is None:
         return f"fastest correct scheme: {recommended} (the native op gave no time to compare)"
     ratio = f"{'≥ ' if at_least else ''}{speedup:.1f}x"
-    installed = [p.patch.distribution for p in patches if p.verdict is not Verdict.NOT_INSTALLED]
-    only = "".join(f" --only {d}" for d in dict.fromkeys(installed))
+    installed = [p.patch for p in patches if p.verdict is not Verdict.NOT_INSTALLED]
+    only = "".join(f" --only {d}" for d in dict.fromkeys(p.distribution for p in installed))
     command = f"rocmfix apply{only} --scheme {recommended}"
+    scheme = op.scheme(recommended)
+    if not scheme.entry:  # a setting: rocmfix env exports it, or a patch selects it
+        realized = [p.id for p in installed if p.realizes == recommended]
+        if scheme.env:
+            command = 'eval "$(rocmfix env)"'
+        elif realized:
+            command = "rocmfix apply" + "".join(f" --only {p}" for p in realized)
+        else:
+            return f"fastest: {recommended}, {ratio} {op.native}; no rocmfix setting selects it"
     if speedup < WORTH and not at_least:
         return (
             f"the native {op.native} is about as fast or faster ({recommended}: {ratio}); "
@@ -428,9 +468,15 @@ def remember(report: DoctorReport, file: Path | None = None) -> Path | None:
     device = report.device
     if device.interpreter:
         return None
-    results = {}
+    results, each = {}, {}
     for op in report.ops:
         failed = any(m.failed for case in op.cases for m in case.schemes)
         if op.op.measured_verdict and not failed and op.recommended and op.speedup:
             results[op.op.name] = (op.recommended, op.speedup)
-    return measured.record(results, device.arch, device.torch, device.hip, file)
+            # The best scheme's speed-up is the native total over its total: each other
+            # scheme's is the same native total over its own.
+            native = op.speedup * (op.totals.get(op.recommended) or 0.0)
+            each[op.op.name] = {
+                s: native / ms for s, ms in op.totals.items() if s != "native" and ms and native
+            }
+    return measured.record(results, device.arch, device.torch, device.hip, file, speedups=each)

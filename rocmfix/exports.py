@@ -1,7 +1,9 @@
 """The environment variables the recipe asks for, as lines a shell can ``eval``.
 
-Only what applies is printed: the AOTriton flag only for a ROCm build of torch, the model
-source only when the user asks for one. Each line comes with its reason as a comment, so
+Only what applies is printed: the AOTriton flag only for a ROCm build of torch where
+``rocmfix doctor`` measured the vision tower's attention faster with it on this GPU arch and
+build (:mod:`rocmfix.measured`; elsewhere a comment says why not), the model source only when
+the user asks for one. Each line comes with its reason as a comment, so
 ``eval "$(rocmfix env)"`` is safe and ``rocmfix env`` alone explains itself.
 
 The interpreter's path and torch's version come from the target environment, which may say
@@ -16,9 +18,12 @@ import shlex
 import unicodedata
 from dataclasses import dataclass
 
+from . import measured
 from .checks import is_rocm
 from .environment import Environment
 from .errors import UsageError
+from .ops import vit_attention
+from .ops.vit_attention import AOTRITON_ENV
 
 SHELLS = ("bash", "zsh", "fish", "powershell")
 MODEL_SOURCES = ("modelscope", "huggingface", "local")
@@ -42,15 +47,23 @@ class Export:
     reason: str
 
 
+def aotriton(env: Environment) -> measured.Reading | None:
+    """What doctor measured of SDPA under the AOTriton flag here; None off ROCm."""
+    if not is_rocm(env):
+        return None
+    return measured.reading(vit_attention.OP, env.torch, scheme="sdpa-aotriton")
+
+
 def exports(env: Environment, model_source: str | None = None) -> tuple[Export, ...]:
     out = []
-    if is_rocm(env):
+    found = aotriton(env)
+    if found is not None and found.faster:
         out.append(
             Export(
-                "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL",
+                AOTRITON_ENV,
                 "1",
-                "AOTriton flash attention for consumer Radeon cards; ROCm torch keeps it "
-                "behind this flag",
+                "AOTriton's SDPA kernels, which ROCm torch keeps behind this flag on consumer "
+                f"Radeon cards: {found.reason}",
             )
         )
     if model_source is not None:
@@ -94,7 +107,12 @@ def script(env: Environment, shell: str, model_source: str | None = None) -> str
     """Comment lines and assignments; every shell rocmfix supports reads ``#`` comments."""
     found = exports(env, model_source)
     lines = [f"# rocmfix env for {inert(env.python.executable)}"]
-    if not found:
+    flag = aotriton(env)
+    if flag is not None and not flag.faster:
+        lines.append(f"# not exported: {AOTRITON_ENV}: {inert(flag.reason)}")
+    if not found and flag is not None:
+        lines.append("# nothing to export")
+    elif not found:
         torch = f"torch {inert(env.torch.version)} is not a ROCm build" if env.torch else "no torch"
         lines.append(f"# nothing to export: {torch}")
     for export in found:

@@ -12,7 +12,11 @@ The file sits beside the tuned file (``measured.json`` in its folder)::
     {"schema": 1,
      "ops": {"<op>": {"<arch> torch <version> hip <version>": {
          "arch": ..., "torch": ..., "hip": ..., "scheme": ..., "speedup": 6.1,
-         "measured_at": "2026-12-01"}}}}
+         "speedups": {"<scheme>": 6.1, ...}, "measured_at": "2026-12-01"}}}}
+
+``scheme`` and ``speedup`` are the best scheme's; ``speedups`` (optional) holds every scheme
+that ran correctly, for the fixes that are one scheme's setting (``Patch.realizes``, and
+``rocmfix env``'s flags): each follows its own scheme's speed-up.
 
 It is untrusted input, read as the tuned file is: a regular file (never through a link),
 size-capped, schema-checked entry by entry; a file or an entry that fails any check reads as
@@ -105,10 +109,17 @@ class Measured:
     scheme: str
     speedup: float
     measured_at: str
+    speedups: tuple[tuple[str, float], ...] = ()
 
     @property
     def faster(self) -> bool:
         return self.speedup >= WORTH
+
+    def of(self, scheme: str) -> float | None:
+        """``scheme``'s own speed-up, where it was measured."""
+        if scheme == self.scheme:
+            return self.speedup
+        return dict(self.speedups).get(scheme)
 
     def where(self) -> str:
         rocm = f"ROCm {short(self.hip)}" if self.hip else f"torch {self.torch}"
@@ -147,13 +158,29 @@ def _entry(op: str, raw: object) -> Measured | None:
         return None
     if not (isinstance(scheme, str) and _VERSION.match(scheme)):
         return None
-    if isinstance(speedup, bool) or not isinstance(speedup, int | float):
+    if not _ratio(scheme, speedup):
         return None
-    if not (math.isfinite(speedup) and 0 < speedup < 1e6):
-        return None
+    assert isinstance(speedup, int | float)
     if not (isinstance(when, str) and _DATE.match(when)):
         return None
-    return Measured(op, arch, torch, hip, scheme, float(speedup), when)
+    each = raw.get("speedups", {})
+    if not isinstance(each, dict):
+        return None
+    speedups = tuple(sorted((k, float(v)) for k, v in each.items() if _ratio(k, v)))
+    if len(speedups) != len(each):
+        return None
+    return Measured(op, arch, torch, hip, scheme, float(speedup), when, speedups)
+
+
+def _ratio(scheme: object, speedup: object) -> bool:
+    return (
+        isinstance(scheme, str)
+        and bool(_VERSION.match(scheme))
+        and isinstance(speedup, int | float)
+        and not isinstance(speedup, bool)
+        and math.isfinite(speedup)
+        and 0 < speedup < 1e6
+    )
 
 
 def read(file: Path | None = None) -> tuple[Measured, ...]:
@@ -183,10 +210,15 @@ def read(file: Path | None = None) -> tuple[Measured, ...]:
 
 
 def reading(
-    op: Op, torch: TorchInfo | None, file: Path | None = None, archs: frozenset[str] | None = None
+    op: Op,
+    torch: TorchInfo | None,
+    file: Path | None = None,
+    archs: frozenset[str] | None = None,
+    scheme: str | None = None,
 ) -> Reading:
     """What the stored measurements say about ``op`` with this torch build on this node's GPU
-    (``archs``: :func:`gpu_archs` unless given)."""
+    (``archs``: :func:`gpu_archs` unless given): whether its best scheme, or ``scheme``
+    where given, measured faster than the stock op."""
     command = f"run `rocmfix doctor --op {op.name}` on the GPU"
     mine = [m for m in read(file) if m.op == op.name]
     build = [
@@ -210,6 +242,8 @@ def reading(
         newest = max(build, key=lambda m: m.measured_at)
         return Reading(None, f"not measured on this GPU ({arch}), only {newest.where()}; {command}")
     newest = max(here, key=lambda m: m.measured_at)
+    if scheme is not None:
+        return _one(newest, scheme, command)
     if newest.faster:
         return Reading(
             True, f"measured {newest.speedup:.1f}x faster ({newest.scheme}) {newest.where()}"
@@ -221,6 +255,15 @@ def reading(
     )
 
 
+def _one(m: Measured, scheme: str, command: str) -> Reading:
+    speedup = m.of(scheme)
+    if speedup is None:
+        return Reading(None, f"{scheme} did not run correctly {m.where()}; {command}")
+    if speedup >= WORTH:
+        return Reading(True, f"{scheme} measured {speedup:.1f}x faster {m.where()}")
+    return Reading(False, f"{scheme} measured no faster here ({speedup:.2f}x {m.where()})")
+
+
 def record(
     results: Mapping[str, tuple[str, float]],
     arch: str,
@@ -228,11 +271,12 @@ def record(
     hip: str | None,
     file: Path | None = None,
     today: datetime.date | None = None,
+    speedups: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Path | None:
-    """Store doctor's result per op (``{op: (best scheme, eager speed-up)}``) for this GPU
-    arch and torch/ROCm build, keeping the other entries. Returns the file, or None where
-    there was nothing to store or it could not be written (the measurement stands; only
-    status will not remember it)."""
+    """Store doctor's result per op (``{op: (best scheme, eager speed-up)}``, and each
+    scheme's where ``speedups`` has the op) for this GPU arch and torch/ROCm build, keeping
+    the other entries. Returns the file, or None where there was nothing to store or it could
+    not be written (the measurement stands; only status will not remember it)."""
     if not results:
         return None
     file = file or path()
@@ -250,6 +294,7 @@ def record(
                 "scheme": scheme,
                 "speedup": round(speedup, 3),
                 "measured_at": when,
+                "speedups": {k: round(v, 3) for k, v in (speedups or {}).get(op, {}).items()},
             },
         )
         if new is not None:
@@ -270,6 +315,7 @@ def _raw(m: Measured) -> dict[str, Any]:
         "scheme": m.scheme,
         "speedup": m.speedup,
         "measured_at": m.measured_at,
+        **({"speedups": dict(m.speedups)} if m.speedups else {}),
     }
 
 
@@ -298,7 +344,7 @@ def follow(
     on whatever was measured; a measured speed-up becomes the reason, the code's a note."""
     if patch.op is None or not patch.op.measured_verdict:
         return None, reason, notes
-    found = reading(patch.op, torch)
+    found = reading(patch.op, torch, scheme=patch.realizes)
     if found.faster:
         return None, found.reason, (reason, *notes)
     if explicit:

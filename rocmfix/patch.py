@@ -124,6 +124,10 @@ class Patch:
     # A patch without an op may still drop one template as ``kernel_module``: the runner its
     # fixed rewrite calls (the graph replay's, say).
     runner: str | None = None
+    # The one scheme of ``op`` that this fixed rewrite is (a setting, where the op's schemes
+    # are settings of the user's stack): it offers no other, and apply follows what doctor
+    # measured of that scheme, not of the op's best.
+    realizes: str | None = None
 
     def parse(self, data: bytes) -> cst.Module:
         """The module ``classify`` reads: the whole file, or only its focus class."""
@@ -131,7 +135,11 @@ class Patch:
 
     @property
     def schemes(self) -> tuple[Scheme, ...]:
-        return self.op.schemes if self.op is not None else ()
+        if self.op is None:
+            return ()
+        if self.realizes is not None:
+            return (self.op.scheme(self.realizes),)
+        return self.op.schemes
 
     @property
     def scheme_names(self) -> tuple[str, ...]:
@@ -139,7 +147,7 @@ class Patch:
 
     @property
     def default_scheme(self) -> str | None:
-        return self.op.default_scheme.name if self.op is not None else None
+        return self.schemes[0].name if self.schemes else None
 
     @property
     def needs_rocm(self) -> bool:
@@ -149,7 +157,7 @@ class Patch:
     def scheme(self, name: str | None) -> Scheme | None:
         if self.op is None:
             return None
-        return self.op.scheme(name or self.op.default_scheme.name)
+        return self.op.scheme(name or self.schemes[0].name)
 
     def drops(self, scheme: str | None) -> tuple[Drop, ...]:
         if self.op is None and self.runner is not None and self.kernel_module is not None:

@@ -348,14 +348,16 @@ def run(
     on_event: Callable[[Event], None],
     item_ids: Sequence[str] = (),
     idle_limit_s: float = 600.0,
+    env: Mapping[str, str] | None = None,
 ) -> WorkerRun:
     """Run the worker until it ends, restarting it after each item it could not finish.
 
     ``limit_for(item)`` gives an item's time limit in seconds, counted from the worker's
-    ``start`` event; ``idle_limit_s`` bounds the wait for any event at all.
+    ``start`` event; ``idle_limit_s`` bounds the wait for any event at all; ``env``, where
+    given, is the worker's whole environment (else rocmfix's own).
     """
     with forwarding():
-        return _run(python, request, limit_for, on_event, item_ids, idle_limit_s)
+        return _run(python, request, limit_for, on_event, item_ids, idle_limit_s, env)
 
 
 def _run(
@@ -365,6 +367,7 @@ def _run(
     on_event: Callable[[Event], None],
     item_ids: Sequence[str],
     idle_limit_s: float,
+    env: Mapping[str, str] | None = None,
 ) -> WorkerRun:
     outcome = WorkerRun()
     finished: set[str] = set()
@@ -379,6 +382,7 @@ def _run(
             idle_limit_s,
             outcome,
             finished,
+            env,
         )
         if ended or outcome.fatal is not None:
             return outcome
@@ -399,13 +403,16 @@ def one_worker(
     idle_limit_s: float,
     outcome: WorkerRun,
     finished: set[str],
+    env: Mapping[str, str] | None = None,
 ) -> tuple[bool, str | None]:
     """One worker process (``argv``, any guest module that speaks JSON lines with ``start``
     and ``item`` events: the doctor/tune worker through :func:`run`, the profiler's replay),
     held to its limits. Returns (ended cleanly, the item it was stopped in)."""
     with tempfile.TemporaryFile() as errors:
         try:
-            proc = _start(argv, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL)
+            proc = _start(
+                argv, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, env=env
+            )
         except OSError as exc:
             outcome.fatal = f"cannot run {argv[0]}: {exc.strerror or exc}"
             return False, None

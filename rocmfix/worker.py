@@ -41,7 +41,7 @@ def request(mode: str, ops: Sequence[Op], **extra: Any) -> protocol.Request:
     return protocol.Request(
         mode=mode,
         templates_dir=str(data_dir("templates")),
-        templates=sorted({s.entry for op in ops for s in op.schemes}),
+        templates=sorted({s.entry for op in ops for s in op.schemes if s.entry}),
         ops={op.name: op.request() for op in ops},
         tuned_file=str(tuned_file.tuned_path()),
         **extra,
@@ -100,6 +100,7 @@ def run(
     item_ids: Sequence[str] = (),
     idle_limit_s: float = 600.0,
     need_hello: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> Answer:
     """Run the worker (:func:`rocmfix.supervise.run`), each event parsed once as it arrives
     and handed to ``listen``. Raises :class:`ProtocolRefusal` for an event out of protocol
@@ -124,6 +125,7 @@ def run(
         on_event=on_event,
         item_ids=item_ids,
         idle_limit_s=idle_limit_s,
+        env=env,
     )
     answer = Answer(
         hello=hello[0] if hello else None,

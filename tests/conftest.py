@@ -258,6 +258,19 @@ def fake_torch(site: Path, version: str, hip: str | None = None, cuda: str | Non
     )
 
 
+def measured_vit(torch: str, hip: str, speedups: dict[str, float]) -> None:
+    """What ``rocmfix doctor --op vit-attention`` stores on a gfx1100 (each scheme's speed-up
+    over vLLM's stock SDPA), in the isolated home's measured.json; read where the test sets
+    ``HSA_OVERRIDE_GFX_VERSION=11.0.0``."""
+    best = max(speedups, key=lambda s: speedups[s])
+    entry = {"arch": "gfx1100", "torch": torch, "hip": hip, "scheme": best,
+             "speedup": speedups[best], "speedups": speedups,
+             "measured_at": "2026-11-27"}  # fmt: skip
+    file = Path(os.environ["XDG_CONFIG_HOME"]) / "rocmfix" / "measured.json"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps({"schema": 1, "ops": {"vit-attention": {"k": entry}}}))
+
+
 @pytest.fixture
 def vllm_env(tmp_path: Path) -> Callable[..., InstalledEnv]:
     """A venv holding vllm's three target files (and its real METADATA/RECORD) from the

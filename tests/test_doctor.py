@@ -35,6 +35,11 @@ def _by_impl(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {m["impl"]: m for m in [case["native"], *case["schemes"]]}
 
 
+# What a CPU build of torch cannot run: vLLM's Triton kernel (no vLLM here), the AOTriton
+# flag (ROCm torch's), SDPA's efficient kernel (CUDA and ROCm only).
+ELSEWHERE = {("vit-attention", s) for s in ("triton-attn", "sdpa-aotriton", "sdpa-efficient")}
+
+
 def test_json_report_without_a_gpu() -> None:
     result = run_cli("doctor", "--json", timeout=300)
     assert result.returncode == 0, result.stderr
@@ -64,12 +69,16 @@ def test_json_report_without_a_gpu() -> None:
         for case in cases:
             assert [m["impl"] for m in case["schemes"]] == list(each.scheme_names)
             for m in _by_impl(case).values():
+                if (each.name, m["impl"]) in ELSEWHERE:
+                    assert m["status"] == "unavailable", m
+                    continue
                 assert m["status"] == "ok", m
                 assert m["rel_err"] is not None and m["first_ms"] > 0
                 # Interpreted timings mean nothing, so no speed-up is claimed from them.
                 assert m["speedup"] is None
             for m in case["schemes"]:
-                assert m["rel_err"] < m["tolerance"]
+                if (each.name, m["impl"]) not in ELSEWHERE:
+                    assert m["rel_err"] < m["tolerance"]
     gemm = _by_impl(embed["cases"][0])["gemm"]
     assert gemm["config"]["BLOCK_M"] > 0
     for op in doc["ops"]:

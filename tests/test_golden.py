@@ -74,6 +74,17 @@ class Case:
 
 
 NEEDS, FIXED, UNKNOWN = CodeShape.NEEDS_PATCH, CodeShape.FIXED_UPSTREAM, CodeShape.UNKNOWN
+VIT, VLLM = "mineru-vit-attention", {"vllm": "0.99.0"}
+
+
+def _vllm(platform: str, args: str = "") -> dict[str, bytes | None]:
+    """A vLLM's ROCm platform and engine arguments, as the vision-tower patch reads them."""
+    return {
+        "vllm:vllm/platforms/rocm.py": (GOLDEN / f"vit_platform_{platform}.py").read_bytes(),
+        "vllm:vllm/engine/arg_utils.py": (GOLDEN / f"vit_engine_args{args}.py").read_bytes(),
+    }
+
+
 MIGRAPHX = {"onnxruntime-migraphx": "1.27.1"}
 QWEN2 = "vllm-qwen2-vl"
 
@@ -141,6 +152,22 @@ CASES = [
          versions=MIGRAPHX),
     Case("tables_class", "mineru-table-session", FIXED, "has no table_ort_session",
          versions=MIGRAPHX),
+    # The vision tower's backend: what the installed vLLM's own code offers and picks.
+    Case("vit_device_config", VIT, NEEDS, "gives RDNA's vision tower TORCH_SDPA",
+         related=_vllm("sdpa"), versions=VLLM),
+    Case("vit_device_config", VIT, FIXED, "offers no TRITON_ATTN", related=_vllm("no_triton"),
+         versions=VLLM),
+    Case("vit_device_config", VIT, FIXED, "no longer TORCH_SDPA", related=_vllm("triton"),
+         versions=VLLM),
+    Case("vit_device_config", VIT, FIXED, "takes no mm_encoder_attn_backend",
+         related=_vllm("sdpa", "_old"), versions=VLLM),
+    Case("vit_device_config", VIT, FIXED, "no vllm here"),
+    Case("vit_device_config", VIT, FIXED, "vllm 0.99.0 has no platforms/rocm.py",
+         versions=VLLM),
+    Case("vit_device_config_set", VIT, FIXED, "already sets mm_encoder_attn_backend",
+         related=_vllm("sdpa"), versions=VLLM),
+    Case("vit_device_config_absent", VIT, UNKNOWN, "has no _get_device_config",
+         related=_vllm("sdpa"), versions=VLLM),
 ]  # fmt: skip
 
 
@@ -184,4 +211,5 @@ def test_rewrite(patch_id: str, source: str) -> None:
     kept = [line for line in before.bytes.splitlines() if b"self.proj(" not in line]
     kept = [line for line in kept if b"get_lora_tokenizer" not in line and b"F.conv2d" not in line]
     kept = [line for line in kept if b"InferenceSession(" not in line]
+    kept = [line for line in kept if b"return SETTINGS.get(" not in line]
     assert all(line in after.splitlines() for line in kept)

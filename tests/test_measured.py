@@ -172,9 +172,10 @@ def test_doctor_stores_gpu_results_only(tmp_path: Path) -> None:
         ok = SimpleNamespace(failed=False)
         ops = [
             SimpleNamespace(op=dw, cases=[SimpleNamespace(schemes=[ok])], recommended="triton",
-                            speedup=3.25),
+                            speedup=3.25, totals={"native": 6.5, "triton": 2.0,
+                                                  "channels-last": 2.6}),
             SimpleNamespace(op=ct, cases=[SimpleNamespace(schemes=[ok])], recommended="linear",
-                            speedup=0.9),
+                            speedup=0.9, totals={"native": 0.9, "linear": 1.0}),
             SimpleNamespace(op=op("dilated-conv"), cases=[], recommended="gemm", speedup=9.0),
         ]  # fmt: skip
         return SimpleNamespace(device=device, ops=ops)
@@ -189,6 +190,10 @@ def test_doctor_stores_gpu_results_only(tmp_path: Path) -> None:
         ("conv-transpose", "gfx1201", "linear", 0.9, today),
     }
     torch, here = TorchInfo(TORCH, HIP, None), frozenset({"gfx1201"})
+    assert {m.op: m.speedups for m in measured.read(file)}["depthwise-conv"] == (
+        ("channels-last", 2.5),
+        ("triton", 3.25),
+    )
     assert measured.reading(dw, torch, file, here).faster is True
     assert measured.reading(ct, torch, file, here).faster is False
     # Another arch's result is kept beside it.

@@ -81,7 +81,8 @@ def _measure_item(
         op = ctx.request.ops[item.op]
         if impl in op.triton_schemes:
             ctx.needs_triton()
-        fn, config = bench.scheme(ctx.module(op.schemes[impl]))
+        entry = op.schemes[impl]
+        fn, config = bench.scheme(ctx.module(entry)) if entry else (bench.setting(impl), None)
     result["config"] = config
     torch = context.torch
     with torch.no_grad():

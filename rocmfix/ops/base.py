@@ -73,7 +73,11 @@ class KernelTemplate(Template, Protocol):
 class Scheme:
     """One way to run an op. ``entry`` is the template that becomes the patch's kernel module
     (under the name the patch gives it); ``support`` templates are dropped beside it under their
-    own names. The first scheme of an op is its default."""
+    own names. The first scheme of an op is its default. A scheme with no ``entry`` is a
+    setting of the user's own stack (an engine's backend, a library's flag), which the op's
+    harness runs by name; ``env`` is what the worker that measures it must start with (read
+    before torch is imported): doctor measures it in a worker of its own, and the others in
+    one without those variables."""
 
     name: str
     summary: str
@@ -81,10 +85,11 @@ class Scheme:
     entry: str
     support: tuple[str, ...] = ()
     needs_triton: bool = False
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def templates(self) -> tuple[str, ...]:
-        return (self.entry, *self.support)
+        return (self.entry, *self.support) if self.entry else self.support
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,11 @@ class Op:
     # The function of each scheme's entry that takes ``F.conv2d``'s arguments and raises for a
     # call it does not compute: the profile replays each scheme through it, by its label.
     replay: str = ""
+    # How the profiler knows this op when it is not a conv it classifies by its arguments:
+    # the torch op it is called as (``calls``), from a file whose path ends in one of
+    # ``sites`` (the engine's wrapper that issues it).
+    calls: tuple[str, ...] = ()
+    sites: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         names = self.scheme_names

@@ -47,6 +47,13 @@ FIRST_CALL_RATIO = 5.0
 FIRST_CALL_MIN_MS_CPU = 100.0
 FIRST_CALL_MIN_MS_GPU = 1.0
 SDPA_MATH = "aten::_scaled_dot_product_attention_math"
+# Which SDPA kernel ran, from the op it called.
+SDPA_BACKENDS = {
+    SDPA_MATH: "math",
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cuDNN",
+}
 # A replay whose "as run" time is further than this factor from the run's own steady time did
 # not reproduce the run: it gives no verdict (a 2-core CPU under load read 36 ms for a conv the
 # run took 5.5 ms for, and flagged it 101.8x and then 121.7x "faster").
@@ -190,10 +197,16 @@ def patch_for(
     # The profiler names files relative to their sys.path entry (doclayout_yolo/nn/...).
     path = "/" + source.split(" ")[0].rsplit(":", 1)[0].replace("\\", "/").lstrip("/")
     kind = conv_kind(op)
+    name = str(op.get("name", "")).removeprefix("aten::")
     for patch in patches:
         if any(path.endswith("/" + drop) for drop in patch.drop_paths):
             return patch, True
-        if patch.op is None or kind is None or not path.endswith("/" + patch.path):
+        if patch.op is None:
+            continue
+        # An op called through an engine's wrapper: the patch that selects its backend.
+        if name in patch.op.calls and any(path.endswith("/" + s) for s in patch.op.sites):
+            return patch, False
+        if kind is None or not path.endswith("/" + patch.path):
             continue
         if patch.op.name == kind:
             return patch, False
@@ -363,7 +376,8 @@ def setting_fix(
         if env.get("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL") != "1":
             why = (
                 "ROCm torch keeps AOTriton flash attention for consumer Radeon cards "
-                "behind TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1; `rocmfix env` exports it"
+                "behind TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1; `rocmfix env` exports it "
+                "where `rocmfix doctor --op vit-attention` measured it faster"
             )
             return "SDPA ran its math fallback", Fix(
                 kind="env", command='eval "$(rocmfix env)"', why=why
@@ -440,7 +454,17 @@ def verdict(
     startup = first_call(row, total_ms, device)
     setting = setting_fix(row, hip, device, backend, env or {}, callees, startup)
     if setting is not None and (hot or startup is not None):
-        fields.update(flagged=True, reason=setting[0], fix=setting[1])
+        reason, fix = setting
+        if patch is not None and patch.realizes is not None and patch.op is not None:
+            # The op of an engine's wrapper: doctor measures its backends here, and the patch
+            # selects the faster one (the setting stays the fix of every other SDPA call).
+            ran = next((SDPA_BACKENDS[c] for c in callees if c in SDPA_BACKENDS), None)
+            reason = f"{patch.op.title}: {patch.op.native} ran SDPA's {ran or '?'} kernel"
+            command = f"rocmfix doctor --op {patch.op.name} && rocmfix apply --only {patch.id}"
+            fix = Fix(kind="patch", patch_id=patch.id, command=command,
+                      why=f"{patch.summary}; `rocmfix env` exports the AOTriton flag where "
+                          "that measured faster")  # fmt: skip
+        fields.update(flagged=True, reason=reason, fix=fix)
         return fields
     if hot and speedup is not None and speedup >= FLAG_SPEEDUP and best is not None:
         fields.update(flagged=True, reason=f"{speedup:.1f}x faster as {best.label}")

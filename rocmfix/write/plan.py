@@ -213,7 +213,7 @@ def plan_apply(
         ):
             if not force:
                 fallback = patch.op.fallback if patch.op is not None else None
-                hint = f" (use --scheme {fallback})" if fallback else ""
+                hint = f" (use --scheme {fallback})" if fallback in patch.scheme_names else ""
                 plan.refusals.append(
                     f"{patch.id}: no Triton in this environment for the {chosen} scheme{hint}"
                 )

@@ -32,6 +32,11 @@ class Bench:
         """The call to measure for a scheme's template and the tile config it resolves to."""
         raise NotImplementedError
 
+    def setting(self, scheme: str) -> Callable[[], Any]:
+        """The call to measure for a scheme with no template: a setting of the user's own
+        stack, run by name (raise ``context.Unavailable`` where it cannot run here)."""
+        raise NotImplementedError
+
     def tolerance(self) -> float:
         raise NotImplementedError
 
