@@ -110,4 +110,5 @@ def test_the_registry_discovers_a_new_op_module(
     names = [op.name for op in found]
     assert names == ["patch-embed", "probe-op", *[op.name for op in OPS[1:]]]
     assert [op.name for op in OPS] == ["patch-embed", "dilated-conv", "depthwise-conv",
-                                       "conv-transpose", "pointwise-conv", "vit-attention"]  # fmt: skip
+                                       "conv-transpose", "pointwise-conv",
+                                       "vit-attention"]  # fmt: skip
