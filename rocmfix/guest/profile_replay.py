@@ -258,40 +258,33 @@ def _replay(torch: Any, gpu: bool, item: dict[str, Any], templates: str | None) 
             xn, wn = x.contiguous(), w.contiguous()
             forms["contiguous"] = lambda: conv(xn, wn, b, stride, padding, dilation, groups)
     kernel = list(w.shape[2:])
-    st = list(stride) * dims if len(stride) == 1 else list(stride)
-    dl = list(dilation) * dims if len(dilation) == 1 else list(dilation)
+
+    def axes(values: Any) -> list[int]:
+        return list(values) * dims if len(values) == 1 else list(values)
+
+    st, dl, op_ = axes(stride), axes(dilation), axes(out_pad)
+    pad: list[int] | str = padding
     if isinstance(padding, str):
         # "same"/"valid" as torch resolves it. An odd total is padded one more on the far
-        # side: rocmfix's kernels take symmetric numbers, so they are left out there.
+        # side: the op's own forms get the string there, and decline it.
         total = [0 if padding == "valid" else d * (k - 1) for k, d in zip(kernel, dl)]
         pd = [t // 2 for t in total]
-        templates = None if any(t % 2 for t in total) else templates
+        pad = padding if any(t % 2 for t in total) else pd
     else:
-        pd = list(padding) * dims if len(padding) == 1 else list(padding)
+        pd = pad = axes(padding)
     plain = kernel == st and not any(pd) and all(d == 1 for d in dl)
     if groups == 1 and plain and not transposed:
         forms["reshape+matmul"] = lambda: _gemm_conv(torch, x, w, b, kernel)
-    if transposed and dims == 2 and groups == 1 and plain and not any(out_pad) and templates:
-        shuffle = _template(templates, "conv_transpose_linear")
-        if shuffle is not None:
-            forms["GEMM + shuffle"] = lambda: shuffle.gemm(x, w, b)
-    depthwise = (not transposed and dims == 2 and groups > 1
-                 and groups == x.shape[1] == w.shape[0] and w.shape[1] == 1)  # fmt: skip
-    if depthwise and gpu and all(d == 1 for d in dl) and templates:
-        dw = _template(templates, "depthwise_conv_triton")
-        if dw is not None and getattr(dw, "_dw_kernel", None) is not None:
-
-            def direct() -> Any:
-                y = dw.conv(x, w, tuple(st), tuple(pd))
-                return y if b is None else y + b.view(1, -1, 1, 1)
-
-            forms["rocmfix Triton"] = direct
+    # The op's own schemes, named by the registry (rocmfix.ops.Op.replay): each takes the
+    # call's arguments as its torch functional does, one number per axis.
+    args = (x, w, b, st, pad, op_, groups, dl) if transposed else (x, w, b, st, pad, dl, groups)
     for form in item.get("forms") or ():
-        # An op's own schemes, named by the registry: each takes the call's own arguments.
+        if form.get("triton") and not gpu:
+            continue  # on a CPU, Triton runs only in its interpreter: nothing a user runs
         module = _template(templates, str(form["template"])) if templates else None
         entry = getattr(module, str(form["function"]), None)
         if callable(entry):
-            forms[str(form["label"])] = partial(entry, x, w, b, stride, padding, dilation, groups)
+            forms[str(form["label"])] = partial(entry, *args)
     if gpu:
 
         def native() -> Any:
@@ -300,29 +293,14 @@ def _replay(torch: Any, gpu: bool, item: dict[str, Any], templates: str | None) 
 
         if torch.backends.cudnn.enabled:
             forms["native fallback"] = native
-    if dims == 2 and groups == 1 and max(dl) > 1 and len(set(dl)) == 1 and templates:
-        phase = _template(templates, "dilated_conv_phase")
-        if phase is not None and len(set(st)) == 1 and st[0] == 1:
-
-            def split() -> Any:
-                y = phase.dilated_conv2d(x, w, dl[0], tuple(pd))
-                return y if b is None else y + b.view(1, -1, 1, 1)
-
-            forms["rocmfix phase split"] = split
-        triton = _template(templates, "dilated_conv_triton") if gpu else None
-        if triton is not None and len(set(st)) == 1 and st[0] == 1:
-
-            def implicit_gemm() -> Any:
-                y = triton.dilated_conv2d(x, w, dl[0], tuple(pd))
-                return y if b is None else y + b.view(1, -1, 1, 1)
-
-            forms["rocmfix Triton"] = implicit_gemm
     results: dict[str, dict[str, Any]] = {}
     timed = _time_forms(torch, gpu, forms)
     ref = None
     for label, fn in forms.items():
         try:
             got = timed[label]
+            if isinstance(got, NotImplementedError):
+                continue  # a form of the op's that does not compute this call
             if isinstance(got, Exception):
                 raise got
             first, ms = got
