@@ -369,7 +369,8 @@ def test_the_profile_replay_runs_the_registry_s_form() -> None:
     from rocmfix.profile import analyse
 
     item = dict(GROUPED, shapes=[[1, 576, 20, 14], [192, 3, 1, 1], []], dtypes=["float"] * 2,
-                strides=[], forms=analyse.replay_forms(GROUPED))  # fmt: skip
+                strides=[], conv=analyse.conv_params(GROUPED),
+                forms=analyse.replay_forms(GROUPED))  # fmt: skip
     forms = profile_replay._replay(torch, False, item, str(ROOT / "templates"))["forms"]
     assert forms["rocmfix GEMM"]["ok"] and forms["rocmfix GEMM"]["rel_err"] < 1e-6, forms
 

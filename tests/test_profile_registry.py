@@ -66,7 +66,8 @@ def test_each_recorded_conv_is_the_one_op_whose_rule_takes_it(call: Any, kind: s
 
 
 def _replay(call: Any, gpu: bool = False) -> dict[str, Any]:
-    item = dict(call, dtypes=["float"] * 3, strides=[], forms=analyse.replay_forms(call))
+    item = dict(call, dtypes=["float"] * 3, strides=[], conv=analyse.conv_params(call),
+                forms=analyse.replay_forms(call))  # fmt: skip
     got: dict[str, Any] = profile_replay._replay(torch, gpu, item, str(TEMPLATES))["forms"]
     return got
 

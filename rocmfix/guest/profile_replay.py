@@ -22,9 +22,6 @@ import traceback
 from functools import partial
 from typing import Any, Callable
 
-CONVS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
-         "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d")  # fmt: skip
-
 
 def send(event: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
@@ -205,28 +202,16 @@ def _dtype_name(raw: str | None) -> str:
     return table.get((raw or "float").lower(), "float32")
 
 
-def _conv_args(item: dict[str, Any]) -> tuple[Any, ...]:
-    """(stride, padding, dilation, groups, transposed, output_padding) from the recorded call."""
-    c = item.get("concrete") or []
-    name = item["name"]
-
-    def at(i: int, default: Any) -> Any:
-        return c[i] if i < len(c) and c[i] is not None else default
-
-    if name in ("aten::convolution", "aten::_convolution"):
-        return at(3, [1]), at(4, [0]), at(5, [1]), at(8, 1), bool(at(6, False)), at(7, [0])
-    if name.startswith("aten::conv_transpose"):
-        return at(3, [1]), at(4, [0]), at(7, [1]), at(6, 1), True, at(5, [0])
-    return at(3, [1]), at(4, [0]), at(5, [1]), at(6, 1), False, [0]
-
-
 def _replay(torch: Any, gpu: bool, item: dict[str, Any], templates: str | None) -> dict[str, Any]:
     device = "cuda" if gpu else "cpu"
     shapes, strides = item["shapes"], item.get("strides") or []
     dtypes = [_dtype_name(d) for d in item.get("dtypes") or []]
-    if item["name"] not in CONVS:
+    conv_ = item.get("conv")  # the call's arguments, as rocmfix.profile.analyse reads them
+    if not conv_:
         raise ValueError("no replay for " + item["name"])
-    stride, padding, dilation, groups, transposed, out_pad = _conv_args(item)
+    stride, dilation, groups = conv_["stride"], conv_["dilation"], conv_["groups"]
+    transposed, out_pad = conv_["transposed"], conv_["output_padding"]
+    padding = conv_.get("padding_mode") or conv_["padding"]  # "same"/"valid" as it ran
     torch.manual_seed(0)
     x = _tensor(torch, shapes[0], dtypes[0], strides[0] if strides else None, device)
     w = _tensor(torch, shapes[1], dtypes[1], strides[1] if len(strides) > 1 else None, device)
@@ -262,16 +247,10 @@ def _replay(torch: Any, gpu: bool, item: dict[str, Any], templates: str | None) 
     def axes(values: Any) -> list[int]:
         return list(values) * dims if len(values) == 1 else list(values)
 
-    st, dl, op_ = axes(stride), axes(dilation), axes(out_pad)
-    pad: list[int] | str = padding
-    if isinstance(padding, str):
-        # "same"/"valid" as torch resolves it. An odd total is padded one more on the far
-        # side: the op's own forms get the string there, and decline it.
-        total = [0 if padding == "valid" else d * (k - 1) for k, d in zip(kernel, dl)]
-        pd = [t // 2 for t in total]
-        pad = padding if any(t % 2 for t in total) else pd
-    else:
-        pd = pad = axes(padding)
+    st, dl, op_, pd = axes(stride), axes(dilation), axes(out_pad), axes(conv_["padding"])
+    # A "same" padding with an odd total pads the far side one more: the op's own forms get
+    # the string there, and decline it.
+    pad = padding if any(conv_.get("pad_far") or ()) else pd
     plain = kernel == st and not any(pd) and all(d == 1 for d in dl)
     if groups == 1 and plain and not transposed:
         forms["reshape+matmul"] = lambda: _gemm_conv(torch, x, w, b, kernel)

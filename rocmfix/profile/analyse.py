@@ -491,6 +491,6 @@ def replay_items(rows_: Sequence[OpStat], groups: Mapping[str, Group]) -> list[d
             continue  # replayed where an op computes it
         items.append({"id": f"op{n}", "name": op["name"], "shapes": op["shapes"],
                       "dtypes": op["dtypes"], "strides": op["strides"],
-                      "concrete": json.loads(json.dumps(op["concrete"])),
+                      "conv": json.loads(json.dumps(row.conv)),
                       "forms": replay_forms(op)})  # fmt: skip
     return items
