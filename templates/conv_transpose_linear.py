@@ -353,3 +353,14 @@ def _current(plan: tuple[Any, ...], deconv: Any, weight: torch.Tensor, bias: Any
         and (bias is None or bias.data_ptr() == bptr)
         and _settings(deconv) == settings
     )
+
+
+def deconv2d(x: torch.Tensor, weight: torch.Tensor, bias: Any, *call: Any) -> torch.Tensor:
+    """``F.conv_transpose2d`` of a conv whose kernel is its stride (no padding, no dilation,
+    one group) as :func:`gemm`, as ``rocmfix profile`` replays it; NotImplementedError for
+    any other call."""
+    stride, padding, output_padding, groups, dilation = call
+    plain = not any(padding) and not any(output_padding) and dilation == [1, 1]
+    if x.dim() != 4 or groups != 1 or list(weight.shape[2:]) != stride or not plain:
+        raise NotImplementedError("not a transposed conv whose kernel is its stride")
+    return gemm(x, weight, bias)

@@ -581,3 +581,18 @@ _OP = rop.register_triton_op(
     _impl,
     dop.fake,
 )
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Any, *call: Any) -> torch.Tensor:
+    """``F.conv2d`` of a depthwise conv of GPU tensors (no dilation) through the kernel alone,
+    as ``rocmfix profile`` replays it (CPU tensors under the interpreter); NotImplementedError
+    for any other call, or where Triton is missing."""
+    stride, padding, dilation, groups = call
+    depthwise = x.dim() == 4 and groups == x.shape[1] == weight.shape[0] and weight.shape[1] == 1
+    runs = (x.is_cuda or INTERPRETING) and _dw_kernel is not None
+    if not (depthwise and runs and dilation == [1, 1]):
+        raise NotImplementedError("not a depthwise conv the kernel runs")
+    if isinstance(padding, str):
+        raise NotImplementedError("padding on one side only")
+    y = conv(x, weight, (stride[0], stride[1]), (padding[0], padding[1]))
+    return y if bias is None else y + bias.view(1, -1, 1, 1)

@@ -42,6 +42,12 @@ def _handled(x: torch.Tensor, conv: Any) -> bool:
     )
 
 
+def _channels_last(x: torch.Tensor, weight: torch.Tensor, *args: Any) -> torch.Tensor:
+    """``F.conv2d(x, weight, *args)`` on channels-last copies of x and the weight."""
+    last = torch.channels_last
+    return F.conv2d(x.contiguous(memory_format=last), weight.contiguous(memory_format=last), *args)
+
+
 def depthwise_conv2d(
     x: torch.Tensor,
     conv: Any,
@@ -54,9 +60,8 @@ def depthwise_conv2d(
     if not _handled(x, conv):
         return ks.stock(x, conv, bn, act)
     try:
-        xin = x.contiguous(memory_format=torch.channels_last)
-        w = conv.weight.contiguous(memory_format=torch.channels_last)
-        y = F.conv2d(xin, w, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+        y = _channels_last(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation,
+                           conv.groups)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - never take the model down
         y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
         ks.warn_once(
@@ -70,3 +75,14 @@ def depthwise_conv2d(
     if act is not None:
         y = act(y)
     return y.contiguous()
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Any, *call: Any) -> torch.Tensor:
+    """``F.conv2d`` of a depthwise conv as this scheme runs it (a channels-last copy, then
+    NCHW again), as ``rocmfix profile`` replays it; NotImplementedError for any other call."""
+    stride, padding, dilation, groups = call
+    if not (x.dim() == 4 and groups == x.shape[1] == weight.shape[0]):
+        raise NotImplementedError("not a depthwise conv")
+    if weight.shape[1] != 1 or isinstance(padding, str):
+        raise NotImplementedError("not a depthwise conv with padding on both sides")
+    return _channels_last(x, weight, bias, stride, padding, dilation, groups).contiguous()

@@ -16,6 +16,7 @@ fast dense kernels do the work.  Plain torch ops: works on any device, and autog
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -142,3 +143,17 @@ def _conv(
     if oh == ph * d and ow == pw * d:
         return y
     return y[:, :, :oh, :ow]
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Any, *call: Any) -> torch.Tensor:
+    """``F.conv2d`` of a dilated conv (stride 1, one dilation > 1 for both axes, one group)
+    through the phase split, as ``rocmfix profile`` replays it; NotImplementedError for any
+    other call."""
+    stride, padding, dilation, groups = call
+    d = dilation[0]
+    if x.dim() != 4 or groups != 1 or stride != [1, 1] or dilation != [d, d] or d < 2:
+        raise NotImplementedError("not a stride-1 dilated conv")
+    if isinstance(padding, str):
+        raise NotImplementedError("padding on one side only")
+    y = dilated_conv2d(x, weight, d, (padding[0], padding[1]))
+    return y if bias is None else y + bias.view(1, -1, 1, 1)

@@ -543,3 +543,17 @@ def _traced(
     if bn is not None:
         y = bn(y)
     return y if act is None else act(y)
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Any, *call: Any) -> torch.Tensor:
+    """``F.conv2d`` of a dilated conv of GPU tensors (stride 1, one dilation > 1 for both
+    axes, one group, padding on both sides) through the kernel, as ``rocmfix profile``
+    replays it (CPU tensors under the interpreter); NotImplementedError for any other call."""
+    stride, padding, dilation, groups = call
+    d = dilation[0]
+    dilated = dilation == [d, d] and d > 1 and stride == [1, 1] and groups == 1
+    runs = x.is_cuda or INTERPRETING
+    if not (runs and x.dim() == 4 and dilated and not isinstance(padding, str)):
+        raise NotImplementedError("not a stride-1 dilated conv of GPU tensors")
+    y = dilated_conv2d(x, weight, d, (padding[0], padding[1]))
+    return y if bias is None else y + bias.view(1, -1, 1, 1)

@@ -591,3 +591,15 @@ def triton_conv3d_patchify(
 
 def _stock(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:])).flatten(1)
+
+
+def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Any, *call: Any) -> torch.Tensor:
+    """``F.conv3d`` with one patch in each input row (its size the kernel's, no padding or
+    dilation, one group) through the Triton GEMM, for GPU tensors or the interpreter: what
+    ``rocmfix profile`` replays. Any other call raises NotImplementedError."""
+    _stride, padding, dilation, groups = call  # one patch a row: any stride
+    if (not x.is_cuda and not INTERPRETING) or x.dim() != 5 or groups != 1:
+        raise NotImplementedError("the GEMM runs 3-D convs of GPU tensors")
+    if x.shape[2:] != weight.shape[2:] or padding != [0, 0, 0] or dilation != [1, 1, 1]:
+        raise NotImplementedError("not one patch in each input row")
+    return triton_conv3d_patchify(x, weight, bias)[:, :, None, None, None]

@@ -13,6 +13,8 @@ torch.compile and graph capture.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -37,3 +39,14 @@ def triton_conv3d_patchify(
     if bias is not None and bias.dtype != x.dtype:
         bias = bias.to(x.dtype)
     return F.linear(x.flatten(1), w, bias)
+
+
+def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Any, *call: Any) -> torch.Tensor:
+    """``F.conv3d`` of GPU tensors, one patch a row (the kernel the input's size, no padding,
+    no dilation, one group), through ``F.linear``, as ``rocmfix profile`` replays it;
+    NotImplementedError for any other call."""
+    _stride, padding, dilation, groups = call  # one patch a row: any stride
+    one = x.dim() == 5 and x.shape[2:] == weight.shape[2:] and groups == 1
+    if not (one and x.is_cuda and padding == [0, 0, 0] and dilation == [1, 1, 1]):
+        raise NotImplementedError("not one patch a row of GPU tensors")
+    return triton_conv3d_patchify(x, weight, bias)[:, :, None, None, None]

@@ -91,12 +91,12 @@ def conv2d(
     groups: int = 1,
 ) -> torch.Tensor:
     """``F.conv2d`` with its arguments where it is a GEMM (what ``rocmfix profile`` replays);
-    ValueError for any other conv or input layout."""
+    NotImplementedError for any other conv or input layout."""
     if x.dim() != 4 or not pointwise(weight, stride, padding, groups):
-        raise ValueError("not a 1x1, stride-1, unpadded conv")
+        raise NotImplementedError("not a 1x1, stride-1, unpadded conv")
     y = gemm(x, weight, bias, groups)
     if y is None:
-        raise ValueError("an input layout that is neither NCHW nor channels-last")
+        raise NotImplementedError("an input layout that is neither NCHW nor channels-last")
     return y
 
 

@@ -101,16 +101,16 @@ def test_the_gemm_computes_f_conv2d(
 def test_the_gemm_refuses_what_is_not_a_1x1_gemm(gemm: Any) -> None:
     x, w = torch.randn(1, 4, 5, 5), torch.randn(4, 4, 1, 1)
     for stride, padding in (((2, 2), 0), (1, 1), (1, (0, 1))):
-        with pytest.raises(ValueError):
+        with pytest.raises(NotImplementedError):
             gemm.conv2d(x, w, None, stride, padding, 1, 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(NotImplementedError):
         gemm.conv2d(x, torch.randn(4, 4, 3, 3), None, 1, 1, 1, 1)
     # One channel in and one out per group (a per-channel scale): no GEMM in it, the vendor's
     # own path was 2-4x faster on an H100; the entry leaves it to the stock line.
-    with pytest.raises(ValueError):
+    with pytest.raises(NotImplementedError):
         gemm.conv2d(x, torch.randn(4, 1, 1, 1), None, 1, 0, 1, 4)
     assert gemm.pointwise(torch.randn(8, 1, 1, 1), 1, 0, 4)  # two out per group: a GEMM
-    with pytest.raises(ValueError, match="layout"):
+    with pytest.raises(NotImplementedError, match="layout"):
         gemm.conv2d(x.transpose(2, 3), w, None, 1, 0, 1, 1)  # neither NCHW nor channels-last
     assert torch.equal(gemm.conv2d(x, w, None, 1, "valid", 2, 1), F.conv2d(x, w))
 
@@ -353,7 +353,8 @@ def test_the_profile_knows_a_1x1_conv_and_names_its_patch() -> None:
     assert analyse.patch_for(GROUPED, dropped, all_patches()) == (patch, True)
     # The replay gets the op's schemes from the registry ...
     forms = analyse.replay_forms(GROUPED)
-    assert forms == [{"label": "GEMM", "template": "pointwise_conv_gemm", "function": "conv2d"}]
+    assert forms == [{"label": "rocmfix GEMM", "template": "pointwise_conv_gemm",
+                      "function": "conv2d", "triton": False}]  # fmt: skip
     # ... and a flagged call whose GEMM form won names the patch.
     row = OpStat(key="k", op="conv2d", shapes=((1, 576, 80, 58), (192, 3, 1, 1), ()),
                  dtypes=("float32",), layout="contiguous", conv=analyse.conv_params(GROUPED),
@@ -361,10 +362,10 @@ def test_the_profile_knows_a_1x1_conv_and_names_its_patch() -> None:
                  flops=None, bytes=None, tflops=None, gbps=None, roofline=None, modules=(),
                  source=SOURCE, kernels=(), pids=(1,))  # fmt: skip
     result = {"status": "ok", "forms": {"as run": {"ms": 3.0, "ok": True},
-                                        "GEMM": {"ms": 1.0, "ok": True}}}  # fmt: skip
+                                        "rocmfix GEMM": {"ms": 1.0, "ok": True}}}  # fmt: skip
     done = analyse.verdict(row, result, patch, False, "cuda", False, {}, total_ms=200.0)
     assert done["flagged"] and done["fix"].command == f"rocmfix apply --only {PATCH} --force"
-    assert done["fix"].kind == "patch" and done["best"] == "GEMM"
+    assert done["fix"].kind == "patch" and done["best"] == "rocmfix GEMM"
 
 
 def test_the_profile_replay_runs_the_registry_s_form() -> None:
@@ -373,9 +374,10 @@ def test_the_profile_replay_runs_the_registry_s_form() -> None:
     from rocmfix.profile import analyse
 
     item = dict(GROUPED, shapes=[[1, 576, 20, 14], [192, 3, 1, 1], []], dtypes=["float"] * 2,
-                strides=[], forms=analyse.replay_forms(GROUPED))  # fmt: skip
+                strides=[], conv=analyse.conv_params(GROUPED),
+                forms=analyse.replay_forms(GROUPED))  # fmt: skip
     forms = profile_replay._replay(torch, False, item, str(ROOT / "templates"))["forms"]
-    assert forms["GEMM"]["ok"] and forms["GEMM"]["rel_err"] < 1e-6, forms
+    assert forms["rocmfix GEMM"]["ok"] and forms["rocmfix GEMM"]["rel_err"] < 1e-6, forms
 
 
 def test_the_op_is_registered_with_a_measured_verdict() -> None:

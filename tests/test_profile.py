@@ -324,7 +324,7 @@ def test_depthwise_and_kernel_stride_transposed_convs_map_to_their_patches() -> 
     hg = next(p for p in patches if p.id == "transformers-hgnet-v2")
     done = analyse.verdict(row, result, hg, False, "cuda", True, {}, total_ms=200.0)
     assert done["flagged"] and done["fix"].command == "rocmfix apply --only transformers-hgnet-v2"
-    result["forms"]["channels-last"] = {"ms": 0.5, "ok": True}
+    result["forms"]["rocmfix channels-last"] = {"ms": 0.5, "ok": True}
     done = analyse.verdict(row, result, hg, False, "cuda", True, {}, total_ms=200.0)
     assert done["fix"].command.endswith("--only transformers-hgnet-v2 --scheme channels-last")
 

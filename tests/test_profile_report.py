@@ -320,8 +320,8 @@ def test_a_patch_that_routes_an_op_is_named_with_why_it_is_or_is_not_proposed() 
                     "transposed": True, "output_padding": [0, 0]},
               first_ms=400.0, steady_ms=4.0, total_ms=436.0)  # fmt: skip
     # On a CPU: flagged (its first call), and the patch is named, with why it is not the fix.
-    cpu = analyse.verdict(up, _forms(4.0, GEMM_plus_shuffle=3.0), head, False, "cpu", False, {},
-                          total_ms=600.0)  # fmt: skip
+    cpu = analyse.verdict(up, _forms(4.0, rocmfix_GEMM_plus_shuffle=3.0), head, False, "cpu",
+                          False, {}, total_ms=600.0)  # fmt: skip
     assert cpu["flagged"] and cpu["fix"].kind == "none" and cpu["fix"].patch_id == head.id
     assert cpu["fix"].why.startswith(head.summary)
     assert cpu["fix"].why.endswith(
@@ -330,18 +330,18 @@ def test_a_patch_that_routes_an_op_is_named_with_why_it_is_or_is_not_proposed() 
     # On a ROCm GPU where the vendor op ran about as fast as the patch's formulation.
     even = _row(op="conv_transpose2d", shapes=up.shapes, conv=up.conv)
     gpu = analyse.verdict(even, {"status": "ok", "forms": {"as run": {"ms": 5.0, "ok": True},
-                          "GEMM + shuffle": {"ms": 4.0, "ok": True}}}, head, False, "cuda",
+                          "rocmfix GEMM + shuffle": {"ms": 4.0, "ok": True}}}, head, False, "cuda",
                           True, {}, total_ms=200.0)  # fmt: skip
     assert not gpu["flagged"] and gpu["fix"].patch_id == head.id
-    assert "its GEMM + shuffle form measured 1.2x the op as it ran here" in gpu["fix"].why
+    assert "its rocmfix GEMM + shuffle form measured 1.2x the op as it ran here" in gpu["fix"].why
     # Where it is the fix, the fix says what the patch does.
     fast = analyse.verdict(even, {"status": "ok", "forms": {"as run": {"ms": 5.0, "ok": True},
-                           "GEMM + shuffle": {"ms": 1.0, "ok": True}}}, head, False, "cuda",
+                           "rocmfix GEMM + shuffle": {"ms": 1.0, "ok": True}}}, head, False, "cuda",
                            True, {}, total_ms=200.0)  # fmt: skip
     assert fast["fix"].kind == "patch" and fast["fix"].why == head.summary
     # A first call that dwarfs the steady ones is not what a patch removes: said so.
     slow_first = analyse.verdict(up, {"status": "ok", "forms": {"as run": {"ms": 4.0, "ok": True},
-                                 "GEMM + shuffle": {"ms": 1.0, "ok": True}}}, head, False,
+                                 "rocmfix GEMM + shuffle": {"ms": 1.0, "ok": True}}}, head, False,
                                  "cuda", False, {}, total_ms=600.0)  # fmt: skip
     assert slow_first["flagged"] and slow_first["fix"].kind == "none"
     assert "its first call took 400ms, which the patch does not change" in slow_first["fix"].why

@@ -9,10 +9,12 @@ import inspect
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
+import torch
 
 import rocmfix.ops as registry
 from rocmfix import worker
@@ -112,3 +114,69 @@ def test_the_registry_discovers_a_new_op_module(
     assert [op.name for op in OPS] == ["patch-embed", "dilated-conv", "depthwise-conv",
                                        "conv-transpose", "pointwise-conv",
                                        "vit-attention"]  # fmt: skip
+
+
+# One call of each op, small, as ``rocmfix profile`` replays it: the torch functional and its
+# arguments after input, weight and bias (stride, padding, dilation, output padding one number
+# per axis), and a call of the same functional that no scheme computes.
+F = torch.nn.functional
+REPLAY_CALLS: dict[str, tuple[Any, tuple[int, ...], tuple[int, ...], tuple[Any, ...]]] = {
+    "patch-embed": (F.conv3d, (6, 3, 2, 4, 4), (8, 3, 2, 4, 4), ([2, 4, 4], [0, 0, 0], [1] * 3, 1)),
+    "dilated-conv": (F.conv2d, (1, 4, 9, 7), (5, 4, 3, 3), ([1, 1], [2, 2], [2, 2], 1)),
+    "depthwise-conv": (F.conv2d, (2, 4, 9, 7), (4, 1, 3, 3), ([2, 2], [1, 1], [1, 1], 4)),
+    "conv-transpose": (F.conv_transpose2d, (1, 4, 5, 3), (4, 3, 2, 2),
+                       ([2, 2], [0, 0], [0, 0], 1, [1, 1])),
+    "pointwise-conv": (F.conv2d, (1, 6, 5, 3), (4, 3, 1, 1), ([1, 1], [0, 0], [1, 1], 2)),
+}  # fmt: skip
+NO_OP: dict[Any, tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...]]] = {
+    F.conv3d: ((1, 3, 4, 8, 8), (8, 3, 2, 4, 4), ([2, 4, 4], [0, 0, 0], [1] * 3, 1)),
+    F.conv2d: ((1, 4, 9, 7), (5, 4, 3, 3), ([1, 1], [1, 1], [1, 1], 1)),
+    F.conv_transpose2d: ((1, 4, 5, 3), (4, 3, 2, 2), ([2, 2], [1, 1], [0, 0], 1, [1, 1])),
+}
+# The scheme whose entry runs GPU tensors only (on a CPU it runs the stock op, not its own).
+GPU_ONLY = {("patch-embed", "linear")}
+
+
+def _params(fn: Any, rest: tuple[Any, ...]) -> dict[str, Any]:
+    """The call's arguments as ``rocmfix.profile.analyse.conv_params`` reads them."""
+    if fn is F.conv_transpose2d:
+        stride, padding, output_padding, groups, dilation = rest
+    else:
+        (stride, padding, dilation, groups), output_padding = rest, [0]
+    return {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
+            "transposed": fn is F.conv_transpose2d, "output_padding": output_padding}  # fmt: skip
+
+
+REPLAYED = [op for op in OPS if op.matches is not None]
+
+
+def test_every_op_with_a_call_rule_has_a_replay_case() -> None:
+    # The vision attention is known by the torch op and the file that issue it (Op.calls,
+    # Op.sites), not by a conv's arguments; every conv op is here.
+    assert sorted(op.name for op in REPLAYED) == sorted(REPLAY_CALLS)
+
+
+@pytest.mark.parametrize("op", REPLAYED, ids=[op.name for op in REPLAYED])
+def test_every_op_knows_its_calls_and_replays_its_schemes_through_their_entries(op: Op) -> None:
+    """``rocmfix profile`` knows an op's calls by its rule alone (Op.matches, one op's at most)
+    and replays each scheme through its template's public entry (Op.replay), which computes
+    the call as the functional does and declines any other with NotImplementedError."""
+    fn, xs, ws, rest = REPLAY_CALLS[op.name]
+    assert op.matches is not None and op.replay and op.replayed
+    assert [o.name for o in OPS if o.matches and o.matches(_params(fn, rest), xs, ws)] == [op.name]
+    nx, nw, nrest = NO_OP[fn]
+    torch.manual_seed(0)
+    x, w = torch.randn(xs), torch.randn(ws)
+    b = torch.randn(fn(x, w, None, *rest).shape[1])
+    want = fn(x, w, b, *rest)
+    for label, scheme in op.replayed.items():
+        assert label == f"rocmfix {scheme.label}"
+        entry = getattr(load_template(scheme.entry[:-3]), op.replay)
+        if (op.name, scheme.name) in GPU_ONLY:
+            with pytest.raises(NotImplementedError):
+                entry(x, w, b, *rest)
+        else:
+            got = entry(x, w, b, *rest)
+            assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4), label
+        with pytest.raises(NotImplementedError):
+            entry(torch.randn(nx), torch.randn(nw), None, *nrest)

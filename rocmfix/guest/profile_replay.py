@@ -22,9 +22,6 @@ import traceback
 from functools import partial
 from typing import Any, Callable
 
-CONVS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
-         "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d")  # fmt: skip
-
 
 def send(event: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
@@ -205,28 +202,16 @@ def _dtype_name(raw: str | None) -> str:
     return table.get((raw or "float").lower(), "float32")
 
 
-def _conv_args(item: dict[str, Any]) -> tuple[Any, ...]:
-    """(stride, padding, dilation, groups, transposed, output_padding) from the recorded call."""
-    c = item.get("concrete") or []
-    name = item["name"]
-
-    def at(i: int, default: Any) -> Any:
-        return c[i] if i < len(c) and c[i] is not None else default
-
-    if name in ("aten::convolution", "aten::_convolution"):
-        return at(3, [1]), at(4, [0]), at(5, [1]), at(8, 1), bool(at(6, False)), at(7, [0])
-    if name.startswith("aten::conv_transpose"):
-        return at(3, [1]), at(4, [0]), at(7, [1]), at(6, 1), True, at(5, [0])
-    return at(3, [1]), at(4, [0]), at(5, [1]), at(6, 1), False, [0]
-
-
 def _replay(torch: Any, gpu: bool, item: dict[str, Any], templates: str | None) -> dict[str, Any]:
     device = "cuda" if gpu else "cpu"
     shapes, strides = item["shapes"], item.get("strides") or []
     dtypes = [_dtype_name(d) for d in item.get("dtypes") or []]
-    if item["name"] not in CONVS:
+    conv_ = item.get("conv")  # the call's arguments, as rocmfix.profile.analyse reads them
+    if not conv_:
         raise ValueError("no replay for " + item["name"])
-    stride, padding, dilation, groups, transposed, out_pad = _conv_args(item)
+    stride, dilation, groups = conv_["stride"], conv_["dilation"], conv_["groups"]
+    transposed, out_pad = conv_["transposed"], conv_["output_padding"]
+    padding = conv_.get("padding_mode") or conv_["padding"]  # "same"/"valid" as it ran
     torch.manual_seed(0)
     x = _tensor(torch, shapes[0], dtypes[0], strides[0] if strides else None, device)
     w = _tensor(torch, shapes[1], dtypes[1], strides[1] if len(strides) > 1 else None, device)
@@ -258,40 +243,27 @@ def _replay(torch: Any, gpu: bool, item: dict[str, Any], templates: str | None) 
             xn, wn = x.contiguous(), w.contiguous()
             forms["contiguous"] = lambda: conv(xn, wn, b, stride, padding, dilation, groups)
     kernel = list(w.shape[2:])
-    st = list(stride) * dims if len(stride) == 1 else list(stride)
-    dl = list(dilation) * dims if len(dilation) == 1 else list(dilation)
-    if isinstance(padding, str):
-        # "same"/"valid" as torch resolves it. An odd total is padded one more on the far
-        # side: rocmfix's kernels take symmetric numbers, so they are left out there.
-        total = [0 if padding == "valid" else d * (k - 1) for k, d in zip(kernel, dl)]
-        pd = [t // 2 for t in total]
-        templates = None if any(t % 2 for t in total) else templates
-    else:
-        pd = list(padding) * dims if len(padding) == 1 else list(padding)
+
+    def axes(values: Any) -> list[int]:
+        return list(values) * dims if len(values) == 1 else list(values)
+
+    st, dl, op_, pd = axes(stride), axes(dilation), axes(out_pad), axes(conv_["padding"])
+    # A "same" padding with an odd total pads the far side one more: the op's own forms get
+    # the string there, and decline it.
+    pad = padding if any(conv_.get("pad_far") or ()) else pd
     plain = kernel == st and not any(pd) and all(d == 1 for d in dl)
     if groups == 1 and plain and not transposed:
         forms["reshape+matmul"] = lambda: _gemm_conv(torch, x, w, b, kernel)
-    if transposed and dims == 2 and groups == 1 and plain and not any(out_pad) and templates:
-        shuffle = _template(templates, "conv_transpose_linear")
-        if shuffle is not None:
-            forms["GEMM + shuffle"] = lambda: shuffle.gemm(x, w, b)
-    depthwise = (not transposed and dims == 2 and groups > 1
-                 and groups == x.shape[1] == w.shape[0] and w.shape[1] == 1)  # fmt: skip
-    if depthwise and gpu and all(d == 1 for d in dl) and templates:
-        dw = _template(templates, "depthwise_conv_triton")
-        if dw is not None and getattr(dw, "_dw_kernel", None) is not None:
-
-            def direct() -> Any:
-                y = dw.conv(x, w, tuple(st), tuple(pd))
-                return y if b is None else y + b.view(1, -1, 1, 1)
-
-            forms["rocmfix Triton"] = direct
+    # The op's own schemes, named by the registry (rocmfix.ops.Op.replay): each takes the
+    # call's arguments as its torch functional does, one number per axis.
+    args = (x, w, b, st, pad, op_, groups, dl) if transposed else (x, w, b, st, pad, dl, groups)
     for form in item.get("forms") or ():
-        # An op's own schemes, named by the registry: each takes the call's own arguments.
+        if form.get("triton") and not gpu:
+            continue  # on a CPU, Triton runs only in its interpreter: nothing a user runs
         module = _template(templates, str(form["template"])) if templates else None
         entry = getattr(module, str(form["function"]), None)
         if callable(entry):
-            forms[str(form["label"])] = partial(entry, x, w, b, stride, padding, dilation, groups)
+            forms[str(form["label"])] = partial(entry, *args)
     if gpu:
 
         def native() -> Any:
@@ -300,29 +272,14 @@ def _replay(torch: Any, gpu: bool, item: dict[str, Any], templates: str | None) 
 
         if torch.backends.cudnn.enabled:
             forms["native fallback"] = native
-    if dims == 2 and groups == 1 and max(dl) > 1 and len(set(dl)) == 1 and templates:
-        phase = _template(templates, "dilated_conv_phase")
-        if phase is not None and len(set(st)) == 1 and st[0] == 1:
-
-            def split() -> Any:
-                y = phase.dilated_conv2d(x, w, dl[0], tuple(pd))
-                return y if b is None else y + b.view(1, -1, 1, 1)
-
-            forms["rocmfix phase split"] = split
-        triton = _template(templates, "dilated_conv_triton") if gpu else None
-        if triton is not None and len(set(st)) == 1 and st[0] == 1:
-
-            def implicit_gemm() -> Any:
-                y = triton.dilated_conv2d(x, w, dl[0], tuple(pd))
-                return y if b is None else y + b.view(1, -1, 1, 1)
-
-            forms["rocmfix Triton"] = implicit_gemm
     results: dict[str, dict[str, Any]] = {}
     timed = _time_forms(torch, gpu, forms)
     ref = None
     for label, fn in forms.items():
         try:
             got = timed[label]
+            if isinstance(got, NotImplementedError):
+                continue  # a form of the op's that does not compute this call
             if isinstance(got, Exception):
                 raise got
             first, ms = got

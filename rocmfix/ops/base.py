@@ -160,10 +160,15 @@ class Op:
     # follow what doctor measured here (rocmfix.measured), not the code alone.
     measured_verdict: bool = False
     # How ``rocmfix profile`` knows a recorded conv call for this op, from its arguments (as
-    # ``profile.analyse.conv_params`` reads them) and the input's and weight's shapes.
+    # ``profile.analyse.conv_params`` reads them) and the input's and weight's shapes. The ops'
+    # rules are disjoint: a call is at most one op's.
     matches: Callable[[Mapping[str, Any], Sequence[int], Sequence[int]], bool] | None = None
-    # The function of each scheme's entry that takes ``F.conv2d``'s arguments and raises for a
-    # call it does not compute: the profile replays each scheme through it, by its label.
+    # The function of each scheme's entry that takes the recorded call's arguments as its
+    # torch functional does (``F.conv2d``, ``F.conv3d``, ``F.conv_transpose2d``: input, weight,
+    # bias, then the rest in that functional's order, stride, padding, dilation and
+    # output_padding as one number per spatial axis) and raises NotImplementedError for a call
+    # it does not compute: ``rocmfix profile`` replays each scheme through it, as
+    # ``rocmfix <label>`` (see :attr:`replayed`).
     replay: str = ""
     # How the profiler knows this op when it is not a conv it classifies by its arguments:
     # the torch op it is called as (``calls``), from a file whose path ends in one of
@@ -192,6 +197,17 @@ class Op:
             if scheme.name == name:
                 return scheme
         raise KeyError(name)
+
+    @property
+    def replayed(self) -> dict[str, Scheme]:
+        """The schemes ``rocmfix profile`` replays, by the label of their form: the first
+        scheme of each label (``rocmfix Triton`` is the op's default Triton scheme)."""
+        if not self.replay:
+            return {}
+        found: dict[str, Scheme] = {}
+        for scheme in self.schemes:
+            found.setdefault(f"rocmfix {scheme.label}", scheme)
+        return found
 
     @property
     def templates(self) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ block of the output, so the op is exactly a 1x1 GEMM and a pixel shuffle; MIOpen
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import DTYPES, Case, Op, Scheme, TensorShape
@@ -29,6 +30,21 @@ def _case(gpu: dict[str, Any], small: tuple[int, int, int, int]) -> Case:
 def label(s: TensorShape) -> str:
     k = f"{s['k']}x{s['k']}/{s['k']}"
     return f"{s['cin']}→{s['cout']}ch {k} {s['h']}x{s['w']} {DTYPES.get(s['dtype'], s['dtype'])}"
+
+
+def matches(conv: Mapping[str, Any], x: Sequence[int], w: Sequence[int]) -> bool:
+    """A recorded conv call of this op: a 2-D transposed conv, one group, its kernel its
+    stride, no padding, no output padding, no dilation."""
+    stride = list(conv["stride"]) * 2 if len(conv["stride"]) == 1 else list(conv["stride"])
+    return (
+        len(x) == 4
+        and bool(conv["transposed"])
+        and int(conv["groups"]) == 1
+        and list(w[2:]) == stride
+        and not any(conv["padding"])
+        and not any(conv["output_padding"])
+        and max(conv["dilation"]) == 1
+    )
 
 
 OP = Op(
@@ -60,4 +76,6 @@ OP = Op(
     fallback="linear",
     measured_verdict=True,
     order=40,
+    matches=matches,
+    replay="deconv2d",
 )

@@ -7,9 +7,11 @@ these shapes depends on the arch and the release, so ``doctor`` measures before 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import DTYPES, TRITON_SUPPORT, Case, GridGroup, Op, Scheme, TensorShape, TuneTarget
+from .pointwise_conv import matches as pointwise
 
 
 def shape(
@@ -132,6 +134,21 @@ def label(s: TensorShape) -> str:
     return f"{s['c']}ch {k}{stride} {s['h']}x{s['w']}{batch} {DTYPES.get(s['dtype'], s['dtype'])}"
 
 
+def matches(conv: Mapping[str, Any], x: Sequence[int], w: Sequence[int]) -> bool:
+    """A recorded conv call of this op: 2-D, not transposed, groups == in == out channels,
+    no dilation (a 1x1 conv is the pointwise op's)."""
+    groups = int(conv["groups"])
+    return (
+        len(x) == 4
+        and not conv["transposed"]
+        and groups > 1
+        and groups == x[1] == w[0]
+        and w[1] == 1
+        and max(conv["dilation"]) == 1
+        and not pointwise(conv, x, w)
+    )
+
+
 OP = Op(
     name="depthwise-conv",
     title="depthwise conv",
@@ -170,4 +187,6 @@ OP = Op(
     fallback="channels-last",
     measured_verdict=True,
     order=30,
+    matches=matches,
+    replay="conv2d",
 )

@@ -5,6 +5,7 @@ fast solver for dilation > 1 and falls back to a naive kernel (layout at 1.6 it/
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import (
@@ -18,6 +19,7 @@ from .base import (
     TuneTarget,
     tile,
 )
+from .pointwise_conv import matches as pointwise
 
 
 def _tile(bm: int, bn: int, bk: int, warps: int, stages: int, **extra: Any) -> dict[str, Any]:
@@ -95,6 +97,13 @@ def label(s: TensorShape) -> str:
     return f"{s['c']}ch {s['k']}x{s['k']} {dilation} {size} {DTYPES.get(s['dtype'], s['dtype'])}"
 
 
+def matches(conv: Mapping[str, Any], x: Sequence[int], w: Sequence[int]) -> bool:
+    """A recorded conv call of this op: 2-D, not transposed, dilation > 1 (a 1x1 conv is the
+    pointwise op's, whatever its dilation)."""
+    dilated = len(x) == 4 and not conv["transposed"] and max(conv["dilation"]) > 1
+    return dilated and not pointwise(conv, x, w)
+
+
 OP = Op(
     name="dilated-conv",
     title="dilated conv",
@@ -140,4 +149,6 @@ OP = Op(
     harness="dilated_conv",
     label=label,
     function="dilated_conv2d",
+    matches=matches,
+    replay="conv2d",
 )

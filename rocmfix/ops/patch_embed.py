@@ -5,6 +5,9 @@ spends seconds a call (seed 000; pytorch#146998); vllm and transformers both run
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from .base import (
     DTYPES,
     TRITON_SUPPORT,
@@ -108,6 +111,12 @@ def label(s: TensorShape) -> str:
     return f"{s['m']}x{k}→{s['n']} {DTYPES.get(s['dtype'], s['dtype'])}"
 
 
+def matches(conv: Mapping[str, Any], x: Sequence[int], w: Sequence[int]) -> bool:
+    """A recorded conv call of this op: any 3-D conv (the patch embed's is the one MinerU's
+    models run; the replay's forms decline the others)."""
+    return len(x) == 5 and not conv["transposed"]
+
+
 OP = Op(
     name="patch-embed",
     title="patch embed",
@@ -159,4 +168,6 @@ OP = Op(
     harness="patch_embed",
     label=label,
     function="triton_conv3d_patchify",
+    matches=matches,
+    replay="conv3d",
 )

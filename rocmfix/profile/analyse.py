@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rocmfix.ops import OPS, Op
+from rocmfix.ops import OPS
 from rocmfix.patch import Patch
 
 from .collect import Group, layout
@@ -30,14 +30,6 @@ DTYPE = {"float": "float32", "c10::half": "float16", "c10::bfloat16": "bfloat16"
          "double": "float64"}  # fmt: skip
 ROOFLINE_MIN_MS_GPU = 0.1
 ROOFLINE_MIN_MS_CPU = 1.0
-# Which replayed formulation is which scheme of the patch's op: the fix names the scheme
-# whose formulation was measured here.
-SCHEME_OF = {
-    "patch-embed": {"reshape+matmul": "linear"},
-    "dilated-conv": {"rocmfix phase split": "linear", "rocmfix Triton": "gemm"},
-    "depthwise-conv": {"rocmfix Triton": "triton", "channels-last": "channels-last"},
-    "conv-transpose": {"GEMM + shuffle": "linear"},
-}
 # First-call cost (a MIOpen Find, a cuDNN benchmark autotune, a one-time compile) is flagged
 # when the first call takes this many times a steady call and what it adds takes at least
 # FLAG_SHARE of the run: a first call a few times slower is a cold cache, not a search.
@@ -139,52 +131,25 @@ def work(op: Mapping[str, Any]) -> tuple[float | None, float | None]:
 
 
 def conv_kind(op: Mapping[str, Any]) -> str | None:
-    """Which rocmfix op a conv call is, from its arguments alone: ``patch-embed`` (a 3-D conv),
-    ``dilated-conv``, ``depthwise-conv`` (groups == in == out channels, 2-D) or
-    ``conv-transpose`` (2-D, kernel == stride, no padding: a GEMM and a pixel shuffle)."""
+    """Which rocmfix op a conv call is, from its arguments alone: the op whose rule
+    (:attr:`rocmfix.ops.Op.matches`) takes it."""
     params = conv_params(op)
     shapes = op.get("shapes") or []
     if params is None or len(shapes) < 2 or len(shapes[0]) < 3 or len(shapes[1]) < 3:
         return None
-    x, w = shapes[0], shapes[1]
-    # The ops that say themselves which calls are theirs (rocmfix.ops.Op.matches) first.
-    for each in OPS:
-        if each.matches is not None and each.matches(params, x, w):
-            return each.name
-    dims = len(x) - 2
-    dl = _expand(params["dilation"], dims)
-    if params["transposed"]:
-        st, pd = _expand(params["stride"], dims), _expand(params["padding"], dims)
-        simple = not any(pd) and not any(_expand(params["output_padding"], dims))
-        if dims == 2 and params["groups"] == 1 and list(w[2:]) == st and simple:
-            return "conv-transpose" if all(d == 1 for d in dl) else None
-        return None
-    if dims == 3:
-        return "patch-embed"
-    if dims == 2 and max(dl) > 1:
-        return "dilated-conv"
-    groups = int(params["groups"])
-    if dims == 2 and groups > 1 and groups == x[1] == w[0] and w[1] == 1 and max(dl) == 1:
-        return "depthwise-conv"
-    return None
+    found = (each for each in OPS if each.matches and each.matches(params, shapes[0], shapes[1]))
+    return next((each.name for each in found), None)
 
 
-def scheme_labels(op: Op) -> dict[str, str]:
-    """Which replayed form is which scheme of ``op``: its own schemes by label where the
-    replay runs them (``Op.replay``)."""
-    own = {s.label: s.name for s in op.schemes} if op.replay else {}
-    return {**SCHEME_OF.get(op.name, {}), **own}
-
-
-def replay_forms(op: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The schemes the replay runs beside the call, for an op whose schemes take the call's
-    own arguments (``Op.replay``): label, template module and function."""
+def replay_forms(op: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The schemes the replay runs beside the call (:attr:`rocmfix.ops.Op.replayed`): each
+    form's label, template module and function, and whether it needs Triton."""
     kind = conv_kind(op)
-    found = next((each for each in OPS if each.name == kind and each.replay), None)
+    found = next((each for each in OPS if each.name == kind), None)
     if found is None:
         return []
-    return [{"label": s.label, "template": s.entry.removesuffix(".py"), "function": found.replay}
-            for s in found.schemes]  # fmt: skip
+    return [{"label": label, "template": s.entry.removesuffix(".py"), "function": found.replay,
+             "triton": s.needs_triton} for label, s in found.replayed.items()]  # fmt: skip
 
 
 def patch_for(
@@ -481,8 +446,15 @@ def verdict(
         reason = _first_reason(row)
         fields.update(flagged=True, reason=reason)
     gpu = device == "cuda"
-    schemes = scheme_labels(patch.op) if patch is not None and patch.op else {}
-    scheme = schemes.get(best.label) if best is not None and startup is None else None
+    # The op's own fastest form names the scheme, where it is the fastest of all or itself
+    # fast enough for a fix (reshape + matmul a hair ahead of the patch embed's F.linear).
+    schemes = patch.op.replayed if patch is not None and patch.op else {}
+    own = [f for f in others if f.label in schemes] if best is not None and startup is None else []
+    mine = min(own, key=lambda f: f.ms or math.inf) if own else None
+    mine_speedup = anchor / mine.ms if anchor and mine is not None and mine.ms else None
+    if mine is not None and mine is not best and (mine_speedup or 0.0) < FLAG_SPEEDUP:
+        mine = None
+    scheme = schemes[mine.label].name if mine is not None else None
     # rocmfix's routes take GPU inputs only (CPU inputs run the stock line): a patch is the fix
     # on a GPU, where it changes what runs; on a torch that is not ROCm, apply needs --force.
     proposed = fields["flagged"] and scheme is not None and gpu
@@ -492,8 +464,8 @@ def verdict(
             command += f" --scheme {scheme}"
         if not hip:
             command += " --force"
-        fields["fix"] = Fix(kind="patch", patch_id=patch.id, command=command, speedup=speedup,
-                            why=patch.summary)  # fmt: skip
+        fields["fix"] = Fix(kind="patch", patch_id=patch.id, command=command,
+                            speedup=mine_speedup, why=patch.summary)  # fmt: skip
     elif fields["flagged"] or patch is not None:
         flagged = fields["flagged"]
         fields["fix"] = Fix(
@@ -510,7 +482,7 @@ def _not_proposed(
     patch: Patch, row: OpStat, fields: Mapping[str, Any], base: Form | None, gpu: bool
 ) -> str:
     """What a patch that routes this op does, and why it is not the fix here."""
-    labels = scheme_labels(patch.op) if patch.op is not None else {}
+    labels = patch.op.replayed if patch.op is not None else {}
     own = [f for f in fields["forms"] if f.label in labels and f.ok and f.ms]
     if not gpu:
         why = "CPU inputs take the stock path (its routes take GPU inputs only)"
@@ -538,11 +510,11 @@ def replay_items(rows_: Sequence[OpStat], groups: Mapping[str, Group]) -> list[d
     for n, row in enumerate(rows_):
         if row.share < FLAG_SHARE or row.conv is None:
             continue
-        if row.conv["transposed"] and conv_kind(groups[row.key].op) != "conv-transpose":
-            continue
         op = groups[row.key].op
+        if row.conv["transposed"] and conv_kind(op) is None:
+            continue  # replayed where an op computes it
         items.append({"id": f"op{n}", "name": op["name"], "shapes": op["shapes"],
                       "dtypes": op["dtypes"], "strides": op["strides"],
-                      "concrete": json.loads(json.dumps(op["concrete"])),
+                      "conv": json.loads(json.dumps(row.conv)),
                       "forms": replay_forms(op)})  # fmt: skip
     return items
