@@ -73,7 +73,11 @@ def test_apply_leaves_what_mineru_never_runs(tmp_path: Path) -> None:
     assert applied.returncode == 0, applied.stderr
     assert "mineru-tokenizer: applied" in applied.stderr
     assert (env.site / "doclayout_yolo/nn/modules/g2l_crm.py").read_bytes() == before
-    assert "doclayout-dilated-conv: skipped" in applied.stderr
+    # Both of DocLayout-YOLO's patches (its dilated and 1x1 convs), one line for their reason.
+    assert (
+        "2 patches (doclayout-yolo 2): skipped: mineru 4.0.12 does not use doclayout-yolo"
+        in applied.stderr
+    ), applied.stderr
     assert env.cli("revert").returncode == 0
     assert run_cli("status", "--python", str(env.python)).returncode == 0
 
