@@ -735,7 +735,11 @@ def test_line_ends_bom_coding_cookie_and_tabs_survive(all_targets_env: Installed
             _rewrite_record(env.site, rel, converted)
         before = files_under(env.site)
         statuses = _by_id(env.cli("status", "--json"))
-        installed = {p: s for p, s in statuses.items() if s["verdict"] != "not-installed"}
+        # DocLayout-YOLO's 1x1 conv patch waits for a measurement (no GPU here): apply
+        # leaves its file alone, as it leaves every file of a patch that reads unmeasured.
+        installed = {
+            p: s for p, s in statuses.items() if s["verdict"] not in ("not-installed", "unmeasured")
+        }
         assert len(installed) == len(targets)
         for patch, status in installed.items():
             assert (status["verdict"], status["pristine"]) == ("applicable", "record"), (
