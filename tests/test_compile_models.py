@@ -304,6 +304,9 @@ def _check_all(report: dict[str, Any], model: str, backend: str) -> None:
     assert errs["eager"] < 1e-5 or model == "layout", report
 
 
+# 3 minutes on CI's two cores: the trace of every model (above) runs there; this, the whole
+# protocol over sizes, with ROCMFIX_SLOW_TESTS=1 and on a GPU (bench/compile_gpu.py).
+@slow
 def test_rec_compiles_whole_over_sizes(ocr_env: InstalledEnv) -> None:
     report = _run(ocr_env.site, ocr_env.site / NEW, "rec", "explain,frames,aot_eager")
     _check_all(report, "rec", "aot_eager")
