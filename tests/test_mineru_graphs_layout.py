@@ -84,6 +84,35 @@ def test_formula_encoder_golden() -> None:
     assert none.shape is CodeShape.FIXED_UPSTREAM and "no BaseModel" in none.reason
 
 
+def test_host_syncs_names_each_copy_a_capture_refuses() -> None:
+    """On fake ``cuda`` tensors: every copy from the host, those ATen makes below the
+    dispatcher included (indices on the host, moved to the device first), and none where
+    ATen does not wait."""
+    import torch
+    from graphs_fake import HostSyncs
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    host = "a copy from the host"
+    cases = {
+        "x[torch.tensor([0, 1])]": (lambda x: x[torch.tensor([0, 1])], host),
+        "x[torch.tensor([0, 1])] = 1.0": (
+            lambda x: x.__setitem__(torch.tensor([0, 1]), 1.0),
+            host,
+        ),
+        "torch.tensor(0.0, device=...)": (lambda x: torch.tensor(0.0, device=x.device), host),
+        "torch.as_tensor([1, 2]).to(...)": (lambda x: torch.as_tensor([1, 2]).to(x.device), host),
+        "x[torch.arange(2, device=...)]": (lambda x: x[torch.arange(2, device=x.device)], None),
+        "x + torch.tensor(2.0)": (lambda x: x + torch.tensor(2.0), None),
+        "x[x > 0] = 1.0": (lambda x: x.__setitem__(x > 0, 1.0), None),
+    }
+    with FakeTensorMode():
+        for name, (run, want) in cases.items():
+            with HostSyncs("test_mineru_graphs_layout.py") as syncs:
+                run(torch.zeros(4, 4, device="cuda"))
+            got = [why.split(" (")[0] for why, _ in syncs.found]
+            assert got == ([] if want is None else [want]), (name, syncs.found)
+
+
 # ------------------------------------------------------------------ real releases (PyPI)
 
 
