@@ -433,7 +433,7 @@ def classify_masks(module: cst.Module, ctx: TargetContext) -> Classification:
         )
     found = len([c for c in calls(module, "tensor") if _host_number(c)])
     if not found:
-        return Classification(CodeShape.FIXED_UPSTREAM, "its masks make no copy from the host")
+        return Classification(CodeShape.FIXED_UPSTREAM, "eager_mask makes no host copy")
     return Classification(
         CodeShape.NEEDS_PATCH,
         f"{found} torch.tensor(<number>, device=...) in its masks: a copy from the host per "
@@ -451,7 +451,7 @@ def transform_masks(module: cst.Module) -> cst.Module:
 
 MASKS_PATCH = Patch(
     id="transformers-eager-mask-graphs",
-    summary="Make transformers' eager attention masks capturable (PP-DocLayoutV2's reading order)",
+    summary="Make transformers' eager masks capturable (PP-DocLayoutV2's reading order)",
     distribution="transformers",
     package="transformers",
     path=MASKS_PATH,

@@ -311,6 +311,33 @@ def test_no_host_copy_is_left_on_any_release(tmp_path: Path, version: str, copie
     assert len(found[0]) == 6 + anchors and found[1] == [], found
 
 
+@pytest.mark.network
+def test_apply_and_revert_both_rewrites_on_5_17_through_the_cli(tmp_path: Path) -> None:
+    """The release the H100 capture failed on: apply rewrites the detector's file and
+    masking_utils, the forward makes no copy from the host after its first, and revert puts
+    every file back."""
+    env = install_release(tmp_path / "env", "transformers", "5.17.0", LAYOUT_FILE)
+    from test_mineru_ocr import fake_dist
+
+    fake_dist(env.site, "mineru", releases.PINNED["mineru"])
+    before = files_under(env.site)
+    result = env.cli("apply", "--only", LAYOUT_ID, "--only", MASKS_ID)
+    assert result.returncode == 0, result.stderr
+    for patch_id in (LAYOUT_ID, MASKS_ID):
+        assert f"{patch_id}: applied" in result.stderr, result.stderr
+    statuses = {p["id"]: p["verdict"] for p in env.cli("status", "--json").json()["patches"]}
+    assert statuses[LAYOUT_ID] == statuses[MASKS_ID] == "applied"
+    path = _hub("0.23.3")
+    found = _python(
+        SYNCS, json.dumps([_linked(tmp_path / "path", env.site, "transformers"), *path])
+    )
+    assert isinstance(found, list)
+    assert len(found[0]) == 6 and found[1] == [], found
+    result = env.cli("revert")
+    assert result.returncode == 0, result.stderr
+    assert files_under(env.site) == before
+
+
 def _both(root: Path) -> InstalledEnv:
     """The pinned MinerU and transformers in one venv, as MinerU's torch stack has them."""
     env = install_release(root, "mineru", releases.PINNED["mineru"], MINERU_LAYOUT_FILE)
