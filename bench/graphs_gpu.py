@@ -5,7 +5,8 @@
 
 STOCK_SITE and PATCHED_SITE each hold an installed ``mineru`` (4.0.x) and ``transformers``
 (5.3+); the patched one has ``mineru-ocr-{det,rec,cls}-graphs``, ``mineru-layout-graphs``,
-``transformers-pp-doclayout-v2-graphs`` and ``mineru-formula-encoder-graphs`` applied
+``transformers-pp-doclayout-v2-graphs`` (``transformers-eager-mask-graphs`` too on 5.3.0-5.20.1)
+and ``mineru-formula-encoder-graphs`` applied
 (bench/graphs_gpu.sh does both). Each process builds one model from that site's own code
 (random weights, seed 0, so both sides hold the same model):
 

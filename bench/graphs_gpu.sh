@@ -2,8 +2,8 @@
 # Issue 41's graph replay on a lent GPU (bench/graphs_gpu.py): mineru 4.0.12 and transformers
 # 5.24.0 installed twice, once as they ship (/tmp/stock, --no-deps) and once into the machine's
 # python (transformers with its dependencies, from $WHL/transformers), where `rocmfix apply`
-# rewrites the three predictors, MinerU's layout call, PP-DocLayoutV2's modeling file and the
-# formula encoder for graphs; then the fallback checks and the paired fresh-process timings,
+# rewrites the three predictors, MinerU's layout call, PP-DocLayoutV2's modeling file (and,
+# on 5.3.0-5.20.1, masking_utils' eager mask) and the formula encoder for graphs; then the fallback checks and the paired fresh-process timings,
 # then `rocmfix revert`.
 # Needs $WHL (default .whl) with libcst-*.whl, mineru/mineru-4.0.12-py3-none-any.whl and
 # transformers/ (transformers-5.24.0-py3-none-any.whl and its dependencies, as
@@ -39,8 +39,8 @@ fi
 SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 python3 -m rocmfix apply --only mineru-ocr-det-graphs --only mineru-ocr-rec-graphs \
     --only mineru-ocr-cls-graphs --only mineru-layout-graphs \
-    --only transformers-pp-doclayout-v2-graphs --only mineru-formula-encoder-graphs \
-    --python "$PY" 2>&1 | tail -9
+    --only transformers-pp-doclayout-v2-graphs --only transformers-eager-mask-graphs \
+    --only mineru-formula-encoder-graphs --python "$PY" 2>&1 | tail -10
 [ -n "${SKIP_CHECKS:-}" ] || timeout 120 python3 bench/graphs_gpu.py --check --stock /tmp/stock --patched "$SITE" \
     --out "$OUT" 2>&1 | tail -40
 [ -n "${SKIP_CHECKS:-}" ] || timeout 200 python3 bench/graphs_gpu.py --interleave --stock /tmp/stock --patched "$SITE" \

@@ -47,6 +47,7 @@ from rocmfix.rewrite import (
     expression,
     find_class,
     insert_after_last_import,
+    kwarg,
     marker_line,
     module_has_marker,
     relative_import,
@@ -376,6 +377,94 @@ LAYOUT_PATCH = Patch(
     ),
 )
 
+# transformers' eager attention masks (masking_utils.eager_mask, 5.3.0-5.20.1) make their 0
+# as ``torch.tensor(0.0, device=mask.device, dtype=dtype)``: a copy from the host per mask,
+# which a capture refuses ("Cannot copy between CPU and CUDA tensors during CUDA graph capture
+# unless the CPU tensor is pinned"). PP-DocLayoutV2's reading-order head runs eager attention
+# only (up to 5.23; 5.24 adds SDPA) and builds that mask every forward, so MinerU's capture of
+# the whole detector failed there (an H100, transformers 5.17.0). 5.20.2 makes it on the device
+# (``torch.zeros(())``); the rewrite does the same for these releases: ``torch.full((), v,
+# ...)``, the same number and dtype, no copy. Beside MinerU only, as the detector's rewrite.
+MASKS_PATH = "transformers/masking_utils.py"
+MASK_WHY = "the mask's constant made on the device, not copied from the host: a graph can hold it"
+
+
+def _host_number(call: cst.Call) -> bool:
+    """``torch.tensor(<number>, ..., device=...)``: a number sent to a device per call."""
+    first = call.args[0] if call.args else None
+    if call_name(call) != "torch.tensor" or first is None or first.keyword is not None:
+        return False
+    value = first.value
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        value = value.expression
+    return isinstance(value, cst.Float | cst.Integer) and kwarg(call, "device") is not None
+
+
+class _DeviceNumbers(cst.CSTTransformer):
+    def __init__(self) -> None:
+        self.made = 0
+        self._before = 0
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._before = self.made
+
+    def leave_Call(self, old: cst.Call, new: cst.Call) -> cst.Call:
+        if not _host_number(new):
+            return new
+        self.made += 1
+        shape = cst.Arg(cst.Tuple([]))
+        return new.with_changes(func=cst.parse_expression("torch.full"), args=[shape, *new.args])
+
+    def leave_SimpleStatementLine(
+        self, old: cst.SimpleStatementLine, new: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine:
+        if self.made == self._before:
+            return new
+        return new.with_changes(leading_lines=[*new.leading_lines, marker_line(MASK_WHY)])
+
+
+def classify_masks(module: cst.Module, ctx: TargetContext) -> Classification:
+    if module_has_marker(module):
+        return Classification(CodeShape.PATCHED, "its masks make their constants on the device")
+    if "mineru" not in ctx.versions:
+        return Classification(
+            CodeShape.FIXED_UPSTREAM,
+            "no mineru here: rocmfix makes PP-DocLayoutV2 capturable for mineru only",
+        )
+    found = len([c for c in calls(module, "tensor") if _host_number(c)])
+    if not found:
+        return Classification(CodeShape.FIXED_UPSTREAM, "eager_mask makes no host copy")
+    return Classification(
+        CodeShape.NEEDS_PATCH,
+        f"{found} torch.tensor(<number>, device=...) in its masks: a copy from the host per "
+        "mask, which PP-DocLayoutV2's graph capture refuses (its reading order's eager mask)",
+    )
+
+
+def transform_masks(module: cst.Module) -> cst.Module:
+    made = _DeviceNumbers()
+    out = module.visit(made)
+    if not made.made:
+        raise AnchorNotFoundError("no torch.tensor(<number>, device=...) in the masks")
+    return out
+
+
+MASKS_PATCH = Patch(
+    id="transformers-eager-mask-graphs",
+    summary="Make transformers' eager masks capturable (PP-DocLayoutV2's reading order)",
+    distribution="transformers",
+    package="transformers",
+    path=MASKS_PATH,
+    classify=classify_masks,
+    transform=transform_masks,
+    missing_reason="transformers {version} has no masking_utils.py",
+    known=(
+        "5.3.0-5.20.1: eager_mask's torch.tensor(0.0, device=...) (needed)",
+        "5.20.2 and later: torch.zeros((), device=...) upstream (not needed)",
+    ),
+    mineru=LAYOUT_PATCH.mineru,
+)
+
 # MinerU's own call of the whole detector, ``outputs = self.model(pixel_values=...)`` in
 # PPDocLayoutV2LayoutModel.batch_predict (under torch.no_grad(), one 800x800 size). Replayed
 # only where the transformers file above keeps its host values on the device; else the
@@ -431,4 +520,4 @@ FORMULA_PATCH = Patch(
         small_model=True,
     ),
 )
-PATCHES = (*OCR, LAYOUT_PATCH, MINERU_LAYOUT, FORMULA_PATCH)
+PATCHES = (*OCR, LAYOUT_PATCH, MASKS_PATCH, MINERU_LAYOUT, FORMULA_PATCH)

@@ -80,7 +80,9 @@ class HostSyncs(TorchDispatchMode):
     is (why, the line of ``file`` that made it). What counts, from ATen's code:
 
     - a copy from the host into a device tensor (``copy_``/``_to_copy``: ``torch.tensor(list,
-      device=...)``, ``t[i, j] = 5`` on a 0-dim view, ``index_put_``'s value sent over);
+      device=...)``, ``t[i, j] = 5`` on a 0-dim view, ``index_put_``'s value sent over), and
+      ``index``/``index_put_`` of a device tensor with indices on the host (``t[host_idx]``),
+      which ATen copies over below the dispatcher, out of this mode's sight;
     - a device value read on the host (``_local_scalar_dense``: ``.item()``, ``bool(t)``);
     - an output whose shape depends on the data (``nonzero``, ``masked_select``, ...), and
       ``index_put_``/``index`` with a boolean mask, which ATen turns into ``nonzero``, except
@@ -114,7 +116,12 @@ class HostSyncs(TorchDispatchMode):
         if name in ("copy_", "_to_copy", "to") and {"cpu", "cuda"} <= devices:
             return "a copy from the host"
         if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
-            masks = [i for i in args[1] if i is not None and i.dtype == torch.bool]
+            indices = [i for i in args[1] if i is not None]
+            if args[0].device.type == "cuda" and any(i.device.type == "cpu" for i in indices):
+                # ATen moves host indices to the device first (a copy the capture refuses);
+                # FakeTensorMode never shows that copy, only the op with mixed devices.
+                return f"a copy from the host ({name}'s indices are on the host)"
+            masks = [i for i in indices if i.dtype == torch.bool]
             value = args[2] if name != "index" else None
             host = (
                 isinstance(value, torch.Tensor)

@@ -20,6 +20,7 @@ import libcst as cst
 import pytest
 from packaging.version import Version
 
+from rocmfix.errors import AnchorNotFoundError
 from rocmfix.patch import CodeShape, Patch, TargetContext
 from rocmfix.registry import all_patches
 
@@ -30,6 +31,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 CTX = TargetContext(version="0", versions={}, torch=None)
 WITH_MINERU = TargetContext(version="0", versions={"mineru": "4.0.12"}, torch=None)
 LAYOUT_ID = "transformers-pp-doclayout-v2-graphs"
+MASKS_ID = "transformers-eager-mask-graphs"
 MINERU_ID = "mineru-layout-graphs"
 FORMULA_ID = "mineru-formula-encoder-graphs"
 LAYOUT_FILE = "transformers/models/pp_doclayout_v2/modeling_pp_doclayout_v2.py"
@@ -82,6 +84,50 @@ def test_formula_encoder_golden() -> None:
     assert b"        out = self.backbone(x)  # not BaseModel" in after
     none = patch.classify(patch.parse((GOLDEN / "layout_predictor.py").read_bytes()), CTX)
     assert none.shape is CodeShape.FIXED_UPSTREAM and "no BaseModel" in none.reason
+
+
+def test_eager_mask_golden() -> None:
+    """A number sent to a device per call is made there; on the host or a list, it stays.
+    Beside MinerU only."""
+    patch = _patch(MASKS_ID)
+    data = (GOLDEN / "eager_mask.py").read_bytes()
+    found = patch.classify(patch.parse(data), WITH_MINERU)
+    assert found.shape is CodeShape.NEEDS_PATCH and found.reason.startswith("2 "), found
+    alone = patch.classify(patch.parse(data), CTX)
+    assert alone.shape is CodeShape.FIXED_UPSTREAM and "no mineru" in alone.reason
+    after = _golden(patch, "eager_mask")
+    assert after.count(b"torch.full((), ") == 2 and after.count(b"torch.tensor(") == 2
+    with pytest.raises(AnchorNotFoundError):  # nothing left to rewrite
+        patch.transform(cst.parse_module(after))
+
+
+def test_host_syncs_names_each_copy_a_capture_refuses() -> None:
+    """On fake ``cuda`` tensors: every copy from the host, those ATen makes below the
+    dispatcher included (indices on the host, moved to the device first), and none where
+    ATen does not wait."""
+    import torch
+    from graphs_fake import HostSyncs
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    host = "a copy from the host"
+    cases = {
+        "x[torch.tensor([0, 1])]": (lambda x: x[torch.tensor([0, 1])], host),
+        "x[torch.tensor([0, 1])] = 1.0": (
+            lambda x: x.__setitem__(torch.tensor([0, 1]), 1.0),
+            host,
+        ),
+        "torch.tensor(0.0, device=...)": (lambda x: torch.tensor(0.0, device=x.device), host),
+        "torch.as_tensor([1, 2]).to(...)": (lambda x: torch.as_tensor([1, 2]).to(x.device), host),
+        "x[torch.arange(2, device=...)]": (lambda x: x[torch.arange(2, device=x.device)], None),
+        "x + torch.tensor(2.0)": (lambda x: x + torch.tensor(2.0), None),
+        "x[x > 0] = 1.0": (lambda x: x.__setitem__(x > 0, 1.0), None),
+    }
+    with FakeTensorMode():
+        for name, (run, want) in cases.items():
+            with HostSyncs("test_mineru_graphs_layout.py") as syncs:
+                run(torch.zeros(4, 4, device="cuda"))
+            got = [why.split(" (")[0] for why, _ in syncs.found]
+            assert got == ([] if want is None else [want]), (name, syncs.found)
 
 
 # ------------------------------------------------------------------ real releases (PyPI)
@@ -158,10 +204,10 @@ def _python(code: str, *args: str) -> object:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _hub() -> list[str]:
+def _hub(tokenizers: str = "0.23.3") -> list[str]:
     return [
         str(releases.importable("huggingface-hub", "1.33.0")),
-        str(releases.importable("tokenizers", "0.23.3")),
+        str(releases.importable("tokenizers", tokenizers)),
         HERE,
     ]
 
@@ -206,6 +252,90 @@ def test_every_host_sync_of_the_real_layout_forward_is_gone(tmp_path: Path) -> N
     found = _python(SYNCS, json.dumps([str(env.site), *_hub()]))
     assert isinstance(found, list)
     assert len(found[0]) == 6 and found[1] == [], found  # heights and widths equal: 3 + 3
+
+
+def _overlay(here: Path, source: Path, files: dict[str, bytes]) -> None:
+    """``source`` under ``here``, linked entry by entry, but for ``files`` (paths relative to
+    ``source``), written; the folders on their way made, their other entries linked."""
+    here.mkdir(parents=True, exist_ok=True)
+    below: dict[str, dict[str, bytes]] = {}
+    for rel, data in files.items():
+        head, _, rest = rel.partition("/")
+        if rest:
+            below.setdefault(head, {})[rest] = data
+        else:
+            (here / head).write_bytes(data)
+    for entry in source.iterdir():
+        if entry.name in below:
+            _overlay(here / entry.name, entry, below[entry.name])
+        elif entry.name != "__pycache__" and not (here / entry.name).exists():
+            (here / entry.name).symlink_to(entry)
+
+
+# (release, its host copies per stock forward): the nine of 5.24.0's, and in 5.3.0-5.20.1
+# masking_utils.eager_mask's torch.tensor(0.0, device=...), which the reading-order head's
+# eager mask makes (the copy an H100 capture refused on 5.17.0). 5.23.0 is the last release
+# whose reading-order head runs eager attention only.
+RELEASES = (("5.3.0", 10), ("5.17.0", 10), ("5.20.1", 10), ("5.20.2", 9), ("5.23.0", 9))
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(("version", "copies"), RELEASES)
+def test_no_host_copy_is_left_on_any_release(tmp_path: Path, version: str, copies: int) -> None:
+    """Both rewrites (the detector's file and, where its eager mask copies, masking_utils)
+    leave no copy from the host after the first forward, on every shape of the files."""
+    stock = releases.importable("transformers", version)
+    table = (stock / "transformers" / "dependency_versions_table.py").read_text()
+    path = [*_hub("0.23.0rc0" if "<=0.23.0" in table else "0.23.3")]
+    found = _python(SYNCS, json.dumps([str(stock), *path]))
+    assert isinstance(found, list) and len(found[1]) == copies, found[1]
+    # 5.3.0-5.14.x make the anchors' fill with torch.tensor too, once: their cache keeps them.
+    anchors = sum("torch.tensor(torch.finfo(dtype).max" in w for _, w in found[0])
+    masks = [w for _, w in found[1] if "create_bidirectional_mask(" in w]
+    assert len(masks) == copies - 9, found[1]
+    ctx = TargetContext(version=version, versions={"mineru": "4.0.12"}, torch=None)
+    files: dict[str, bytes] = {}
+    for patch_id in (LAYOUT_ID, MASKS_ID):
+        patch = _patch(patch_id)
+        data = (stock / patch.path).read_bytes()
+        shape = patch.classify(patch.parse(data), ctx).shape
+        needed = patch_id == LAYOUT_ID or bool(masks)
+        assert shape is (CodeShape.NEEDS_PATCH if needed else CodeShape.FIXED_UPSTREAM)
+        if needed:
+            files[patch.path] = patch.transform(cst.parse_module(data)).bytes
+    runner = (ROOT / "templates" / "rocmfix_graphs.py").read_bytes()
+    files[f"{LAYOUT_FILE.rsplit('/', 1)[0]}/rocmfix_graphs.py"] = runner
+    _overlay(tmp_path, stock, files)
+    found = _python(SYNCS, json.dumps([str(tmp_path), *path]))
+    assert isinstance(found, list)
+    assert len(found[0]) == 6 + anchors and found[1] == [], found
+
+
+@pytest.mark.network
+def test_apply_and_revert_both_rewrites_on_5_17_through_the_cli(tmp_path: Path) -> None:
+    """The release the H100 capture failed on: apply rewrites the detector's file and
+    masking_utils, the forward makes no copy from the host after its first, and revert puts
+    every file back."""
+    env = install_release(tmp_path / "env", "transformers", "5.17.0", LAYOUT_FILE)
+    from test_mineru_ocr import fake_dist
+
+    fake_dist(env.site, "mineru", releases.PINNED["mineru"])
+    before = files_under(env.site)
+    result = env.cli("apply", "--only", LAYOUT_ID, "--only", MASKS_ID)
+    assert result.returncode == 0, result.stderr
+    for patch_id in (LAYOUT_ID, MASKS_ID):
+        assert f"{patch_id}: applied" in result.stderr, result.stderr
+    statuses = {p["id"]: p["verdict"] for p in env.cli("status", "--json").json()["patches"]}
+    assert statuses[LAYOUT_ID] == statuses[MASKS_ID] == "applied"
+    path = _hub("0.23.3")
+    found = _python(
+        SYNCS, json.dumps([_linked(tmp_path / "path", env.site, "transformers"), *path])
+    )
+    assert isinstance(found, list)
+    assert len(found[0]) == 6 and found[1] == [], found
+    result = env.cli("revert")
+    assert result.returncode == 0, result.stderr
+    assert files_under(env.site) == before
 
 
 def _both(root: Path) -> InstalledEnv:

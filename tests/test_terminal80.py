@@ -94,9 +94,10 @@ def test_status_shows_what_needs_doing_first(env: InstalledEnv, columns: int) ->
     screen = at_terminal(columns, "status", "--python", str(env.python))
     fits(screen, columns)
     lines = screen.splitlines()
-    # At most 32 lines, two of them only because the test's temporary path is long, five
-    # where MinerU's models run and two the table patches (issue 42).
-    assert len(lines) <= 32, screen
+    # At most 33 lines, two of them only because the test's temporary path is long, five
+    # where MinerU's models run, two the table patches (issue 42) and one the eager-mask
+    # patch, not needed from transformers 5.20.2.
+    assert len(lines) <= 33, screen
     assert "…" not in screen
     # The applicable patches open the report, right under the environment line.
     heads = [line for line in lines if not line.startswith(" ")]
@@ -145,7 +146,7 @@ def test_apply_dry_run_groups_what_it_skips(env: InstalledEnv, columns: int) -> 
     assert screen.count("skipped") == len(reasons), screen  # one line per reason
     # Wrapped between words only: "anyway" whole, never "an" + "yway".
     assert "anyway" in _words(screen)
-    assert len(lines) < 16, screen
+    assert len(lines) < 17, screen  # one more since the eager-mask patch (not needed on 5.24)
 
 
 def test_piped_output_is_one_line_per_reason_without_trailing_spaces(env: InstalledEnv) -> None:
