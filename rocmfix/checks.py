@@ -7,6 +7,7 @@ often as the patches. Each check reads what the probe reported; none imports any
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ class EnvWarning:
     code: str
     message: str
     advice: str
+    # What doctor found running a trap's confirmation (:class:`Confirm`): its state
+    # (confirmed, not confirmed, not checkable) and one line of evidence.
+    confirmed: tuple[str, str] | None = None
 
 
 def is_rocm(env: Environment) -> bool:
@@ -162,14 +166,41 @@ def _fallbacks() -> str:
     )
 
 
+CONFIRMED, NOT_CONFIRMED, NOT_CHECKABLE = "confirmed", "not confirmed", "not checkable"
+
+
+@dataclass(frozen=True)
+class Confirm:
+    """What ``doctor`` runs to confirm a trap the metadata shows: ``code``, in the target
+    interpreter, in a child of its own (an import it makes may abort the process), from
+    ``/``, bounded in time (:mod:`rocmfix.guest.confirm`). Its one line (what ``code``
+    printed, ``raised TYPE: MESSAGE`` or ``died of SIGNAL``) confirms the trap where it
+    matches ``confirms``, clears it where it matches ``clears``, else leaves it not checkable."""
+
+    code: str
+    confirms: str
+    clears: str
+
+    def judge(self, answered: bool, line: str) -> tuple[str, str]:
+        """The state and its evidence, from the child's line (``answered`` False: it could
+        not run the code at all, and ``line`` says why)."""
+        if answered and re.search(self.confirms, line):
+            return CONFIRMED, line
+        if answered and re.search(self.clears, line):
+            return NOT_CONFIRMED, line
+        return NOT_CHECKABLE, line
+
+
 # The engine traps that end a first run on ROCm (issue 42): one row each, the evidence the
-# probe's answer shows (one line; None where it shows none) and the one line that fixes it.
-# Each fix fits an 80-column terminal under its four-column indent.
+# probe's answer shows (one line; None where it shows none), the one line that fixes it, and
+# where code must run to be sure, the confirmation doctor runs. Each fix fits an 80-column
+# terminal under its four-column indent.
 @dataclass(frozen=True)
 class Trap:
     code: str
     evidence: Callable[[Environment], str | None]
     fix: str
+    confirm: Confirm | None = None
 
 
 # Architectures ROCm 7.x ships kernels for, where an override only swaps in another's.
@@ -281,14 +312,53 @@ def _onnx_shadowed(env: Environment) -> str | None:
     )
 
 
+# The three vllm traps end the same way: vllm's platform does not resolve to ROCm.
+VLLM_PLATFORM = Confirm(
+    """
+from vllm.platforms import current_platform as p
+print("vllm's platform resolves to %s (device type %r)" % (type(p).__name__, p.device_type))
+""",
+    confirms="^vllm's platform resolves to (?!RocmPlatform)",
+    clears="^vllm's platform resolves to RocmPlatform",
+)
+# The extension picks its addon by torch.cuda.is_available(), which a ROCm torch says yes to;
+# loading the CUDA one there fails, or aborts the process.
+DLPACK = Confirm(
+    """
+import torch
+addon = "CUDA" if torch.cuda.is_available() else "CPU"
+try:
+    import torch_c_dlpack_ext
+    said = "loaded"
+except OSError as exc:
+    said = "%s: %s" % (type(exc).__name__, exc)
+print("torch_c_dlpack_ext picks its %s addon: %s" % (addon, said))
+""",
+    confirms="^died of|CUDA addon: (?!loaded$)",
+    clears="CPU addon|CUDA addon: loaded$",
+)
+
 TRAPS: tuple[Trap, ...] = (
-    Trap("vllm-cuda-build", _cuda_vllm, "install a ROCm build of vllm (the rocm/vllm image)"),
     Trap(
-        "rocm-platform", _no_amdsmi, "pip install /opt/rocm/share/amd_smi (the amdsmi of your ROCm)"
+        "vllm-cuda-build",
+        _cuda_vllm,
+        "install a ROCm build of vllm (the rocm/vllm image)",
+        VLLM_PLATFORM,
     ),
-    Trap("no-gpu-device", _no_kfd, "start the container with --device=/dev/kfd --device=/dev/dri"),
+    Trap(
+        "rocm-platform",
+        _no_amdsmi,
+        "pip install /opt/rocm/share/amd_smi (the amdsmi of your ROCm)",
+        VLLM_PLATFORM,
+    ),
+    Trap(
+        "no-gpu-device",
+        _no_kfd,
+        "start the container with --device=/dev/kfd --device=/dev/dri",
+        VLLM_PLATFORM,
+    ),
     Trap("gfx-override", _override, "unset HSA_OVERRIDE_GFX_VERSION"),
-    Trap("dlpack-cuda", _dlpack, "pip uninstall torch-c-dlpack-ext"),
+    Trap("dlpack-cuda", _dlpack, "pip uninstall torch-c-dlpack-ext", DLPACK),
     Trap("turbomind-rocm", _turbomind, "set MINERU_LMDEPLOY_BACKEND=pytorch"),
     Trap(
         "onnxruntime-shadowed",

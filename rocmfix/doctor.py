@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from . import kernels, measured, worker
-from .checks import EnvWarning, torch_build
+from . import guest, kernels, measured, supervise, worker
+from .checks import NOT_CHECKABLE, TRAPS, Confirm, EnvWarning, torch_build
 from .environment import Environment
-from .errors import RefusedError, UsageError
+from .errors import RefusedError, UsageError, printable
 from .guest import protocol
 from .guest.protocol import item_id
 from .ops import OPS, Op
@@ -39,6 +40,8 @@ from .tuned_file import read as read_tuned
 WORTH = 1.2
 
 DEFAULT_TIME_LIMIT_S = 10.0
+# A trap's confirmation imports a package (vllm's import takes seconds) and prints a line.
+CONFIRM_LIMIT_S = 60.0
 # A Triton item's first call compiles the kernel; that is not the hang the limit is for.
 TRITON_LIMIT_S = 180.0
 
@@ -118,6 +121,7 @@ def run(
             f"torch is not installed in {env.python.executable}: there is nothing to measure",
             hint="point --python at the interpreter that runs MinerU",
         )
+    status = dataclasses.replace(status, warnings=confirm_traps(env, status.warnings))
     items = _items(ops)
     body = worker.request("measure", ops, items=items, budget_s=0.5)
     labels: dict[str, str] = {}
@@ -171,6 +175,54 @@ def run(
     # What status and apply follow for the ops whose slowness depends on the GPU.
     remember(report)
     return report
+
+
+_CONFIRMS = {trap.code: trap.confirm for trap in TRAPS}
+
+
+def confirm_traps(
+    env: Environment, warnings: Sequence[EnvWarning], limit_s: float = CONFIRM_LIMIT_S
+) -> tuple[EnvWarning, ...]:
+    """``warnings`` with each trap of :data:`rocmfix.checks.TRAPS` among them confirmed or not
+    by running its :class:`Confirm` in the target interpreter (once per code: rows share one),
+    or said to be not checkable where it has none."""
+    ran: dict[str, tuple[bool, str]] = {}
+    out = []
+    for warning in warnings:
+        if warning.code not in _CONFIRMS:
+            out.append(warning)
+            continue
+        confirm = _CONFIRMS[warning.code]
+        if confirm is None:
+            seen = (NOT_CHECKABLE, "no code to run shows more than the evidence above")
+        else:
+            if confirm.code not in ran:
+                ran[confirm.code] = _run_confirm(env.python.executable, confirm, limit_s)
+            seen = confirm.judge(*ran[confirm.code])
+        out.append(dataclasses.replace(warning, confirmed=seen))
+    return tuple(out)
+
+
+def _run_confirm(python: str, confirm: Confirm, limit_s: float) -> tuple[bool, str]:
+    """(whether the code ran, one line of what it showed), from a child of its own."""
+    argv = guest.command(python, "confirm", confirm.code)
+    try:
+        done = supervise.capped(argv, timeout=limit_s, limit=64 * 1024)
+    except OSError as exc:
+        return False, f"cannot run {python}: {exc.strerror or exc}"
+    if done.returncode is None:
+        return False, f"no answer within {limit_s:g} s" if done.timed_out else "too much output"
+    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
+    said = printable(lines[-1], 300) if lines else ""
+    if done.returncode < 0:
+        try:
+            return True, f"died of {signal.Signals(-done.returncode).name}"
+        except ValueError:
+            return True, f"died of signal {-done.returncode}"
+    if done.returncode != 0 or not said:
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return False, said or printable(tail[-1] if tail else f"exit {done.returncode}", 300)
+    return True, said
 
 
 def _compile_items(ops: Sequence[Op], answer: worker.Answer) -> list[protocol.CompileItem]:

@@ -131,6 +131,9 @@ def warnings_block(console: Console, warnings: Sequence[EnvWarning]) -> None:
             line = wrap(f"{warning.code}: {warning.message}", "  ", "    ")
             line.stylize("yellow", 2, 2 + len(warning.code))
             console.print(line)
+            if warning.confirmed is not None:
+                state, evidence = warning.confirmed
+                console.print(wrap(f"doctor: {state}: {evidence}", "    ", "    ", len(state) + 8))
             console.print(wrap(warning.advice, "    ", "    "), style="dim")
 
 

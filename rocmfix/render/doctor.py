@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rocmfix import __version__
+from rocmfix.checks import EnvWarning
 from rocmfix.ops import Op
 from rocmfix.render.console import (
     Cell,
@@ -46,20 +47,6 @@ def _impl_label(report: DoctorReport, op: Op, impl: str) -> str:
             library = "CPU"
         return f"{op.native} ({library})"
     return f"{impl} ({op.scheme(impl).label})"
-
-
-def _check(m: Measurement) -> str:
-    if m.status == "ok":
-        if not m.checked:
-            return "[dim]reference[/]"
-        return "[green]ok[/]"
-    if m.status == "failed":
-        return f"[red]WRONG[/] (> {m.tolerance:.0e})" if m.tolerance else "[red]WRONG[/]"
-    if m.status == "timeout":
-        return f"[yellow]no result within {m.limit_s:g} s[/]" if m.limit_s else "[yellow]timeout[/]"
-    if m.status == "unavailable":
-        return f"[dim]unavailable: {escape(m.message or '')}[/]"
-    return f"[red]{m.status}[/]: {escape(m.message or '')}"
 
 
 def _err_text(value: float | None) -> str:
@@ -325,12 +312,18 @@ def doctor_document(report: DoctorReport) -> dict[str, Any]:
             }
             for op in report.ops
         ],
-        "warnings": [
-            {"code": w.code, "message": w.message, "advice": w.advice} for w in report.warnings
-        ],
+        "warnings": [_warning_json(w) for w in report.warnings],
         "ok": report.ok,
         "failures": list(report.failures),
     }
+
+
+def _warning_json(w: EnvWarning) -> dict[str, Any]:
+    doc: dict[str, Any] = {"code": w.code, "message": w.message, "advice": w.advice}
+    if w.confirmed is not None:
+        # A trap status found, as its confirmation in the target interpreter showed it.
+        doc["doctor"] = {"state": w.confirmed[0], "evidence": w.confirmed[1]}
+    return doc
 
 
 def doctor_json(report: DoctorReport) -> None:
