@@ -10,7 +10,6 @@ prints.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -352,35 +351,19 @@ def build_report(
     )
 
 
-def _total(
-    results: Sequence[CaseResult], pick: Callable[[CaseResult], Measurement]
-) -> float | None:
+def _total(results: Sequence[CaseResult], impl: str, floor: bool = False) -> float | None:
+    """``impl``'s time over all cases, None where a case gave none; with ``floor``, a case
+    that timed out counts as its limit (the total is then a lower bound)."""
     total = 0.0
     for result in results:
-        m = pick(result)
-        if m.status != "ok" or m.ms is None:
-            return None
-        total += m.ms
-    return total
-
-
-def _scheme_at(index: int, result: CaseResult) -> Measurement:
-    return result.schemes[index]
-
-
-def _native_floor(results: Sequence[CaseResult]) -> tuple[float | None, bool]:
-    """Native time over all cases; a timed-out case counts as its limit (a lower bound)."""
-    total, bound = 0.0, False
-    for result in results:
-        native = result.native
-        if native.status == "ok" and native.ms is not None:
-            total += native.ms
-        elif native.status == "timeout" and native.limit_s is not None:
-            total += native.limit_s * 1e3
-            bound = True
+        m = next(m for m in (result.native, *result.schemes) if m.impl == impl)
+        if m.status == "ok" and m.ms is not None:
+            total += m.ms
+        elif floor and m.status == "timeout" and m.limit_s is not None:
+            total += m.limit_s * 1e3
         else:
-            return None, False
-    return total, bound
+            return None
+    return total
 
 
 def _op_report(
@@ -391,12 +374,10 @@ def _op_report(
     patches: tuple[PatchStatus, ...],
     time_limit: float,
 ) -> OpReport:
-    totals: dict[str, float | None] = {
-        "native": _total(results, lambda r: r.native),
-    }
-    for index, scheme in enumerate(op.scheme_names):
-        totals[scheme] = _total(results, functools.partial(_scheme_at, index))
-    native_total, at_least = _native_floor(results)
+    totals = {impl: _total(results, impl) for impl in ("native", *op.scheme_names)}
+    native_total = _total(results, "native", floor=True)
+    timed_out = [r for r in results if r.native.status == "timeout"]
+    at_least = bool(timed_out) and native_total is not None
     candidates = [(ms, s) for s, ms in totals.items() if s != "native" and ms]
     recommended: str | None = None
     speedup: float | None = None
@@ -404,7 +385,6 @@ def _op_report(
         best_ms, recommended = min(candidates)
         if native_total:
             speedup = native_total / best_ms
-    timed_out = [r for r in results if r.native.status == "timeout"]
     needed, why = _needed(env, device, op, patches, timed_out, time_limit)
     advice = _advice(device, op, patches, needed, recommended, speedup, at_least)
     return OpReport(
