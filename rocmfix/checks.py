@@ -2,7 +2,8 @@
 
 The recipe rocmfix replaces (seed 000, sections 5 and 6) assumes a ROCm build of torch with
 pytorch-triton-rocm and warns about flash-attn's Triton backend; users get these wrong as
-often as the patches. Each check reads what the probe reported; none imports anything.
+often as the patches. Each check reads what the probe reported; none imports anything. The
+code doctor runs to confirm a trap (:class:`Confirm`) is data here, run only by doctor.
 """
 
 from __future__ import annotations
@@ -319,7 +320,7 @@ from vllm.platforms import current_platform as p
 print("vllm's platform resolves to %s (device type %r)" % (type(p).__name__, p.device_type))
 """,
     confirms="^vllm's platform resolves to (?!RocmPlatform)",
-    clears="^vllm's platform resolves to RocmPlatform",
+    clears="RocmPlatform",
 )
 # The extension picks its addon by torch.cuda.is_available(), which a ROCm torch says yes to;
 # loading the CUDA one there fails, or aborts the process.
@@ -336,6 +337,12 @@ print("torch_c_dlpack_ext picks its %s addon: %s" % (addon, said))
 """,
     confirms="^died of|CUDA addon: (?!loaded$)",
     clears="CPU addon|CUDA addon: loaded$",
+)
+# MinerU's own condition for turbomind on Windows: what torch says of CUDA.
+CUDA_AVAILABLE = Confirm(
+    "import torch\nprint('torch.cuda.is_available() is %s' % torch.cuda.is_available())",
+    confirms="is True$",
+    clears="is False$",
 )
 
 TRAPS: tuple[Trap, ...] = (
@@ -359,7 +366,7 @@ TRAPS: tuple[Trap, ...] = (
     ),
     Trap("gfx-override", _override, "unset HSA_OVERRIDE_GFX_VERSION"),
     Trap("dlpack-cuda", _dlpack, "pip uninstall torch-c-dlpack-ext", DLPACK),
-    Trap("turbomind-rocm", _turbomind, "set MINERU_LMDEPLOY_BACKEND=pytorch"),
+    Trap("turbomind-rocm", _turbomind, "set MINERU_LMDEPLOY_BACKEND=pytorch", CUDA_AVAILABLE),
     Trap(
         "onnxruntime-shadowed",
         _onnx_shadowed,

@@ -5,6 +5,7 @@ line of evidence, at 80 columns. Real children throughout, and real released whe
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import sys
 from pathlib import Path
@@ -63,16 +64,16 @@ def test_the_platform_row_judges_its_line(answered: bool, line: str, state: str)
     assert checks.VLLM_PLATFORM.judge(answered, line) == (state, line)
 
 
-def _dlpack_env(tmp_path: Path, cuda: bool) -> environment.Environment:
-    """The real torch-c-dlpack-ext 0.1.5 wheel beside a stand-in for a ROCm torch: its
-    version and build in the metadata the probe reads, and the three names the extension's
-    loader asks of torch (``torch.cuda.is_available()`` answers as a ROCm torch on a GPU)."""
+def _rocm_env(
+    tmp_path: Path, cuda: bool, *wheels: tuple[str, str], metadata: tuple[str, str] | None = None
+) -> environment.Environment:
+    """Real released wheels beside a stand-in for a ROCm torch: its version and build in the
+    metadata the probe reads, and the three names the code under test asks of torch
+    (``torch.cuda.is_available()`` answers as a ROCm torch does on a GPU, or without one)."""
     python = releases.make_venv(tmp_path / "env")
-    releases.pip_install(
-        python,
-        releases.wheel("torch-c-dlpack-ext", "0.1.5"),
-        releases.wheel("packaging", "24.2"),
-    )
+    releases.pip_install(python, *(releases.wheel(p, v) for p, v in wheels))
+    if metadata is not None:  # a huge wheel's METADATA and RECORD only
+        releases.partial_install(python, *metadata, [])
     site = releases.site_packages(python)
     fake_torch(site, *ROCM_TORCH)
     (site / "torch" / "__init__.py").write_text(
@@ -86,7 +87,7 @@ def _dlpack_env(tmp_path: Path, cuda: bool) -> environment.Environment:
 @pytest.mark.network
 @pytest.mark.parametrize("cuda", [True, False])
 def test_the_dlpack_extension_loading_its_cuda_addon(tmp_path: Path, cuda: bool) -> None:
-    env = _dlpack_env(tmp_path, cuda)
+    env = _rocm_env(tmp_path, cuda, ("torch-c-dlpack-ext", "0.1.5"), ("packaging", "24.2"))
     found = checks.environment_warnings(env)
     assert "dlpack-cuda" in {w.code for w in found}
     confirmed = {w.code: w for w in doctor.confirm_traps(env, found)}
@@ -100,6 +101,19 @@ def test_the_dlpack_extension_loading_its_cuda_addon(tmp_path: Path, cuda: bool)
         assert evidence.startswith("torch_c_dlpack_ext picks its CPU addon")
     # Warnings that are not traps pass through as status gave them.
     assert all(w.confirmed is None for w in confirmed.values() if w.code not in doctor._CONFIRMS)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("cuda", [True, False])
+def test_turbomind_follows_what_torch_says_of_cuda(tmp_path: Path, cuda: bool) -> None:
+    env = _rocm_env(tmp_path, cuda, ("mineru", "4.0.12"), metadata=("lmdeploy", "0.18.0"))
+    # The probe's platform as a Windows interpreter answers it (MinerU picks turbomind there
+    # whenever torch.cuda.is_available()); the confirmation runs in the real interpreter.
+    windows = dataclasses.replace(env, system=dataclasses.replace(env.system, platform="win32"))
+    found = doctor.confirm_traps(windows, checks.environment_warnings(windows))
+    seen = {w.code: w.confirmed for w in found}["turbomind-rocm"]
+    said = f"torch.cuda.is_available() is {cuda}"
+    assert seen == ("confirmed" if cuda else "not confirmed", said)
 
 
 @pytest.mark.network

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -260,32 +261,17 @@ def _measurement_json(m: Measurement, result: CaseResult) -> dict[str, Any]:
 
 
 def doctor_document(report: DoctorReport) -> dict[str, Any]:
-    env = report.environment
     d = report.device
+    status = status_document(report.status)
     return {
         "schema": SCHEMA,
         "rocmfix_version": __version__,
-        "environment": status_document(report.status)["environment"],
-        "device": {
-            "kind": d.kind,
-            "backend": d.backend,
-            "name": d.name,
-            "arch": d.arch,
-            "count": d.count,
-            "memory_gib": d.memory_gib,
-            "torch": d.torch,
-            "hip": d.hip,
-            "cuda": d.cuda,
-            "triton": d.triton,
-            "triton_error": d.triton_error,
-            "conv_library": d.conv_library,
-            "interpreter": d.interpreter,
-        },
-        "versions": dict(sorted(env.versions.items())),
-        "patches": [
-            {"id": p.patch.id, "verdict": p.verdict.value, "scheme": p.scheme, "reason": p.reason}
-            for p in report.status.patches
-        ],
+        "environment": status["environment"],
+        # Every fact the worker reported, and whether the kernels ran in the interpreter.
+        "device": {**dataclasses.asdict(d), "interpreter": d.interpreter},
+        "versions": dict(sorted(report.environment.versions.items())),
+        # Each patch as status --json gives it.
+        "patches": status["patches"],
         "time_limit_s": report.time_limit_s,
         "tuned_file": report.tuned_file,
         "tuned_archs": list(report.tuned_archs),
