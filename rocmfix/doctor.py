@@ -311,17 +311,12 @@ def build_report(
         patches = tuple(p for p in status.patches if p.patch.op is op)
         reports.append(_op_report(env, device, op, results, patches, time_limit))
     warnings = list(status.warnings)
-    seen = set()
-    for event in answer.of(protocol.KernelWarning):
-        if event.message not in seen:
-            seen.add(event.message)
-            warnings.append(
-                EnvWarning(
-                    "kernel-warning",
-                    event.message,
-                    "the dropped-in kernels print the same warning in MinerU",
-                )
+    for message in dict.fromkeys(e.message for e in answer.of(protocol.KernelWarning)):
+        warnings.append(
+            EnvWarning(
+                "kernel-warning", message, "the dropped-in kernels print the same warning in MinerU"
             )
+        )
     overrides = answer.hello.overrides if answer.hello is not None else {}
     for name, value in sorted(overrides.items()):
         warnings.append(
@@ -385,7 +380,7 @@ def _op_report(
         best_ms, recommended = min(candidates)
         if native_total:
             speedup = native_total / best_ms
-    needed, why = _needed(env, device, op, patches, timed_out, time_limit)
+    needed, why = _needed(env, op, patches, timed_out, time_limit)
     advice = _advice(device, op, patches, needed, recommended, speedup, at_least)
     return OpReport(
         op=op,
@@ -403,7 +398,6 @@ def _op_report(
 
 def _needed(
     env: Environment,
-    device: protocol.DeviceFacts,
     op: Op,
     patches: tuple[PatchStatus, ...],
     timed_out: Sequence[CaseResult],
@@ -422,14 +416,12 @@ def _needed(
             why += f" (applied here anyway, with --force: {', '.join(forced)})"
         return False, why
     installed = [p for p in patches if p.verdict is not Verdict.NOT_INSTALLED]
-    if timed_out:
-        limit = f"{time_limit:g} s"
-        evidence = (
-            f"{op.native} did not finish within {limit} on {len(timed_out)} of the shapes "
-            "(a MIOpen kernel search or its naive kernel)"
-        )
-    else:
-        evidence = ""
+    evidence = (
+        f"{op.native} did not finish within {time_limit:g} s on {len(timed_out)} of the shapes "
+        "(a MIOpen kernel search or its naive kernel)"
+        if timed_out
+        else ""
+    )
     if not installed:
         dists = " or ".join(dict.fromkeys(p.patch.distribution for p in patches))
         why = f"{dists or 'no package with this op'} is not installed here; measured anyway"
