@@ -15,9 +15,11 @@ from rich.console import Console
 from test_traps import ROCM_TORCH
 
 from rocmfix import checks, doctor, environment
+from rocmfix.ops import vit_attention
 from rocmfix.registry import all_patches
 from rocmfix.render.console import warnings_block
 from rocmfix.render.doctor import _warning_json
+from rocmfix.write import commands as write
 
 import releases
 from conftest import fake_torch
@@ -156,3 +158,17 @@ def test_every_trap_reads_at_80_columns() -> None:
         "state": "not checkable",
         "evidence": "died of SIGABRT",
     }
+
+
+def test_doctor_runs_the_confirmations_before_it_measures() -> None:
+    """``rocmfix doctor``'s engine on this CPU, its real worker and all: a trap status found
+    (here handed in: this machine's torch is not a ROCm build) comes back confirmed or not."""
+    env = environment.discover(all_patches())
+    status = write.status(env, all_patches())
+    trap = checks.EnvWarning("dlpack-cuda", "what the metadata showed", "pip uninstall it")
+    status = dataclasses.replace(status, warnings=(*status.warnings, trap))
+    report = doctor.run(status, ops=[vit_attention.OP])
+    said = {w.code: w.confirmed for w in report.warnings}
+    missing = "cannot run: ModuleNotFoundError: No module named 'torch_c_dlpack_ext'"
+    assert said["dlpack-cuda"] == ("not checkable", missing)
+    assert {op.op.name for op in report.ops} == {"vit-attention"}
