@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 from test_traps import ROCM_TORCH
 
@@ -172,3 +173,33 @@ def test_doctor_runs_the_confirmations_before_it_measures() -> None:
     missing = "cannot run: ModuleNotFoundError: No module named 'torch_c_dlpack_ext'"
     assert said["dlpack-cuda"] == ("not checkable", missing)
     assert {op.op.name for op in report.ops} == {"vit-attention"}
+
+
+# What ``from vllm.platforms import current_platform`` imports of vllm 0.19.1 (the rest of
+# the 400 MB wheel stays on PyPI).
+PLATFORM_CHAIN = [
+    f"vllm/{name}.py"
+    for name in (
+        "__init__", "_version", "version", "env_override", "envs", "logger",
+        "logging_utils/__init__", "logging_utils/access_log_filter", "logging_utils/formatter",
+        "logging_utils/lazy", "logging_utils/log_time", "platforms/__init__",
+        "platforms/interface", "plugins/__init__", "utils/__init__", "utils/import_utils",
+        "utils/torch_utils", "v1/__init__", "v1/attention/__init__",
+        "v1/attention/backends/__init__", "v1/attention/backends/registry",
+    )
+]  # fmt: skip
+
+
+@pytest.mark.network
+def test_vllms_own_platform_code_does_not_resolve_to_rocm_here(tmp_path: Path) -> None:
+    """vllm 0.19.1's real platform code over a real torch (this CPU build: the test runner's,
+    seen through a .pth), with no amdsmi and no pynvml: vllm resolves no platform, the state
+    that ends in 'Device string must not be empty' (MinerU#4655)."""
+    python = releases.make_venv(tmp_path / "env")
+    site = releases.partial_install(python, "vllm", "0.19.1", PLATFORM_CHAIN)
+    (site / "runner.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
+    env = environment.discover(all_patches(), str(python))
+    trap = checks.EnvWarning("rocm-platform", "what the metadata showed", "install amdsmi")
+    (seen,) = doctor.confirm_traps(env, [trap])
+    said = "vllm's platform resolves to UnspecifiedPlatform (device type '')"
+    assert seen.confirmed == ("confirmed", said)
