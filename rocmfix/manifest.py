@@ -84,7 +84,6 @@ class RecordState:
 
 @dataclass(frozen=True)
 class Manifest:
-    rocmfix_version: str = ""
     entries: Mapping[str, ManifestEntry] = field(default_factory=dict)
     pending: Pending | None = None
     records: Mapping[str, RecordState] = field(default_factory=dict)
@@ -238,7 +237,6 @@ def parse_manifest(text: str, where: Path) -> Manifest:
         for dist, value in records_raw.items()
     }
     return Manifest(
-        rocmfix_version=_str(raw.get("rocmfix_version", ""), "rocmfix_version"),
         entries=entries,
         pending=_pending(raw.get("pending")),
         records=records,

@@ -23,11 +23,12 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from . import fsops
 from .checks import EnvWarning
 from .errors import RefusedError
+from .guest.protocol import DeviceFacts
 
 SCHEMA = 1
 FILE_ENV = "ROCMFIX_TUNED_FILE"
@@ -92,15 +93,9 @@ def read(path: Path) -> TunedFile:
     return TunedFile(path, True, data, None)
 
 
-class _Device(Protocol):
-    @property
-    def torch(self) -> str: ...
-
-    @property
-    def triton(self) -> str | None: ...
-
-
-def file_warnings(tuned: TunedFile, arch: str, device: _Device | None = None) -> list[EnvWarning]:
+def file_warnings(
+    tuned: TunedFile, arch: str, device: DeviceFacts | None = None
+) -> list[EnvWarning]:
     """What a user should know about the tuned file on a GPU of ``arch``."""
     if not tuned.exists:
         return []
@@ -140,22 +135,15 @@ def file_warnings(tuned: TunedFile, arch: str, device: _Device | None = None) ->
     return []
 
 
-def is_ours(path: Path) -> bool:
-    """Whether ``path`` is a tuned file rocmfix wrote: a regular file holding a JSON object
-    with ``"schema": 1`` (its entries may be damaged; its owner is still rocmfix)."""
-    tuned = read(path)
-    if not tuned.exists or tuned.data is not None:
-        return True
-    return tuned.problem is not None and tuned.problem.startswith('"kernels"')
-
-
 def check_ours(path: Path) -> None:
-    """Refuse to touch a file at the tuned path that rocmfix did not write."""
-    if is_ours(path):
+    """Refuse to touch a file at the tuned path that rocmfix did not write: rocmfix's is a
+    regular file holding a JSON object with ``"schema": 1`` (its entries may be damaged; its
+    owner is still rocmfix)."""
+    tuned = read(path)
+    if not tuned.exists or tuned.problem is None or tuned.problem.startswith('"kernels"'):
         return
-    problem = read(path).problem
     raise RefusedError(
-        f"{path} {problem}: rocmfix leaves it alone",
+        f"{path} {tuned.problem}: rocmfix leaves it alone",
         hint=f"point ${FILE_ENV} at a file of rocmfix's own, or move this one aside",
     )
 
