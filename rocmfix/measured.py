@@ -45,7 +45,7 @@ from .ops import Op
 from .patch import Patch, TorchInfo
 from .results import Verdict
 from .system import System, gfx_name
-from .tuned_file import tuned_path
+from .tuned_file import read_json, tuned_path
 
 SCHEMA = 1
 NAME = "measured.json"
@@ -162,17 +162,7 @@ def _ratio(scheme: object, speedup: object) -> bool:
 def read(file: Path | None = None) -> tuple[Measured, ...]:
     """Every well-formed entry of the file; nothing for a missing, linked, oversized or
     malformed one."""
-    file = file or path()
-    try:
-        data = fsops.read_regular(file, limit=MAX_BYTES)
-    except (fsops.NotRegularError, OSError):
-        return ()
-    if data is None:
-        return ()
-    try:
-        parsed = json.loads(data)
-    except (ValueError, RecursionError):
-        return ()
+    _, parsed, _ = read_json(file or path(), MAX_BYTES)
     if not isinstance(parsed, dict) or parsed.get("schema") != SCHEMA:
         return ()
     ops = parsed.get("ops")
