@@ -20,7 +20,7 @@ from .errors import ManifestError
 MANIFEST_SCHEMA = 1
 _SHA = re.compile(r"[0-9a-f]{64}")
 PYC_NAME = re.compile(r"[A-Za-z0-9_]+\.[A-Za-z0-9_.-]+\.pyc")
-_HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
+STATE_HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def parse_manifest(text: str, where: Path) -> Manifest:
         raw = json.loads(text)
     except RecursionError:
         raise ManifestError(
-            f"rocmfix's manifest {where} is nested too deeply", hint=_HINT
+            f"rocmfix's manifest {where} is nested too deeply", hint=STATE_HINT
         ) from None
     except ValueError as exc:
         raise ManifestError(

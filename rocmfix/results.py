@@ -312,21 +312,6 @@ class KernelsReport(WorkerReport):
 
 
 @dataclass(frozen=True)
-class Candidate:
-    config: Mapping[str, Any]
-    role: str
-    status: protocol.Status
-    # What users get on a GPU: eager calls through the patched entry point.
-    ms: float | None
-    rel_err: float | None
-    message: str | None
-    # Registers, spills and LDS of its ahead-of-time compile for the GPU tune ran on.
-    compiled: Mapping[str, Any] | None = None
-    # The kernel alone (CUDA-graph replay), where the GPU can record it.
-    kernel_ms: float | None = None
-
-
-@dataclass(frozen=True)
 class KernelResult:
     id: str
     kernel: str
@@ -336,11 +321,13 @@ class KernelResult:
     status: protocol.Status
     message: str | None
     method: str | None
-    shipped: Candidate | None
+    # Each config tune tried, as the worker sent it (``ms``: eager calls through the patched
+    # entry point, what users get on a GPU; ``kernel_ms``: the kernel alone).
+    shipped: protocol.CandidateRow | None
     # The fastest correct candidate, and what the kernels will use: it, or the shipped one.
-    fastest: Candidate | None
-    best: Candidate | None
-    candidates: tuple[Candidate, ...]
+    fastest: protocol.CandidateRow | None
+    best: protocol.CandidateRow | None
+    candidates: tuple[protocol.CandidateRow, ...]
     tuned: bool
     verified: bool | None
     resolved: Mapping[str, Any] | None
