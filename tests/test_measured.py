@@ -255,3 +255,26 @@ def test_the_nodes_arch_is_read_as_the_rocm_runtime_reads_it(tmp_path: Path) -> 
         assert found.faster is None and "no single AMD GPU arch seen here" in found.reason
         assert says in found.reason
     assert measured.reading(dw, torch, store_file, frozenset({"gfx1100"})).faster is True
+
+
+def test_record_writes_no_link_and_no_folder_of_the_users(tmp_path: Path) -> None:
+    """The file is replaced whole (fsops.atomic_write); a link or a folder at its name is the
+    user's and stays as it was: the measurement stands, only status will not remember it."""
+    real = tmp_path / "dotfiles" / "measured.json"
+    real.parent.mkdir()
+    real.write_text("mine\n")
+    link = tmp_path / "config" / "measured.json"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    folder = tmp_path / "folder" / "measured.json"
+    folder.mkdir(parents=True)
+    for file in (link, folder):
+        assert (
+            measured.record({"depthwise-conv": ("triton", 6.1)}, "gfx1100", TORCH, HIP, file)
+            is None
+        )
+    assert link.is_symlink() and real.read_text() == "mine\n"
+    assert folder.is_dir() and not list(folder.iterdir())
+    written = tmp_path / "new" / "measured.json"
+    assert measured.record({"depthwise-conv": ("triton", 6.1)}, "gfx1100", TORCH, HIP, written)
+    assert [m.scheme for m in measured.read(written)] == ["triton"]
