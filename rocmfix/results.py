@@ -270,28 +270,12 @@ class DoctorReport(WorkerReport):
 
 
 @dataclass(frozen=True)
-class KernelCheck:
-    op: str
-    scheme: str
-    kernel: str
-    shape: str
-    shape_label: str
-    dtype: str
-    arch: str
-    ok: bool
-    registers: int | None
-    spills: int
-    sgpr_spills: int
-    scratch: int
-    shared: int
-    shared_limit: int
-    waves: int | None
-    matrix: int
-    matrix_wanted: str | None
-    operands: str | None
-    options: Mapping[str, Any]
-    constexprs: Mapping[str, Any]
-    problems: tuple[str, ...]
+class KernelCheck(protocol.Checked):
+    """One ahead-of-time compile as the worker reported it; ``kernel`` names the template
+    where the worker named no kernel, and ``shape_label`` is the shape as the tables say it."""
+
+    kernel: str = ""
+    shape_label: str = ""
 
 
 @dataclass(frozen=True)
