@@ -25,7 +25,12 @@ from .ops import vit_attention
 from .ops.vit_attention import AOTRITON_ENV
 
 SHELLS = ("bash", "zsh", "fish", "powershell")
-MODEL_SOURCES = ("modelscope", "huggingface", "local")
+# MinerU's model sources, each with what it means.
+MODEL_SOURCES = {
+    "modelscope": "MinerU downloads its models from ModelScope instead of Hugging Face",
+    "huggingface": "MinerU downloads its models from Hugging Face (its default, pinned here)",
+    "local": "MinerU loads its models from the local paths in its config file, downloading nothing",
+}
 
 
 def check_choices(shell: str, model_source: str | None) -> None:
@@ -54,36 +59,6 @@ def aotriton(env: Environment) -> measured.Reading | None:
     return measured.reading(vit_attention.OP, env.torch, None, archs, "sdpa-aotriton")
 
 
-def exports(env: Environment, model_source: str | None = None) -> tuple[Export, ...]:
-    out = []
-    found = aotriton(env)
-    if found is not None and found.faster:
-        out.append(
-            Export(
-                AOTRITON_ENV,
-                "1",
-                "AOTriton's SDPA kernels, which ROCm torch keeps behind this flag on consumer "
-                f"Radeon cards: {found.reason}",
-            )
-        )
-    if model_source is not None:
-        out.append(
-            Export(
-                "MINERU_MODEL_SOURCE",
-                model_source,
-                _SOURCES.get(model_source, f"MinerU's model source: {model_source}"),
-            )
-        )
-    return tuple(out)
-
-
-_SOURCES = {
-    "huggingface": "MinerU downloads its models from Hugging Face (its default, pinned here)",
-    "modelscope": "MinerU downloads its models from ModelScope instead of Hugging Face",
-    "local": "MinerU loads its models from the local paths in its config file, downloading nothing",
-}
-
-
 def _assign(shell: str, export: Export) -> str:
     if shell == "fish":
         return f"set -gx {export.name} {shlex.quote(export.value)}"
@@ -95,11 +70,22 @@ def _assign(shell: str, export: Export) -> str:
 
 def script(env: Environment, shell: str, model_source: str | None = None) -> str:
     """Comment lines and assignments; every shell rocmfix supports reads ``#`` comments."""
-    found = exports(env, model_source)
     lines = [f"# rocmfix env for {printable(env.python.executable)}"]
+    found: list[Export] = []
     flag = aotriton(env)
-    if flag is not None and not flag.faster:
+    if flag is not None and flag.faster:
+        found.append(
+            Export(
+                AOTRITON_ENV,
+                "1",
+                "AOTriton's SDPA kernels, which ROCm torch keeps behind this flag on consumer "
+                f"Radeon cards: {flag.reason}",
+            )
+        )
+    elif flag is not None:
         lines.append(f"# not exported: {AOTRITON_ENV}: {printable(flag.reason)}")
+    if model_source is not None:
+        found.append(Export("MINERU_MODEL_SOURCE", model_source, MODEL_SOURCES[model_source]))
     if not found and flag is not None:
         lines.append("# nothing to export")
     elif not found:
