@@ -18,18 +18,6 @@ def _lines(data: bytes | None) -> list[bytes]:
     return data.splitlines(keepends=True) if data else []
 
 
-def _terminate(hunk_lines: Iterable[bytes]) -> list[bytes]:
-    # difflib leaves a last line without its newline; unified diff marks it instead.
-    out = []
-    for line in hunk_lines:
-        if line.endswith(b"\n"):
-            out.append(line)
-        else:
-            out.append(line + b"\n")
-            out.append(_NO_NEWLINE)
-    return out
-
-
 def unified_diff(change: FileChange) -> bytes:
     old = b"/dev/null" if change.before is None else b"a/" + change.display.encode()
     new = b"/dev/null" if change.after is None else b"b/" + change.display.encode()
@@ -46,8 +34,11 @@ def unified_diff(change: FileChange) -> bytes:
     for line in lines:
         if line.startswith((b"---", b"+++")):
             out.append(line.rstrip(b"\n") + b"\n")
+        elif line.endswith(b"\n"):
+            out.append(line)
         else:
-            out.extend(_terminate([line]))
+            # difflib leaves a last line without its newline; unified diff marks it instead.
+            out.append(line + b"\n" + _NO_NEWLINE)
     return b"".join(out)
 
 

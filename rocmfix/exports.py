@@ -15,18 +15,22 @@ The assignments' values are rocmfix's own, quoted for the shell all the same.
 from __future__ import annotations
 
 import shlex
-import unicodedata
 from dataclasses import dataclass
 
 from . import measured
 from .checks import is_rocm
 from .environment import Environment
-from .errors import UsageError
+from .errors import UsageError, printable
 from .ops import vit_attention
 from .ops.vit_attention import AOTRITON_ENV
 
 SHELLS = ("bash", "zsh", "fish", "powershell")
-MODEL_SOURCES = ("modelscope", "huggingface", "local")
+# MinerU's model sources, each with what it means.
+MODEL_SOURCES = {
+    "modelscope": "MinerU downloads its models from ModelScope instead of Hugging Face",
+    "huggingface": "MinerU downloads its models from Hugging Face (its default, pinned here)",
+    "local": "MinerU loads its models from the local paths in its config file, downloading nothing",
+}
 
 
 def check_choices(shell: str, model_source: str | None) -> None:
@@ -51,37 +55,8 @@ def aotriton(env: Environment) -> measured.Reading | None:
     """What doctor measured of SDPA under the AOTriton flag here; None off ROCm."""
     if not is_rocm(env):
         return None
-    return measured.reading(vit_attention.OP, env.torch, scheme="sdpa-aotriton")
-
-
-def exports(env: Environment, model_source: str | None = None) -> tuple[Export, ...]:
-    out = []
-    found = aotriton(env)
-    if found is not None and found.faster:
-        out.append(
-            Export(
-                AOTRITON_ENV,
-                "1",
-                "AOTriton's SDPA kernels, which ROCm torch keeps behind this flag on consumer "
-                f"Radeon cards: {found.reason}",
-            )
-        )
-    if model_source is not None:
-        out.append(
-            Export(
-                "MINERU_MODEL_SOURCE",
-                model_source,
-                _SOURCES.get(model_source, f"MinerU's model source: {model_source}"),
-            )
-        )
-    return tuple(out)
-
-
-_SOURCES = {
-    "huggingface": "MinerU downloads its models from Hugging Face (its default, pinned here)",
-    "modelscope": "MinerU downloads its models from ModelScope instead of Hugging Face",
-    "local": "MinerU loads its models from the local paths in its config file, downloading nothing",
-}
+    archs = measured.gpu_archs(env.system)
+    return measured.reading(vit_attention.OP, env.torch, None, archs, "sdpa-aotriton")
 
 
 def _assign(shell: str, export: Export) -> str:
@@ -93,29 +68,32 @@ def _assign(shell: str, export: Export) -> str:
     return f"export {export.name}={shlex.quote(export.value)}"
 
 
-def inert(text: str) -> str:
-    """``text`` as the rest of one comment line: nothing a shell reads as a line break."""
-    # Category C is control, format, surrogate, private use and unassigned; Zl and Zp are
-    # U+2028/U+2029, which some shells' line editors and terminals take as breaks.
-    return "".join(
-        "?" if unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp") else c
-        for c in text
-    )
-
-
 def script(env: Environment, shell: str, model_source: str | None = None) -> str:
     """Comment lines and assignments; every shell rocmfix supports reads ``#`` comments."""
-    found = exports(env, model_source)
-    lines = [f"# rocmfix env for {inert(env.python.executable)}"]
+    lines = [f"# rocmfix env for {printable(env.python.executable)}"]
+    found: list[Export] = []
     flag = aotriton(env)
-    if flag is not None and not flag.faster:
-        lines.append(f"# not exported: {AOTRITON_ENV}: {inert(flag.reason)}")
+    if flag is not None and flag.faster:
+        found.append(
+            Export(
+                AOTRITON_ENV,
+                "1",
+                "AOTriton's SDPA kernels, which ROCm torch keeps behind this flag on consumer "
+                f"Radeon cards: {flag.reason}",
+            )
+        )
+    elif flag is not None:
+        lines.append(f"# not exported: {AOTRITON_ENV}: {printable(flag.reason)}")
+    if model_source is not None:
+        found.append(Export("MINERU_MODEL_SOURCE", model_source, MODEL_SOURCES[model_source]))
     if not found and flag is not None:
         lines.append("# nothing to export")
     elif not found:
-        torch = f"torch {inert(env.torch.version)} is not a ROCm build" if env.torch else "no torch"
+        torch = (
+            f"torch {printable(env.torch.version)} is not a ROCm build" if env.torch else "no torch"
+        )
         lines.append(f"# nothing to export: {torch}")
     for export in found:
-        lines.append(f"# {inert(export.reason)}")
+        lines.append(f"# {printable(export.reason)}")
         lines.append(_assign(shell, export))
     return "\n".join(lines) + "\n"

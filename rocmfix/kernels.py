@@ -10,6 +10,7 @@ Nothing here prints.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from . import worker
@@ -46,29 +47,9 @@ def _label(event: protocol.Checked, ops: Sequence[Op]) -> str:
 
 
 def _check(event: protocol.Checked, ops: Sequence[Op]) -> KernelCheck:
-    return KernelCheck(
-        op=event.op,
-        scheme=event.scheme,
-        kernel=event.kernel or event.template,
-        shape=event.shape,
-        shape_label=_label(event, ops),
-        dtype=event.dtype,
-        arch=event.arch,
-        ok=event.ok,
-        registers=event.registers,
-        spills=event.spills,
-        sgpr_spills=event.sgpr_spills,
-        scratch=event.scratch,
-        shared=event.shared,
-        shared_limit=event.shared_limit,
-        waves=event.waves,
-        matrix=event.matrix,
-        matrix_wanted=event.matrix_wanted,
-        operands=event.operands,
-        options=dict(event.options),
-        constexprs=dict(event.constexprs),
-        problems=tuple(event.problems),
-    )
+    found = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    found["kernel"] = event.kernel or event.template
+    return KernelCheck(**found, shape_label=_label(event, ops))
 
 
 def _planned(ops: Sequence[Op], archs: Sequence[str]) -> int:

@@ -6,6 +6,7 @@ the lock and backups beside it, is :mod:`rocmfix.state`'s business.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import re
@@ -19,7 +20,7 @@ from .errors import ManifestError
 MANIFEST_SCHEMA = 1
 _SHA = re.compile(r"[0-9a-f]{64}")
 PYC_NAME = re.compile(r"[A-Za-z0-9_]+\.[A-Za-z0-9_.-]+\.pyc")
-_HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
+STATE_HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,6 @@ class RecordState:
 
 @dataclass(frozen=True)
 class Manifest:
-    rocmfix_version: str = ""
     entries: Mapping[str, ManifestEntry] = field(default_factory=dict)
     pending: Pending | None = None
     records: Mapping[str, RecordState] = field(default_factory=dict)
@@ -124,23 +124,24 @@ def _str_or_none(value: Any, what: str) -> str | None:
     return None if value is None else _str(value, what)
 
 
+def _objects(raw: Any, what: str) -> list[dict[str, Any]]:
+    """``raw`` as a list of JSON objects; anything else is malformed."""
+    if not isinstance(raw, list) or not all(isinstance(item, dict) for item in raw):
+        raise ManifestError(f"manifest: {what} is malformed")
+    return raw
+
+
 def _entry(patch: str, raw: Any) -> ManifestEntry:
     if not isinstance(raw, dict):
         raise ManifestError(f"manifest: entry {patch!r} is not an object")
-    drops_raw = raw.get("drops", [])
-    if not isinstance(drops_raw, list):
-        raise ManifestError(f"manifest: entry {patch!r} has malformed drops")
-    drops = []
-    for drop in drops_raw:
-        if not isinstance(drop, dict):
-            raise ManifestError(f"manifest: entry {patch!r} has malformed drops")
-        drops.append(
-            DroppedFile(
-                path=safe_relative(drop.get("path"), f"{patch} drop"),
-                sha256=sha_digest(drop.get("sha256"), f"{patch} drop digest"),
-                replaced=_sha_or_none(drop.get("replaced"), f"{patch} replaced digest"),
-            )
+    drops = tuple(
+        DroppedFile(
+            path=safe_relative(drop.get("path"), f"{patch} drop"),
+            sha256=sha_digest(drop.get("sha256"), f"{patch} drop digest"),
+            replaced=_sha_or_none(drop.get("replaced"), f"{patch} replaced digest"),
         )
+        for drop in _objects(raw.get("drops", []), f"the list of drops of entry {patch!r}")
+    )
     return ManifestEntry(
         patch=patch,
         distribution=_str(raw.get("distribution"), f"{patch} distribution"),
@@ -149,7 +150,7 @@ def _entry(patch: str, raw: Any) -> ManifestEntry:
         scheme=_str_or_none(raw.get("scheme"), f"{patch} scheme"),
         original_sha256=sha_digest(raw.get("original_sha256"), f"{patch} original digest"),
         patched_sha256=sha_digest(raw.get("patched_sha256"), f"{patch} patched digest"),
-        drops=tuple(drops),
+        drops=drops,
         record_updated=bool(raw.get("record_updated", False)),
         applied_at=_str(raw.get("applied_at", ""), f"{patch} applied_at"),
         pycache=_pycache(patch, raw.get("pycache", [])),
@@ -159,11 +160,9 @@ def _entry(patch: str, raw: Any) -> ManifestEntry:
 
 def _pycache(patch: str, raw: Any) -> tuple[DroppedFile, ...]:
     """Bytecode names: a plain ``<module>.<tag>.pyc`` each, nothing with a folder in it."""
-    if not isinstance(raw, list):
-        raise ManifestError(f"manifest: entry {patch!r} has malformed pycache")
     out = []
-    for item in raw:
-        name = item.get("name") if isinstance(item, dict) else None
+    for item in _objects(raw, f"the bytecode list of entry {patch!r}"):
+        name = item.get("name")
         if not isinstance(name, str) or not PYC_NAME.fullmatch(name):
             raise ManifestError(f"manifest: entry {patch!r} names bytecode {name!r}")
         out.append(
@@ -175,12 +174,13 @@ def _pycache(patch: str, raw: Any) -> tuple[DroppedFile, ...]:
 def _pending(raw: Any) -> Pending | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict) or not isinstance(raw.get("files"), list):
-        raise ManifestError("manifest: the pending run record is malformed")
+    what = "the pending run record"
+    if not isinstance(raw, dict):
+        raise ManifestError(f"manifest: {what} is malformed")
     files = []
-    for item in raw["files"]:
-        if not isinstance(item, dict) or item.get("kind") not in ("file", "record"):
-            raise ManifestError("manifest: the pending run record is malformed")
+    for item in _objects(raw.get("files"), what):
+        if item.get("kind") not in ("file", "record"):
+            raise ManifestError(f"manifest: {what} is malformed")
         files.append(
             PendingFile(
                 kind=item["kind"],
@@ -204,7 +204,7 @@ def parse_manifest(text: str, where: Path) -> Manifest:
         raw = json.loads(text)
     except RecursionError:
         raise ManifestError(
-            f"rocmfix's manifest {where} is nested too deeply", hint=_HINT
+            f"rocmfix's manifest {where} is nested too deeply", hint=STATE_HINT
         ) from None
     except ValueError as exc:
         raise ManifestError(
@@ -238,7 +238,6 @@ def parse_manifest(text: str, where: Path) -> Manifest:
         for dist, value in records_raw.items()
     }
     return Manifest(
-        rocmfix_version=_str(raw.get("rocmfix_version", ""), "rocmfix_version"),
         entries=entries,
         pending=_pending(raw.get("pending")),
         records=records,
@@ -280,27 +279,10 @@ def dump_manifest(manifest: Manifest, rocmfix_version: str) -> bytes:
         "schema": MANIFEST_SCHEMA,
         "rocmfix_version": rocmfix_version,
         "entries": {name: entry(e) for name, e in sorted(manifest.entries.items())},
-        "pending": None
-        if pending is None
-        else {
-            "op": pending.op,
-            "pid": pending.pid,
-            "started_at": pending.started_at,
-            "files": [
-                {
-                    "kind": f.kind,
-                    "distribution": f.distribution,
-                    "path": f.path,
-                    "before": f.before,
-                    "after": f.after,
-                }
-                for f in pending.files
-            ],
-        },
+        "pending": None if pending is None else dataclasses.asdict(pending),
     }
     if manifest.records:
         doc["records"] = {
-            dist: {"original": r.original, "written": r.written}
-            for dist, r in sorted(manifest.records.items())
+            dist: dataclasses.asdict(r) for dist, r in sorted(manifest.records.items())
         }
     return (json.dumps(doc, indent=2) + "\n").encode("utf-8")

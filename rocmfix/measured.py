@@ -23,29 +23,29 @@ size-capped, schema-checked entry by entry; a file or an entry that fails any ch
 no measurement. An entry decides only for its own arch and torch/ROCm build: a home folder
 shared across a cluster's nodes holds other GPUs' results, and a gfx942 "the vendor op is
 fast" says nothing of a gfx1100. ``status`` never imports torch, so it reads this node's arch
-as the ROCm runtime does (:func:`gpu_archs`: ``HSA_OVERRIDE_GFX_VERSION``, else the KFD
-topology); where that names no single arch, nothing decides.
+as the ROCm runtime does, from what the probe read (:func:`gpu_archs`:
+``HSA_OVERRIDE_GFX_VERSION``, else the KFD topology); where that names no single arch,
+nothing decides.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import fsops
+from .environment import Environment
 from .ops import Op
 from .patch import Patch, TorchInfo
 from .results import Verdict
-from .tuned_file import tuned_path
+from .system import System, gfx_name
+from .tuned_file import read_json, tuned_path
 
 SCHEMA = 1
 NAME = "measured.json"
@@ -57,45 +57,21 @@ _VERSION = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
-# What the ROCm runtime reads a node's GPUs from, and the variable that overrides their arch.
-TOPOLOGY = Path("/sys/class/kfd/kfd/topology/nodes")
-OVERRIDE_ENV = "HSA_OVERRIDE_GFX_VERSION"
-_OVERRIDE = re.compile(r"^(\d{1,2})\.(\d{1,2})\.(\d{1,2})$")
-
-
 def path() -> Path:
     return tuned_path().parent / NAME
 
 
-def _gfx(major: int, minor: int, stepping: int) -> str:
-    # The runtime's naming: 9.0.10 is gfx90a, 11.0.0 gfx1100 (minor and stepping in hex).
-    return f"gfx{major}{minor:x}{stepping:x}"
-
-
-def gpu_archs(topology: Path = TOPOLOGY) -> frozenset[str]:
+def gpu_archs(system: System) -> frozenset[str]:
     """This node's AMD GPU archs as the ROCm runtime (and so torch) names them: the one
-    ``HSA_OVERRIDE_GFX_VERSION`` makes every GPU, else each GPU node's ``gfx_target_version``
-    in the KFD topology; none where neither says (no AMD GPU or driver, another system)."""
-    override = _OVERRIDE.match(os.environ.get(OVERRIDE_ENV, "").strip())
-    if override:
-        return frozenset({_gfx(*(int(v) for v in override.groups()))})
-    try:
-        nodes = sorted(topology.iterdir())[:256]
-    except OSError:
-        return frozenset()
-    archs = set()
-    for node in nodes:
-        try:
-            data = fsops.read_regular(node / "properties", limit=64 * 1024)
-        except (fsops.NotRegularError, OSError):
-            continue
-        for line in (data or b"").decode("ascii", "replace").splitlines():
-            key, _, value = line.partition(" ")
-            number = value.strip()
-            if key == "gfx_target_version" and number.isdigit() and 0 < int(number) < 10**6:
-                version = int(number)  # 0 for a CPU node
-                archs.add(_gfx(version // 10000, version // 100 % 100, version % 100))
-    return frozenset(archs)
+    ``HSA_OVERRIDE_GFX_VERSION`` makes every GPU, else each GPU node the KFD topology lists
+    (both as the probe read them); none where neither says (no AMD GPU or driver)."""
+    parts = system.env.get("HSA_OVERRIDE_GFX_VERSION", "").strip().split(".")
+    if len(parts) == 3 and all(p.isdigit() and len(p) <= 2 for p in parts):
+        major, minor, stepping = map(int, parts)
+        override = gfx_name(major * 10000 + minor * 100 + stepping)
+        if override is not None:
+            return frozenset({override})
+    return frozenset(system.gfx)
 
 
 @dataclass(frozen=True)
@@ -186,17 +162,7 @@ def _ratio(scheme: object, speedup: object) -> bool:
 def read(file: Path | None = None) -> tuple[Measured, ...]:
     """Every well-formed entry of the file; nothing for a missing, linked, oversized or
     malformed one."""
-    file = file or path()
-    try:
-        data = fsops.read_regular(file, limit=MAX_BYTES)
-    except (fsops.NotRegularError, OSError):
-        return ()
-    if data is None:
-        return ()
-    try:
-        parsed = json.loads(data)
-    except (ValueError, RecursionError):
-        return ()
+    _, parsed, _ = read_json(file or path(), MAX_BYTES)
     if not isinstance(parsed, dict) or parsed.get("schema") != SCHEMA:
         return ()
     ops = parsed.get("ops")
@@ -212,13 +178,13 @@ def read(file: Path | None = None) -> tuple[Measured, ...]:
 def reading(
     op: Op,
     torch: TorchInfo | None,
-    file: Path | None = None,
-    archs: frozenset[str] | None = None,
+    file: Path | None,
+    archs: frozenset[str],
     scheme: str | None = None,
 ) -> Reading:
     """What the stored measurements say about ``op`` with this torch build on this node's GPU
-    (``archs``: :func:`gpu_archs` unless given): whether its best scheme, or ``scheme``
-    where given, measured faster than the stock op."""
+    (``archs``: :func:`gpu_archs`): whether its best scheme, or ``scheme`` where given,
+    measured faster than the stock op."""
     command = f"run `rocmfix doctor --op {op.name}` on the GPU"
     mine = [m for m in read(file) if m.op == op.name]
     build = [
@@ -232,7 +198,6 @@ def reading(
                 f"measured {newest.where()}, not with this torch build; {command}",
             )
         return Reading(None, f"whether the vendor op is slow depends on the GPU; {command}")
-    archs = gpu_archs() if archs is None else archs
     if len(archs) != 1:
         seen = ", ".join(sorted(archs)) or "none"
         return Reading(None, f"no single AMD GPU arch seen here ({seen}); {command}")
@@ -300,8 +265,11 @@ def record(
         if new is not None:
             ops.setdefault(op, {})[_key(arch, torch, hip)] = _raw(new)
     data = json.dumps({"schema": SCHEMA, "ops": ops}, indent=1, sort_keys=True).encode()
+    if file.is_symlink():
+        return None  # a link of the user's is neither followed nor replaced
     try:
-        _write(file, data)
+        fsops.make_dirs(file.parent)
+        fsops.atomic_write(file, data)
     except OSError:
         return None
     return file
@@ -319,32 +287,15 @@ def _raw(m: Measured) -> dict[str, Any]:
     }
 
 
-def _write(file: Path, data: bytes) -> None:
-    file.parent.mkdir(parents=True, exist_ok=True)
-    if file.is_symlink() or (file.exists() and not file.is_file()):
-        raise OSError(f"{file} is not a regular file")
-    fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, file)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def follow(
-    patch: Patch, torch: TorchInfo | None, explicit: bool, reason: str, notes: tuple[str, ...]
+    patch: Patch, env: Environment, explicit: bool, reason: str, notes: tuple[str, ...]
 ) -> tuple[Verdict | None, str, tuple[str, ...]]:
     """A patch whose code needs it, weighed against what was measured here: (the verdict, or
     None to go on as the code says; the reason; the notes). A patch named with ``--only`` goes
     on whatever was measured; a measured speed-up becomes the reason, the code's a note."""
     if patch.op is None or not patch.op.measured_verdict:
         return None, reason, notes
-    found = reading(patch.op, torch, scheme=patch.realizes)
+    found = reading(patch.op, env.torch, None, gpu_archs(env.system), patch.realizes)
     if found.faster:
         return None, found.reason, (reason, *notes)
     if explicit:

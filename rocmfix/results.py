@@ -270,28 +270,12 @@ class DoctorReport(WorkerReport):
 
 
 @dataclass(frozen=True)
-class KernelCheck:
-    op: str
-    scheme: str
-    kernel: str
-    shape: str
-    shape_label: str
-    dtype: str
-    arch: str
-    ok: bool
-    registers: int | None
-    spills: int
-    sgpr_spills: int
-    scratch: int
-    shared: int
-    shared_limit: int
-    waves: int | None
-    matrix: int
-    matrix_wanted: str | None
-    operands: str | None
-    options: Mapping[str, Any]
-    constexprs: Mapping[str, Any]
-    problems: tuple[str, ...]
+class KernelCheck(protocol.Checked):
+    """One ahead-of-time compile as the worker reported it; ``kernel`` names the template
+    where the worker named no kernel, and ``shape_label`` is the shape as the tables say it."""
+
+    kernel: str = ""
+    shape_label: str = ""
 
 
 @dataclass(frozen=True)
@@ -312,21 +296,6 @@ class KernelsReport(WorkerReport):
 
 
 @dataclass(frozen=True)
-class Candidate:
-    config: Mapping[str, Any]
-    role: str
-    status: protocol.Status
-    # What users get on a GPU: eager calls through the patched entry point.
-    ms: float | None
-    rel_err: float | None
-    message: str | None
-    # Registers, spills and LDS of its ahead-of-time compile for the GPU tune ran on.
-    compiled: Mapping[str, Any] | None = None
-    # The kernel alone (CUDA-graph replay), where the GPU can record it.
-    kernel_ms: float | None = None
-
-
-@dataclass(frozen=True)
 class KernelResult:
     id: str
     kernel: str
@@ -336,11 +305,13 @@ class KernelResult:
     status: protocol.Status
     message: str | None
     method: str | None
-    shipped: Candidate | None
+    # Each config tune tried, as the worker sent it (``ms``: eager calls through the patched
+    # entry point, what users get on a GPU; ``kernel_ms``: the kernel alone).
+    shipped: protocol.CandidateRow | None
     # The fastest correct candidate, and what the kernels will use: it, or the shipped one.
-    fastest: Candidate | None
-    best: Candidate | None
-    candidates: tuple[Candidate, ...]
+    fastest: protocol.CandidateRow | None
+    best: protocol.CandidateRow | None
+    candidates: tuple[protocol.CandidateRow, ...]
     tuned: bool
     verified: bool | None
     resolved: Mapping[str, Any] | None

@@ -21,9 +21,8 @@ from pathlib import Path
 
 from . import fsops
 from .errors import LockBusyError, ManifestError, RefusedError, WriteError
-from .manifest import Manifest, dump_manifest, parse_manifest, sha_digest
+from .manifest import STATE_HINT, Manifest, dump_manifest, parse_manifest, sha_digest
 
-_HINT = "rocmfix's state was edited by hand or by another program; move it aside and reinstall"
 # A manifest names a few dozen files; anything far larger is not one rocmfix wrote.
 _MANIFEST_LIMIT = 4 << 20
 # The temporary name ``<prefix>/share`` is built under (see StateDir._make_root).
@@ -51,10 +50,10 @@ class StateDir:
                 raise ManifestError(
                     f"{folder} is a symbolic link: rocmfix keeps its state in real folders "
                     "and follows no link out of the environment",
-                    hint=_HINT,
+                    hint=STATE_HINT,
                 )
             if folder.exists() and not folder.is_dir():
-                raise ManifestError(f"{folder} is not a folder", hint=_HINT)
+                raise ManifestError(f"{folder} is not a folder", hint=STATE_HINT)
         if not fsops.inside(self.root / "x", self.prefix):
             raise ManifestError(f"{self.root} is outside the environment {self.prefix}")
 
@@ -109,7 +108,7 @@ class StateDir:
             return fsops.read_regular(path, limit)
         except fsops.NotRegularError as exc:
             raise ManifestError(
-                f"rocmfix's state is not what it should be: {exc}", hint=_HINT
+                f"rocmfix's state is not what it should be: {exc}", hint=STATE_HINT
             ) from None
         except OSError as exc:
             raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -224,7 +223,9 @@ class StateDir:
         except BlockingIOError:
             raise self.busy_error() from None
         except fsops.NotRegularError as exc:
-            raise ManifestError(f"{exc}; rocmfix will not lock through it", hint=_HINT) from None
+            raise ManifestError(
+                f"{exc}; rocmfix will not lock through it", hint=STATE_HINT
+            ) from None
         except OSError as exc:
             raise WriteError(
                 f"nothing was changed: rocmfix could not take its lock in {self.root} "

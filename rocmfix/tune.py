@@ -21,26 +21,15 @@ from .errors import RefusedError, UsageError
 from .guest import protocol
 from .manifest import now
 from .ops import OPS, Op
-from .results import Candidate, KernelResult, TuneReport
+from .results import KernelResult, TuneReport
 
 MIN_GAIN = 0.03
 DEFAULT_BUDGET_S = 300.0
 
 
-def _candidate(row: protocol.CandidateRow) -> Candidate:
-    return Candidate(
-        config=row.config,
-        role=row.role,
-        status=row.status,
-        ms=row.ms,
-        rel_err=row.rel_err,
-        message=row.message,
-        compiled=row.compiled,
-        kernel_ms=row.kernel_ms,
-    )
-
-
-def _no_slower_kernel(candidate: Candidate, shipped: Candidate, min_gain: float) -> bool:
+def _no_slower_kernel(
+    candidate: protocol.CandidateRow, shipped: protocol.CandidateRow, min_gain: float
+) -> bool:
     """Where the host's launch cost sets the eager time, tiles tie there and noise would pick
     one: a winner's kernel must be no slower than the shipped one's either."""
     if candidate.kernel_ms is None or shipped.kernel_ms is None:
@@ -52,7 +41,7 @@ def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> Kerne
     if isinstance(event, protocol.Measured):
         # A target the worker timed out or died in: rocmfix.supervise wrote an item for it.
         event = protocol.Tuned(id=event.id, status=event.status, message=event.message)
-    candidates = tuple(_candidate(c) for c in event.candidates)
+    candidates = tuple(event.candidates)
     shipped = candidates[0] if candidates else None
     timed = [c for c in candidates if c.status == "ok" and c.ms is not None]
     best = min(timed, key=lambda c: c.ms or 0.0) if timed else None

@@ -23,11 +23,12 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from . import fsops
 from .checks import EnvWarning
 from .errors import RefusedError
+from .guest.protocol import DeviceFacts
 
 SCHEMA = 1
 FILE_ENV = "ROCMFIX_TUNED_FILE"
@@ -66,24 +67,33 @@ READ_LIMIT = 1 << 20
 NOT_OURS = f'is not a rocmfix tuned file ("schema": {SCHEMA})'
 
 
+def read_json(path: Path, limit: int, *, follow: bool = False) -> tuple[bool, Any, str | None]:
+    """A JSON file of rocmfix's that it did not just write (the tuned file, the measured
+    file), read as untrusted input: a regular file (through a link only with ``follow``),
+    never blocking on a FIFO, at most ``limit`` bytes. Returns whether it exists, what it
+    holds, and why it cannot be read where it cannot."""
+    try:
+        raw = fsops.read_regular(path, limit, follow=follow)
+    except fsops.NotRegularError as exc:
+        return True, None, f"cannot be read ({exc})"
+    except OSError as exc:
+        return True, None, f"cannot be read ({exc.strerror or exc})"
+    if raw is None:
+        return False, None, None
+    try:
+        return True, json.loads(raw.decode("utf-8")), None
+    except RecursionError:
+        return True, None, "is not valid JSON (nested too deeply)"
+    except ValueError as exc:
+        return True, None, f"is not valid JSON ({exc})"
+
+
 def read(path: Path) -> TunedFile:
     """The file as the kernels will see it; ``problem`` says why they would ignore it. Read
-    as the kernels read it: a link is followed (dotfiles), but only to a regular file, never
-    blocking on a FIFO, at most READ_LIMIT bytes."""
-    try:
-        raw = fsops.read_regular(path, READ_LIMIT, follow=True)
-    except fsops.NotRegularError as exc:
-        return TunedFile(path, True, None, f"cannot be read ({exc})")
-    except OSError as exc:
-        return TunedFile(path, True, None, f"cannot be read ({exc.strerror or exc})")
-    if raw is None:
-        return TunedFile(path, False, None, None)
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except RecursionError:
-        return TunedFile(path, True, None, "is not valid JSON (nested too deeply)")
-    except ValueError as exc:
-        return TunedFile(path, True, None, f"is not valid JSON ({exc})")
+    as the kernels read it: a link is followed (dotfiles), but only to a regular file."""
+    exists, data, problem = read_json(path, READ_LIMIT, follow=True)
+    if not exists or problem is not None:
+        return TunedFile(path, exists, None, problem)
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         return TunedFile(path, True, None, NOT_OURS)
     kernels = data.get("kernels")
@@ -92,15 +102,9 @@ def read(path: Path) -> TunedFile:
     return TunedFile(path, True, data, None)
 
 
-class _Device(Protocol):
-    @property
-    def torch(self) -> str: ...
-
-    @property
-    def triton(self) -> str | None: ...
-
-
-def file_warnings(tuned: TunedFile, arch: str, device: _Device | None = None) -> list[EnvWarning]:
+def file_warnings(
+    tuned: TunedFile, arch: str, device: DeviceFacts | None = None
+) -> list[EnvWarning]:
     """What a user should know about the tuned file on a GPU of ``arch``."""
     if not tuned.exists:
         return []
@@ -140,22 +144,15 @@ def file_warnings(tuned: TunedFile, arch: str, device: _Device | None = None) ->
     return []
 
 
-def is_ours(path: Path) -> bool:
-    """Whether ``path`` is a tuned file rocmfix wrote: a regular file holding a JSON object
-    with ``"schema": 1`` (its entries may be damaged; its owner is still rocmfix)."""
-    tuned = read(path)
-    if not tuned.exists or tuned.data is not None:
-        return True
-    return tuned.problem is not None and tuned.problem.startswith('"kernels"')
-
-
 def check_ours(path: Path) -> None:
-    """Refuse to touch a file at the tuned path that rocmfix did not write."""
-    if is_ours(path):
+    """Refuse to touch a file at the tuned path that rocmfix did not write: rocmfix's is a
+    regular file holding a JSON object with ``"schema": 1`` (its entries may be damaged; its
+    owner is still rocmfix)."""
+    tuned = read(path)
+    if not tuned.exists or tuned.problem is None or tuned.problem.startswith('"kernels"'):
         return
-    problem = read(path).problem
     raise RefusedError(
-        f"{path} {problem}: rocmfix leaves it alone",
+        f"{path} {tuned.problem}: rocmfix leaves it alone",
         hint=f"point ${FILE_ENV} at a file of rocmfix's own, or move this one aside",
     )
 

@@ -15,6 +15,7 @@ import pytest
 from rocmfix import doctor, measured
 from rocmfix.ops import op
 from rocmfix.patch import TorchInfo
+from rocmfix.system import System
 
 from conftest import InstalledEnv, fake_torch, files_under, install_release
 
@@ -158,7 +159,9 @@ def test_a_hostile_file_reads_as_unmeasured(tmp_path: Path, hostile: str) -> Non
         return
     assert measured.read(file) == ()
     torch = TorchInfo(TORCH, HIP, None)
-    assert measured.reading(op("depthwise-conv"), torch, file).faster is None
+    assert (
+        measured.reading(op("depthwise-conv"), torch, file, frozenset({"gfx1100"})).faster is None
+    )
 
 
 def test_doctor_stores_gpu_results_only(tmp_path: Path) -> None:
@@ -230,28 +233,19 @@ def test_another_archs_measurement_never_decides(mineru_rocm: InstalledEnv) -> N
     assert found[TRANSPOSE]["verdict"] == "applicable"
 
 
-def test_the_nodes_arch_is_read_as_the_rocm_runtime_reads_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def node(index: int, properties: str) -> None:
-        (tmp_path / str(index)).mkdir()
-        (tmp_path / str(index) / "properties").write_text(properties)
+def test_the_nodes_arch_is_read_as_the_rocm_runtime_reads_it(tmp_path: Path) -> None:
+    # The probe reads the KFD topology and the variable (tests/test_traps.py); this is what
+    # the override makes of them.
+    def seen(gfx: tuple[str, ...], override: str | None = None) -> frozenset[str]:
+        env = {} if override is None else {"HSA_OVERRIDE_GFX_VERSION": override}
+        return measured.gpu_archs(System(gfx=gfx, env=env))
 
-    monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
-    assert measured.gpu_archs(tmp_path / "absent") == frozenset()
-    node(0, "cpu_cores_count 16\ngfx_target_version 0\n")  # the CPU's node
-    assert measured.gpu_archs(tmp_path) == frozenset()
-    node(1, "simd_count 192\ngfx_target_version 110000\nmax_waves_per_simd 16\n")
-    assert measured.gpu_archs(tmp_path) == {"gfx1100"}
-    node(2, "gfx_target_version 90010\n")
-    assert measured.gpu_archs(tmp_path) == {"gfx1100", "gfx90a"}
-    (tmp_path / "3").mkdir()
-    (tmp_path / "3" / "properties").symlink_to(tmp_path / "1" / "properties")  # never followed
-    assert measured.gpu_archs(tmp_path) == {"gfx1100", "gfx90a"}
-    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "9.4.2")
-    assert measured.gpu_archs(tmp_path) == {"gfx942"}
-    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "gfx1100; rm -rf /")
-    assert measured.gpu_archs(tmp_path) == {"gfx1100", "gfx90a"}
+    assert seen(()) == frozenset()
+    assert seen(("gfx1100", "gfx90a")) == {"gfx1100", "gfx90a"}
+    assert seen(("gfx1100", "gfx90a"), "9.4.2") == {"gfx942"}
+    assert seen((), " 11.0.0 ") == {"gfx1100"}
+    assert seen(("gfx1100", "gfx90a"), "gfx1100; rm -rf /") == {"gfx1100", "gfx90a"}
+    assert seen(("gfx1100",), "9.99.0") == {"gfx1100"}  # no arch the runtime names
 
     store_file = tmp_path / "measured.json"
     measured.record({"depthwise-conv": ("triton", 6.1)}, "gfx1100", TORCH, HIP, store_file)
@@ -261,3 +255,26 @@ def test_the_nodes_arch_is_read_as_the_rocm_runtime_reads_it(
         assert found.faster is None and "no single AMD GPU arch seen here" in found.reason
         assert says in found.reason
     assert measured.reading(dw, torch, store_file, frozenset({"gfx1100"})).faster is True
+
+
+def test_record_writes_no_link_and_no_folder_of_the_users(tmp_path: Path) -> None:
+    """The file is replaced whole (fsops.atomic_write); a link or a folder at its name is the
+    user's and stays as it was: the measurement stands, only status will not remember it."""
+    real = tmp_path / "dotfiles" / "measured.json"
+    real.parent.mkdir()
+    real.write_text("mine\n")
+    link = tmp_path / "config" / "measured.json"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    folder = tmp_path / "folder" / "measured.json"
+    folder.mkdir(parents=True)
+    for file in (link, folder):
+        assert (
+            measured.record({"depthwise-conv": ("triton", 6.1)}, "gfx1100", TORCH, HIP, file)
+            is None
+        )
+    assert link.is_symlink() and real.read_text() == "mine\n"
+    assert folder.is_dir() and not list(folder.iterdir())
+    written = tmp_path / "new" / "measured.json"
+    assert measured.record({"depthwise-conv": ("triton", 6.1)}, "gfx1100", TORCH, HIP, written)
+    assert [m.scheme for m in measured.read(written)] == ["triton"]

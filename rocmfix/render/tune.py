@@ -10,8 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from rocmfix import __version__
+from rocmfix.guest.protocol import CandidateRow
 from rocmfix.render.console import config_text, duration, environment_line, err, failures, out
-from rocmfix.results import Candidate, TuneReport
+from rocmfix.results import TuneReport
 
 SCHEMA = "rocmfix-tune/1"
 
@@ -87,7 +88,7 @@ def tune_table(report: TuneReport) -> None:
     failures(report.failures, report.worker_log)
 
 
-def _candidate_json(c: Candidate | None) -> dict[str, Any] | None:
+def _candidate_json(c: CandidateRow | None) -> dict[str, Any] | None:
     if c is None:
         return None
     return {

@@ -357,13 +357,5 @@ def _tidy_unlocked(state: StateDir) -> None:
 def _result(
     env: Environment, command: str, plan: Plan, dry_run: bool, recovered: tuple[str, ...] = ()
 ) -> RunResult:
-    outcomes: tuple[Outcome, ...] = plan.outcomes
-    return RunResult(
-        env,
-        command,
-        outcomes,
-        plan.changes,
-        dry_run,
-        recovered,
-        warnings=environment_warnings(env),
-    )
+    warnings = environment_warnings(env)
+    return RunResult(env, command, plan.outcomes, plan.changes, dry_run, recovered, warnings)

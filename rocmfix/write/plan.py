@@ -140,9 +140,9 @@ class _Builder:
         sources = {
             str(c.path): c.after
             for c in self.changes
-            if c.after is not None and c.kind is not ChangeKind.RECORD
+            if c.after is not None and c.path.suffix == ".py"
         }
-        errors = compile_errors(env, {k: v for k, v in sources.items() if k.endswith(".py")})
+        errors = compile_errors(env, sources)
         if errors:
             raise RefusedError(
                 "nothing was changed: the rewritten code does not compile: "

@@ -397,7 +397,7 @@ class _Inspector:
         if entry is None:
             notes = (*notes, *self._used_by_mineru())
             judged, reason, notes = measured.follow(
-                self.patch, self.env.torch, self.explicit, reason, notes
+                self.patch, self.env, self.explicit, reason, notes
             )
             if judged is not None:
                 return self.done(judged, reason, notes=notes)
