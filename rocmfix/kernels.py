@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from . import worker
 from .environment import Environment
-from .errors import RefusedError, UsageError
+from .errors import UsageError
 from .guest import protocol
 from .guest.aot import TARGETS
 from .ops import OPS, Op
@@ -46,27 +46,11 @@ def _label(event: protocol.Checked, ops: Sequence[Op]) -> str:
 
 
 def _check(event: protocol.Checked, ops: Sequence[Op]) -> KernelCheck:
-    return KernelCheck(
-        op=event.op,
-        scheme=event.scheme,
+    return worker.copied(
+        KernelCheck,
+        event,
         kernel=event.kernel or event.template,
-        shape=event.shape,
         shape_label=_label(event, ops),
-        dtype=event.dtype,
-        arch=event.arch,
-        ok=event.ok,
-        registers=event.registers,
-        spills=event.spills,
-        sgpr_spills=event.sgpr_spills,
-        scratch=event.scratch,
-        shared=event.shared,
-        shared_limit=event.shared_limit,
-        waves=event.waves,
-        matrix=event.matrix,
-        matrix_wanted=event.matrix_wanted,
-        operands=event.operands,
-        options=dict(event.options),
-        constexprs=dict(event.constexprs),
         problems=tuple(event.problems),
     )
 
@@ -99,14 +83,6 @@ def _supervised(
     )
 
 
-def _needs_torch(env: Environment) -> None:
-    if env.torch is None:
-        raise RefusedError(
-            f"torch is not installed in {env.python.executable}: there is nothing to compile",
-            hint="point --python at the interpreter that runs MinerU",
-        )
-
-
 def run(
     env: Environment,
     *,
@@ -115,7 +91,7 @@ def run(
     progress: worker.Progress = lambda _done, _total, _label: None,
 ) -> KernelsReport:
     """Every Triton scheme's kernel at MinerU's shapes, in each dtype, for each of ``archs``."""
-    _needs_torch(env)
+    worker.needs_torch(env, "compile")
     body = worker.request("check", ops, archs=list(archs))
     answer = _supervised(env, body, _planned(ops, archs), progress)
     return KernelsReport(
@@ -132,7 +108,7 @@ def compile_items(
 ) -> dict[str, KernelCheck]:
     """Explicit compiles (``doctor``'s: the config each case ran, for the GPU it ran on), by
     item id; an item the worker gave no answer for is left out."""
-    _needs_torch(env)
+    worker.needs_torch(env, "compile")
     body = worker.request("check", ops, compiles=list(items))
     answer = _supervised(env, body, len(items), lambda _d, _t, _l: None)
     return {str(e.id): _check(e, ops) for e in answer.of(protocol.Checked)}

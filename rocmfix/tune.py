@@ -27,19 +27,6 @@ MIN_GAIN = 0.03
 DEFAULT_BUDGET_S = 300.0
 
 
-def _candidate(row: protocol.CandidateRow) -> Candidate:
-    return Candidate(
-        config=row.config,
-        role=row.role,
-        status=row.status,
-        ms=row.ms,
-        rel_err=row.rel_err,
-        message=row.message,
-        compiled=row.compiled,
-        kernel_ms=row.kernel_ms,
-    )
-
-
 def _no_slower_kernel(candidate: Candidate, shipped: Candidate, min_gain: float) -> bool:
     """Where the host's launch cost sets the eager time, tiles tie there and noise would pick
     one: a winner's kernel must be no slower than the shipped one's either."""
@@ -52,7 +39,7 @@ def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> Kerne
     if isinstance(event, protocol.Measured):
         # A target the worker timed out or died in: rocmfix.supervise wrote an item for it.
         event = protocol.Tuned(id=event.id, status=event.status, message=event.message)
-    candidates = tuple(_candidate(c) for c in event.candidates)
+    candidates = tuple(worker.copied(Candidate, c) for c in event.candidates)
     shipped = candidates[0] if candidates else None
     timed = [c for c in candidates if c.status == "ok" and c.ms is not None]
     best = min(timed, key=lambda c: c.ms or 0.0) if timed else None
@@ -105,11 +92,7 @@ def run(
     """Search, store the winners, and read them back in a fresh process."""
     if budget_s <= 0:
         raise UsageError("--budget must be more than 0 seconds")
-    if env.torch is None:
-        raise RefusedError(
-            f"torch is not installed in {env.python.executable}: there is nothing to tune",
-            hint="point --python at the interpreter that runs MinerU",
-        )
+    worker.needs_torch(env, "tune")
     path = tuned_file.tuned_path()
     targets = [t.id for op in ops for t in op.tune]
     body = worker.request(

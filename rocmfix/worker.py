@@ -5,6 +5,7 @@ the errors for a worker that never started or answered out of protocol."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 
 from . import supervise, tuned_file
 from ._resources import data_dir
+from .environment import Environment
 from .errors import RefusedError
 from .fsops import TEST_HOOKS_ENV
 from .guest import protocol
@@ -21,6 +23,14 @@ from .ops import Op
 # done, total, label: how doctor, tune and kernels report a long run while it goes.
 Progress = Callable[[int, int, str], None]
 _E = TypeVar("_E", bound=protocol.Event)
+_R = TypeVar("_R")
+
+
+def copied(cls: type[_R], event: protocol.Message, **given: Any) -> _R:
+    """A frozen result ``cls`` from the fields of the same name in ``event``, ``given`` over
+    them: a result field the worker's answer holds has one spelling, the protocol's."""
+    names = (f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    return cls(**{n: getattr(event, n) for n in names if n not in given}, **given)
 
 
 def compile_arch(device: protocol.DeviceFacts) -> str | None:
@@ -34,6 +44,15 @@ def compile_arch(device: protocol.DeviceFacts) -> str | None:
         return None
     arch = hooks.get("aot_arch") if isinstance(hooks, dict) else None
     return str(arch) if arch else None
+
+
+def needs_torch(env: Environment, what: str) -> None:
+    """Refuse a worker run in an interpreter without torch: there is nothing to ``what``."""
+    if env.torch is None:
+        raise RefusedError(
+            f"torch is not installed in {env.python.executable}: there is nothing to {what}",
+            hint="point --python at the interpreter that runs MinerU",
+        )
 
 
 def request(mode: str, ops: Sequence[Op], **extra: Any) -> protocol.Request:
