@@ -318,13 +318,9 @@ def _field(raw: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any
         raise _Bad(f"{where} has no {key!r}")
     value = raw[key]
     # bool is an int to isinstance: an answer of ``true`` is not a number, nor the reverse.
-    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise _Bad(f"{where}.{key} is a {type(value).__name__}")
     return value
-
-
-def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
 
 
 def _text(raw: Any, key: str, where: str, *, optional: bool = False) -> Any:
@@ -489,7 +485,7 @@ def discover(patches: Iterable[Patch], python: str | None = None) -> Environment
     found = env.installed.get(mineru.DISTRIBUTION)
     if found is None:
         return env
-    return replace(env, mineru=mineru.read(found.version, found.package_roots, patches))
+    return replace(env, mineru=MinerU(found.version, mineru.scan(found.package_roots, patches)))
 
 
 # Run from ``/`` with the script's folder dropped from sys.path before the first import: a
@@ -514,15 +510,7 @@ def compile_errors(env: Environment, sources: Mapping[str, bytes]) -> dict[str, 
     """Compile each source with the target's own interpreter, which is what will run it."""
     if not sources:
         return {}
-    if env.in_process:
-        errors = {}
-        for name, src in sources.items():
-            try:
-                compile(src, name, "exec", dont_inherit=True)
-            except (SyntaxError, ValueError) as exc:
-                lineno = getattr(exc, "lineno", "?")
-                errors[name] = f"{type(exc).__name__}: {getattr(exc, 'msg', exc)} (line {lineno})"
-        return errors
+    # In a child also where the target is rocmfix's own interpreter: one way to compile.
     payload = json.dumps({k: base64.b64encode(v).decode("ascii") for k, v in sources.items()})
     result = None
     begin, end = probe.frame(secrets.token_hex(8))
