@@ -95,8 +95,11 @@ def _absent(item: PatchStatus) -> bool:
 
 def verdicts_block(console: Console, report: StatusReport, *, verbose: bool = False) -> None:
     """What needs doing in full, then the rest one line per reason (doctor shows it too);
-    ``verbose``: every patch in full, in the registry's order (by distribution)."""
+    ``verbose``: every patch in full, by distribution."""
     full = [i for i in report.patches if not (i.verdict.settled and (_absent(i) or not verbose))]
+    if verbose:
+        order = list(dict.fromkeys(i.patch.distribution for i in full))
+        full.sort(key=lambda i: order.index(i.patch.distribution))
     _full_block(console, report, full, every_note=verbose)
     _settled_block(console, report, grouped=not verbose)
 
