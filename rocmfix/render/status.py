@@ -158,7 +158,9 @@ def _settled_block(console: Console, report: StatusReport, *, grouped: bool) -> 
     for group in groups.values():
         first = group[0]
         reason = first.reason
-        if first.verdict is Verdict.NOT_NEEDED and first.path is None and _differ(group):
+        # Files a release lacks, each reason naming its own: one line names what they share.
+        missing = first.verdict is Verdict.NOT_NEEDED and first.path is None
+        if missing and len({item.reason for item in group}) > 1:
             reason = f"{first.patch.distribution} {first.version} has none of these files"
         if len(group) == 1:
             label = f"{first.patch.id} {first.verdict.value}"
@@ -326,9 +328,3 @@ def patch_list(patches: Sequence[Patch], *, as_json: bool) -> None:
 
 def status_json(report: StatusReport) -> None:
     sys.stdout.write(json.dumps(status_document(report), indent=2) + "\n")
-
-
-def _differ(group: list[PatchStatus]) -> bool:
-    """Whether a group's reasons differ (each names its own missing file): then one line
-    names what they share."""
-    return len({item.reason for item in group}) > 1

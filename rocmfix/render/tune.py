@@ -12,7 +12,7 @@ from rich.table import Table
 
 from rocmfix import __version__
 from rocmfix.render.console import config_text, duration, environment_line, err, failures, out
-from rocmfix.results import Candidate, TuneReport
+from rocmfix.results import KernelResult, TuneReport
 
 SCHEMA = "rocmfix-tune/1"
 
@@ -88,8 +88,13 @@ def tune_table(report: TuneReport) -> None:
     failures(report.failures, report.worker_log)
 
 
-def _candidate_json(c: Candidate | None) -> dict[str, Any] | None:
-    return None if c is None else dataclasses.asdict(c)
+def _kernel_json(k: KernelResult) -> dict[str, Any]:
+    """A kernel's search, its candidates with it; the JSON names the config the kernels will
+    use ``chosen`` and the timing method ``timing``."""
+    doc = dataclasses.asdict(k)
+    doc.update(timing=doc.pop("method"), chosen=doc.pop("best"), gain=k.gain)
+    doc["resolved"] = dict(k.resolved) if k.resolved else None
+    return doc
 
 
 def tune_document(report: TuneReport) -> dict[str, Any]:
@@ -111,27 +116,7 @@ def tune_document(report: TuneReport) -> dict[str, Any]:
         else {"written": report.stored.written, "removed": report.stored.removed},
         "min_gain": report.min_gain,
         "budget_s": report.budget_s,
-        "kernels": [
-            {
-                "id": k.id,
-                "kernel": k.kernel,
-                "arch": k.arch,
-                "key": k.key,
-                "precision": k.precision,
-                "status": k.status,
-                "message": k.message,
-                "timing": k.method,
-                "tuned": k.tuned,
-                "gain": k.gain,
-                "shipped": _candidate_json(k.shipped),
-                "fastest": _candidate_json(k.fastest),
-                "chosen": _candidate_json(k.best),
-                "verified": k.verified,
-                "resolved": dict(k.resolved) if k.resolved else None,
-                "candidates": [_candidate_json(c) for c in k.candidates],
-            }
-            for k in report.kernels
-        ],
+        "kernels": [_kernel_json(k) for k in report.kernels],
         "ok": report.ok,
         "failures": list(report.failures),
     }
