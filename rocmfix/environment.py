@@ -43,6 +43,7 @@ _PROBE_TIMEOUT_ENV = "ROCMFIX_PROBE_TIMEOUT"
 
 _DEFAULT_TIMEOUT_S = 60.0
 _MAX_TIMEOUT_S = 3600.0
+_PYTHON_HINT = "give --python the interpreter of the environment that runs MinerU (…/bin/python)"
 # A probe's answer is a few kilobytes; an interpreter that says more is not answering it.
 ANSWER_LIMIT = 8 * 1024 * 1024
 
@@ -257,23 +258,21 @@ def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], st
             f"{name} answered the probe with more than {ANSWER_LIMIT // 2**20} MiB; "
             "that is not an answer"
         )
-    stderr = done.stderr.decode("utf-8", "replace")
-    version = _python_version(python) if done.returncode != 0 else None
-    if version is not None and tuple(map(int, version.split("."))) < (3, 8):
-        raise ProbeError(
-            f"{name} is Python {version}: rocmfix reads environments of Python 3.8 or newer"
-        )
-    if done.returncode != 0 and version is None:
-        said = printable(_meaningful(stderr, *argv[2:]), 200)
-        raise ProbeError(
-            f"{name} does not look like a Python interpreter: it did not run "
-            f"`{os.path.basename(python)} -c CODE` (exit {done.returncode})" + f": {said}",
-            hint="give --python the interpreter of the environment that runs MinerU (…/bin/python)",
-        )
     if done.returncode != 0:
+        said = printable(_meaningful(done.stderr.decode("utf-8", "replace"), *argv[2:]), 200)
+        version = _python_version(python)
+        if version is None:
+            raise ProbeError(
+                f"{name} does not look like a Python interpreter: it did not run "
+                f"`{os.path.basename(python)} -c CODE` (exit {done.returncode}): {said}",
+                hint=_PYTHON_HINT,
+            )
+        if tuple(map(int, version.split("."))) < (3, 8):
+            raise ProbeError(
+                f"{name} is Python {version}: rocmfix reads environments of Python 3.8 or newer"
+            )
         raise ProbeError(
-            f"{name} could not be probed (exit {done.returncode}): "
-            + printable(_meaningful(stderr, *argv[2:]), 200),
+            f"{name} could not be probed (exit {done.returncode}): {said}",
             hint="is it a Python 3.8+ interpreter?",
         )
     begin, end = probe.frame(nonce)
@@ -287,13 +286,9 @@ def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], st
     try:
         data = json.loads(answer.decode("utf-8"))
     except (ValueError, RecursionError):
-        python_hint = (
-            None
-            if _python_version(python) is not None
-            else "give --python the interpreter of the environment that runs MinerU (…/bin/python)"
-        )
         raise ProbeError(
-            f"{name} answered the probe with something that is not JSON", hint=python_hint
+            f"{name} answered the probe with something that is not JSON",
+            hint=None if _python_version(python) is not None else _PYTHON_HINT,
         ) from None
     if not isinstance(data, dict) or data.get("probe") != probe.PROBE_SCHEMA:
         raise ProbeError(f"{name} answered with an unknown probe format")
