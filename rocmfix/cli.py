@@ -48,8 +48,7 @@ DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
 P = ParamSpec("P")
 R = TypeVar("R", bound=WorkerReport)
 
-help_hooks.flags_show_no_type()
-help_hooks.arguments_show_no_type()
+help_hooks.no_types()
 
 app = typer.Typer(
     name="rocmfix",
@@ -99,46 +98,43 @@ RevertForceOpt = Annotated[
 ]
 
 
-def _run(body: Callable[[], int]) -> None:
-    """Turn the engine's errors into one line on stderr and the documented exit code."""
-    try:
-        code = body()
-    except RocmfixError as exc:
-        console.error(exc)
-        raise typer.Exit(exc.exit_code) from None
-    except BrokenPipeError:
-        # Whoever read the output has gone (`| head`): typer ends the run quietly with 1, as
-        # rich does for its own writes and Python's documentation advises; not an error line.
-        raise
-    except OSError as exc:
-        # The system refused a read or a write rocmfix did not expect to fail (a failing
-        # disk, a permission): a condition of the machine, not a bug, and one line.
-        where = f" ({exc.filename})" if exc.filename else ""
-        console.error(
-            RocmfixError(
-                f"{exc.strerror or exc}{where}",
-                hint="`rocmfix status` says what state every file is in",
-            )
-        )
-        raise typer.Exit(EXIT_FAILED) from None
-    except KeyboardInterrupt:
-        # Ctrl-C where no engine said what state it left (apply and revert do): one line.
-        console.error(Interrupted("interrupted"))
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    except (typer.Exit, typer.Abort):
-        raise
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: log, never a traceback
-        console.internal_error(exc, crashlog.write(exc))
-        raise typer.Exit(EXIT_INTERNAL) from None
-    raise typer.Exit(code)
-
-
 def _boundary(command: Callable[P, int]) -> Callable[P, None]:
-    """A command returns its exit code; this is where its errors become one line (``_run``)."""
+    """The one error boundary: a command returns its exit code, and here the engine's errors
+    become one line on stderr and the documented exit code."""
 
     @functools.wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> None:
-        _run(lambda: command(*args, **kwargs))
+        try:
+            code = command(*args, **kwargs)
+        except RocmfixError as exc:
+            console.error(exc)
+            raise typer.Exit(exc.exit_code) from None
+        except BrokenPipeError:
+            # Whoever read the output has gone (`| head`): typer ends the run quietly with 1,
+            # as rich does for its own writes and Python's documentation advises; not an
+            # error line.
+            raise
+        except OSError as exc:
+            # The system refused a read or a write rocmfix did not expect to fail (a failing
+            # disk, a permission): a condition of the machine, not a bug, and one line.
+            where = f" ({exc.filename})" if exc.filename else ""
+            console.error(
+                RocmfixError(
+                    f"{exc.strerror or exc}{where}",
+                    hint="`rocmfix status` says what state every file is in",
+                )
+            )
+            raise typer.Exit(EXIT_FAILED) from None
+        except KeyboardInterrupt:
+            # Ctrl-C where no engine said what state it left (apply and revert do): one line.
+            console.error(Interrupted("interrupted"))
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the last line of defence: log, no traceback
+            console.internal_error(exc, crashlog.write(exc))
+            raise typer.Exit(EXIT_INTERNAL) from None
+        raise typer.Exit(code)
 
     return run
 
@@ -210,7 +206,7 @@ def apply(
             "--scheme",
             metavar="SCHEME",
             help=f"How the kernel patches run their op: {SCHEMES} (`rocmfix list` describes "
-            "each; direct is a slow parity oracle, for tests); a patch that does not offer it "
+            "each); a patch that does not offer it "
             f"keeps its own default ({DEFAULT_SCHEMES}).",
         ),
     ] = None,
@@ -455,6 +451,7 @@ def env_(
     cls=help_hooks.Command,
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
 )
+@_boundary
 def profile_(
     command: Annotated[
         list[str], typer.Argument(metavar="-- COMMAND [ARGS]...", help="The command to run.")
@@ -501,7 +498,7 @@ def profile_(
             help="Interpreter that replays the hot ops (default: the profiled process's own).",
         ),
     ] = None,
-) -> None:
+) -> int:
     """Profile a command's torch processes; name each slow op's fix.
 
     The command runs unmodified (children included); its output and exit code pass through.
@@ -512,19 +509,16 @@ def profile_(
     from . import profile as profile_mod
     from .render import profile as render_profile
 
-    def body() -> int:
-        args = command[1:] if command and command[0] == "--" else command
-        window = profile_mod.Window(skip_seconds, skip_calls, seconds, calls)
-        report = profile_mod.run(args, all_patches(), window=window, top=top, out_dir=out_dir,
-                                 python=python, on_warning=console.warning)  # fmt: skip
-        render_profile.profile_table(report)
-        if report.out_dir is not None and report.ops:
-            render_profile.write_out(report, report.out_dir)
-        if as_json:
-            render_profile.profile_json(report)
-        return report.exit_code
-
-    _run(body)
+    args = command[1:] if command and command[0] == "--" else command
+    window = profile_mod.Window(skip_seconds, skip_calls, seconds, calls)
+    report = profile_mod.run(args, all_patches(), window=window, top=top, out_dir=out_dir,
+                             python=python, on_warning=console.warning)  # fmt: skip
+    render_profile.profile_table(report)
+    if report.out_dir is not None and report.ops:
+        render_profile.write_out(report, report.out_dir)
+    if as_json:
+        render_profile.profile_json(report)
+    return report.exit_code
 
 
 def _version(value: bool) -> None:
@@ -559,15 +553,16 @@ def _main(
                 param_hint="--python",
             )
         return
+    _overview(python)
 
-    def body() -> int:
-        env, patches = _setup(python, None)
-        report = write.status(env, patches)
-        status_table(report)
-        next_step(report)
-        return EXIT_OK
 
-    _run(body)
+@_boundary
+def _overview(python: str | None) -> int:
+    env, patches = _setup(python, None)
+    report = write.status(env, patches)
+    status_table(report)
+    next_step(report)
+    return EXIT_OK
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ _PROBE_TIMEOUT_ENV = "ROCMFIX_PROBE_TIMEOUT"
 
 _DEFAULT_TIMEOUT_S = 60.0
 _MAX_TIMEOUT_S = 3600.0
+_PYTHON_HINT = "give --python the interpreter of the environment that runs MinerU (…/bin/python)"
 # A probe's answer is a few kilobytes; an interpreter that says more is not answering it.
 ANSWER_LIMIT = 8 * 1024 * 1024
 
@@ -257,23 +258,21 @@ def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], st
             f"{name} answered the probe with more than {ANSWER_LIMIT // 2**20} MiB; "
             "that is not an answer"
         )
-    stderr = done.stderr.decode("utf-8", "replace")
-    version = _python_version(python) if done.returncode != 0 else None
-    if version is not None and tuple(map(int, version.split("."))) < (3, 8):
-        raise ProbeError(
-            f"{name} is Python {version}: rocmfix reads environments of Python 3.8 or newer"
-        )
-    if done.returncode != 0 and version is None:
-        said = printable(_meaningful(stderr, *argv[2:]), 200)
-        raise ProbeError(
-            f"{name} does not look like a Python interpreter: it did not run "
-            f"`{os.path.basename(python)} -c CODE` (exit {done.returncode})" + f": {said}",
-            hint="give --python the interpreter of the environment that runs MinerU (…/bin/python)",
-        )
     if done.returncode != 0:
+        said = printable(_meaningful(done.stderr.decode("utf-8", "replace"), *argv[2:]), 200)
+        version = _python_version(python)
+        if version is None:
+            raise ProbeError(
+                f"{name} does not look like a Python interpreter: it did not run "
+                f"`{os.path.basename(python)} -c CODE` (exit {done.returncode}): {said}",
+                hint=_PYTHON_HINT,
+            )
+        if tuple(map(int, version.split("."))) < (3, 8):
+            raise ProbeError(
+                f"{name} is Python {version}: rocmfix reads environments of Python 3.8 or newer"
+            )
         raise ProbeError(
-            f"{name} could not be probed (exit {done.returncode}): "
-            + printable(_meaningful(stderr, *argv[2:]), 200),
+            f"{name} could not be probed (exit {done.returncode}): {said}",
             hint="is it a Python 3.8+ interpreter?",
         )
     begin, end = probe.frame(nonce)
@@ -287,13 +286,9 @@ def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], st
     try:
         data = json.loads(answer.decode("utf-8"))
     except (ValueError, RecursionError):
-        python_hint = (
-            None
-            if _python_version(python) is not None
-            else "give --python the interpreter of the environment that runs MinerU (…/bin/python)"
-        )
         raise ProbeError(
-            f"{name} answered the probe with something that is not JSON", hint=python_hint
+            f"{name} answered the probe with something that is not JSON",
+            hint=None if _python_version(python) is not None else _PYTHON_HINT,
         ) from None
     if not isinstance(data, dict) or data.get("probe") != probe.PROBE_SCHEMA:
         raise ProbeError(f"{name} answered with an unknown probe format")
@@ -318,13 +313,9 @@ def _field(raw: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any
         raise _Bad(f"{where} has no {key!r}")
     value = raw[key]
     # bool is an int to isinstance: an answer of ``true`` is not a number, nor the reverse.
-    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise _Bad(f"{where}.{key} is a {type(value).__name__}")
     return value
-
-
-def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
 
 
 def _text(raw: Any, key: str, where: str, *, optional: bool = False) -> Any:
@@ -489,7 +480,7 @@ def discover(patches: Iterable[Patch], python: str | None = None) -> Environment
     found = env.installed.get(mineru.DISTRIBUTION)
     if found is None:
         return env
-    return replace(env, mineru=mineru.read(found.version, found.package_roots, patches))
+    return replace(env, mineru=MinerU(found.version, mineru.scan(found.package_roots, patches)))
 
 
 # Run from ``/`` with the script's folder dropped from sys.path before the first import: a
@@ -514,15 +505,7 @@ def compile_errors(env: Environment, sources: Mapping[str, bytes]) -> dict[str, 
     """Compile each source with the target's own interpreter, which is what will run it."""
     if not sources:
         return {}
-    if env.in_process:
-        errors = {}
-        for name, src in sources.items():
-            try:
-                compile(src, name, "exec", dont_inherit=True)
-            except (SyntaxError, ValueError) as exc:
-                lineno = getattr(exc, "lineno", "?")
-                errors[name] = f"{type(exc).__name__}: {getattr(exc, 'msg', exc)} (line {lineno})"
-        return errors
+    # In a child also where the target is rocmfix's own interpreter: one way to compile.
     payload = json.dumps({k: base64.b64encode(v).decode("ascii") for k, v in sources.items()})
     result = None
     begin, end = probe.frame(secrets.token_hex(8))

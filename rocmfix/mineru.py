@@ -146,10 +146,6 @@ class MinerU:
     found: Found
 
 
-def read(version: str, roots: Iterable[Path], patches: Iterable[Patch]) -> MinerU:
-    return MinerU(version, scan(roots, patches))
-
-
 def runs_onnx(use: MinerUUse, mineru: MinerU, installed: Collection[str]) -> str | None:
     """Why this MinerU runs the small model ``use`` names in ONNX here, never in torch: its
     code lists what its torch path needs, and ``installed`` (the distributions the probe found)

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
@@ -309,10 +309,10 @@ def _collect(
 
 @dataclass
 class WorkerRun:
-    """Every event the worker sent (the items it could not finish synthesised as ``item``
-    events with status ``timeout`` or ``crashed``), and what went wrong outside any item."""
+    """What went wrong outside any item of a worker's run (its events go to ``on_event``, the
+    items it could not finish written as ``item`` events with status ``timeout`` or
+    ``crashed``)."""
 
-    events: list[Event] = field(default_factory=list)
     hello: Event | None = None
     fatal: str | None = None
     stderr_tail: str = ""
@@ -356,44 +356,26 @@ def run(
     ``start`` event; ``idle_limit_s`` bounds the wait for any event at all; ``env``, where
     given, is the worker's whole environment (else rocmfix's own).
     """
-    with forwarding():
-        return _run(python, request, limit_for, on_event, item_ids, idle_limit_s, env)
-
-
-def _run(
-    python: str,
-    request: Mapping[str, Any],
-    limit_for: Callable[[str], float],
-    on_event: Callable[[Event], None],
-    item_ids: Sequence[str],
-    idle_limit_s: float,
-    env: Mapping[str, str] | None = None,
-) -> WorkerRun:
     outcome = WorkerRun()
     finished: set[str] = set()
-    while True:
-        body = dict(request)
-        body["skip"] = sorted(finished)
-        encoded = base64.b64encode(json.dumps(body).encode("utf-8")).decode("ascii")
-        ended, current = one_worker(
-            guest.command(python, "worker", encoded),
-            limit_for,
-            on_event,
-            idle_limit_s,
-            outcome,
-            finished,
-            env,
-        )
-        if ended or outcome.fatal is not None:
-            return outcome
-        if current is None:
-            return outcome
-        if item_ids and finished >= set(item_ids):
-            return outcome
-        outcome.restarts += 1
-        if outcome.restarts > _MAX_RESTARTS:
-            outcome.fatal = f"the worker was restarted {_MAX_RESTARTS} times; giving up"
-            return outcome
+    with forwarding():
+        while True:
+            body = {**request, "skip": sorted(finished)}
+            encoded = base64.b64encode(json.dumps(body).encode("utf-8")).decode("ascii")
+            argv = guest.command(python, "worker", encoded)
+            ended, current = one_worker(
+                argv, limit_for, on_event, idle_limit_s, outcome, finished, env
+            )
+            # A fresh worker carries on only after an item it was stopped in, while items
+            # are left.
+            if ended or outcome.fatal is not None or current is None:
+                return outcome
+            if item_ids and finished >= set(item_ids):
+                return outcome
+            outcome.restarts += 1
+            if outcome.restarts > _MAX_RESTARTS:
+                outcome.fatal = f"the worker was restarted {_MAX_RESTARTS} times; giving up"
+                return outcome
 
 
 def one_worker(
@@ -425,6 +407,14 @@ def one_worker(
         first_ms: float | None = None
         last = time.monotonic()
         limit = STARTUP_LIMIT_S
+
+        def stopped(said: Event) -> tuple[bool, str | None]:
+            """The item the worker was stopped in, written as the ``item`` it never sent."""
+            assert current is not None
+            on_event({"event": "item", "id": current, **said})
+            finished.add(current)
+            return False, current
+
         try:
             while True:
                 now = time.monotonic()
@@ -435,19 +425,11 @@ def one_worker(
                 except queue.Empty:
                     _kill(proc)
                     if current is not None:
-                        elapsed = time.monotonic() - started
-                        synthetic: Event = {
-                            "event": "item",
-                            "id": current,
-                            "status": "timeout",
-                            "elapsed_s": round(elapsed, 2),
-                            "limit_s": limit,
-                        }
+                        elapsed = round(time.monotonic() - started, 2)
+                        said = {"status": "timeout", "elapsed_s": elapsed, "limit_s": limit}
                         if first_ms is not None:
-                            synthetic["first_ms"] = first_ms
-                        _deliver(synthetic, outcome, on_event)
-                        finished.add(current)
-                        return False, current
+                            said["first_ms"] = first_ms
+                        return stopped(said)
                     outcome.fatal = (
                         f"the worker sent nothing for {limit:.0f} s"
                         if outcome.hello is None
@@ -459,20 +441,14 @@ def one_worker(
                     code = proc.wait()
                     outcome.stderr_tail = _tail(errors)
                     if current is not None:
-                        why = _exit_reason(code)
-                        _deliver(
+                        return stopped(
                             {
-                                "event": "item",
-                                "id": current,
                                 "status": "crashed",
-                                "message": f"the worker died ({why}) inside this item",
+                                "message": f"the worker died ({_exit_reason(code)}) inside "
+                                "this item",
                                 "stderr": outcome.stderr_tail[-1500:],
-                            },
-                            outcome,
-                            on_event,
+                            }
                         )
-                        finished.add(current)
-                        return False, current
                     if outcome.fatal is None:
                         outcome.fatal = f"the worker ended early ({_exit_reason(code)})"
                     return False, None
@@ -506,20 +482,15 @@ def one_worker(
                         outcome.stderr_tail = str(tb)[-3000:]
                 elif kind == "end":
                     proc.wait()
-                    _deliver(event, outcome, on_event)
+                    on_event(event)
                     return True, None
-                _deliver(event, outcome, on_event)
+                on_event(event)
         finally:
             _LIVE.discard(proc.pid)
             if proc.poll() is None:
                 _kill(proc)
             thread.join(timeout=5)
             proc.stdout.close()
-
-
-def _deliver(event: Event, outcome: WorkerRun, on_event: Callable[[Event], None]) -> None:
-    outcome.events.append(event)
-    on_event(event)
 
 
 def _exit_reason(code: int) -> str:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from . import supervise, tuned_file
 from ._resources import data_dir
+from .environment import Environment
 from .errors import RefusedError
 from .fsops import TEST_HOOKS_ENV
 from .guest import protocol
@@ -34,6 +35,15 @@ def compile_arch(device: protocol.DeviceFacts) -> str | None:
         return None
     arch = hooks.get("aot_arch") if isinstance(hooks, dict) else None
     return str(arch) if arch else None
+
+
+def needs_torch(env: Environment, what: str) -> None:
+    """Refuse a worker run in an interpreter without torch: there is nothing to ``what``."""
+    if env.torch is None:
+        raise RefusedError(
+            f"torch is not installed in {env.python.executable}: there is nothing to {what}",
+            hint="point --python at the interpreter that runs MinerU",
+        )
 
 
 def request(mode: str, ops: Sequence[Op], **extra: Any) -> protocol.Request:

@@ -165,20 +165,6 @@ def test_a_program_that_is_not_python_gets_a_hint_and_no_probe_code(program: str
 
 
 @pytest.mark.network
-def test_direct_scheme_warns_that_it_is_the_slow_oracle(vllm_env: Any) -> None:
-    from test_environment_checks import fake_distribution
-
-    env = vllm_env("0.10.1.1", torch="2.9.1+rocm6.4", hip="6.4.43482")
-    fake_distribution(env.site, "pytorch-triton-rocm", "3.5.0")
-    done = env.cli("apply", "--dry-run", "--scheme", "direct", "--only", "vllm-qwen2-vl")
-    assert done.returncode == 0, done.stderr
-    assert "would be applied (direct)" in done.stderr
-    assert "warning: the direct scheme is the slow parity oracle" in done.stderr
-    plain = env.cli("apply", "--dry-run", "--only", "vllm-qwen2-vl")
-    assert "parity oracle" not in plain.stderr
-
-
-@pytest.mark.network
 def test_force_says_which_check_it_overrode(doclayout_env: Any) -> None:
     env = doclayout_env("0.0.4")
     mine = env.target.parent / "g2l_crm_triton.py"

@@ -244,7 +244,6 @@ def _system(request: Dict[str, Any]) -> Dict[str, Any]:
 def probe(request: Dict[str, Any]) -> Dict[str, Any]:
     """Answer ``request``: targets with their files, extra distribution names (and, in
     ``packages``, the import package whose folder to find for some of them)."""
-    paths = sysconfig.get_paths()
     distributions: Dict[str, Any] = {}
     unreadable: Dict[str, List[str]] = {}
     for target in request.get("targets", []):
@@ -260,25 +259,17 @@ def probe(request: Dict[str, Any]) -> Dict[str, Any]:
         found = _read(name, packages.get(name), [], unreadable)
         if found is not None:
             location = found["location"]
-            extras[name] = {
-                "version": found["version"],
-                "location": location,
-                "package_roots": found["package_roots"],
-                "requires": found["requires"],
-                "exists": {
-                    rel: os.path.exists(os.path.join(location, rel)) for rel in exists.get(name, [])
-                },
+            found["exists"] = {
+                rel: os.path.exists(os.path.join(location, rel)) for rel in exists.get(name, [])
             }
+            extras[name] = found
     return {
         "probe": PROBE_SCHEMA,
         "python": {
             "executable": sys.executable,
             "version": ".".join(str(part) for part in sys.version_info[:3]),
-            "implementation": sys.implementation.name,
             "prefix": sys.prefix,
-            "base_prefix": getattr(sys, "base_prefix", sys.prefix),
-            "purelib": paths.get("purelib"),
-            "platlib": paths.get("platlib"),
+            "purelib": sysconfig.get_paths().get("purelib"),
         },
         "distributions": distributions,
         "extras": extras,

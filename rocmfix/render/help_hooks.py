@@ -3,6 +3,7 @@ whose private attributes move between releases."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any, cast
@@ -11,34 +12,31 @@ import typer
 import typer.core
 
 
-def flags_show_no_type() -> None:
-    """typer's help shows a ``<bool>`` type beside every flag, its own --help and
-    --install-completion included, where there is no value to give; show none."""
-    _hide_type("TyperOption", lambda param: bool(getattr(param, "is_flag", False)))
+def no_types() -> None:
+    """typer's help shows a type beside every flag (``<bool>``, its own --help and
+    --install-completion included), where there is no value to give, and beside an argument
+    whose metavar already says what it takes (profile's ``-- COMMAND [ARGS]...``, not
+    ``<list[str]>``): show none.
+
+    This patches a private attribute of ``typer.core``'s parameter classes: a typer without
+    it (older, newer, or another tool's) keeps its own help rather than stopping rocmfix at
+    import."""
+    for cls_name, hidden in (
+        ("TyperOption", lambda param: bool(getattr(param, "is_flag", False))),
+        ("TyperArgument", lambda param: bool(getattr(param, "metavar", None))),
+    ):
+        cls = getattr(getattr(typer, "core", None), cls_name, None)
+        shown = getattr(cls, "display_type_rich", None)
+        if cls is not None and callable(shown):
+            with contextlib.suppress(AttributeError, TypeError):
+                cls.display_type_rich = _hiding(shown, hidden)
 
 
-def arguments_show_no_type() -> None:
-    """An argument with a metavar (profile's ``-- COMMAND [ARGS]...``) already says what it
-    takes; typer would add its Python type (``<list[str]>``) beside it: show none."""
-    _hide_type("TyperArgument", lambda param: bool(getattr(param, "metavar", None)))
-
-
-def _hide_type(cls_name: str, hidden: Callable[[Any], bool]) -> None:
-    """No type in the help beside the ``typer.core`` parameter class's instances that
-    ``hidden`` picks. This patches a private attribute: a typer without it (older, newer, or
-    another tool's) keeps its own help rather than stopping rocmfix at import."""
-    cls = getattr(getattr(typer, "core", None), cls_name, None)
-    shown = getattr(cls, "display_type_rich", None)
-    if cls is None or not callable(shown):
-        return
-
+def _hiding(shown: Callable[[Any, Any], Any], hidden: Callable[[Any], bool]) -> Any:
     def display_type_rich(self: Any, ctx: Any) -> Any:
         return None if hidden(self) else shown(self, ctx)
 
-    try:
-        cls.display_type_rich = display_type_rich
-    except (AttributeError, TypeError):
-        return
+    return display_type_rich
 
 
 def paragraphs(text: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Mapping
@@ -122,29 +123,21 @@ def kernels_table(report: KernelsReport) -> None:
     failures(report.failures, report.worker_log)
 
 
+# The JSON names of the fields whose names in :class:`KernelCheck` leave out a unit.
+_JSON_NAMES = {
+    "scratch": "scratch_bytes",
+    "shared": "shared_bytes",
+    "shared_limit": "shared_limit_bytes",
+    "waves": "waves_per_simd",
+    "matrix_wanted": "matrix_instruction",
+    "matrix": "matrix_count",
+}
+
+
 def check_json(c: KernelCheck) -> dict[str, Any]:
-    return {
-        "op": c.op,
-        "scheme": c.scheme,
-        "kernel": c.kernel,
-        "shape": c.shape,
-        "shape_label": c.shape_label,
-        "dtype": c.dtype,
-        "arch": c.arch,
-        "ok": c.ok,
-        "registers": c.registers,
-        "spills": c.spills,
-        "sgpr_spills": c.sgpr_spills,
-        "scratch_bytes": c.scratch,
-        "shared_bytes": c.shared,
-        "shared_limit_bytes": c.shared_limit,
-        "waves_per_simd": c.waves,
-        "operands": c.operands,
-        "matrix_instruction": c.matrix_wanted,
-        "matrix_count": c.matrix,
-        "config": {**c.constexprs, **c.options},
-        "problems": list(c.problems),
-    }
+    fields = dataclasses.asdict(c)
+    config = {**fields.pop("constexprs"), **fields.pop("options")}
+    return {**{_JSON_NAMES.get(k, k): v for k, v in fields.items()}, "config": config}
 
 
 def kernels_document(report: KernelsReport) -> dict[str, Any]:

@@ -31,38 +31,6 @@ from rocmfix.results import PatchStatus, StatusReport, Verdict
 STATUS_SCHEMA = "rocmfix-status/1"
 
 
-def _key(item: PatchStatus) -> tuple[Any, ...]:
-    # Files a release does not have read alike, whatever each patch calls its file.
-    absent = item.verdict is Verdict.NOT_NEEDED and item.path is None
-    return (item.verdict, item.scheme, "absent" if absent else item.reason, item.notes)
-
-
-def _groups(items: Sequence[PatchStatus]) -> list[list[PatchStatus]]:
-    """Rows of one distribution; three or more that read alike become one group."""
-    by_key: dict[tuple[Any, ...], list[PatchStatus]] = {}
-    for item in items:
-        by_key.setdefault(_key(item), []).append(item)
-    out: list[list[PatchStatus]] = []
-    for item in items:
-        same = by_key[_key(item)]
-        if len(same) < GROUP_FROM:
-            out.append([item])
-        elif same[0] is item:
-            out.append(same)
-    return out
-
-
-GROUP_FROM = 3
-
-
-def _absent(items: Sequence[PatchStatus]) -> bool:
-    """A distribution that is simply not there (not one uninstalled over a patch)."""
-    return (
-        all(i.verdict is Verdict.NOT_INSTALLED and i.path is None and not i.notes for i in items)
-        and len({i.reason for i in items}) == 1
-    )
-
-
 def _verdict(item: PatchStatus) -> str:
     scheme = f" ({item.scheme})" if item.scheme else ""
     return f"[{STYLE[item.verdict]}]{item.verdict.value}[/]{escape(scheme)}"
@@ -94,10 +62,7 @@ def status_table(report: StatusReport, *, verbose: bool = False) -> None:
     lead = not_rocm_line(report.environment, report.warnings)
     if lead is not None:
         console.print(wrap(lead, "", "    "), style="bold")
-    if verbose:
-        patches_block(console, report)
-    else:
-        verdicts_block(console, report)
+    verdicts_block(console, report, verbose=verbose)
     runs_block(console, report)
     warnings_block(console, [w for w in report.warnings if lead is None or w.code != NOT_ROCM])
     if report.state_problem:
@@ -123,30 +88,42 @@ def runs_block(console: Console, report: StatusReport) -> None:
         console.print(wrap(f"{item.models}: {item.where}{todo}", "  ", "    "))
 
 
-def verdicts_block(console: Console, report: StatusReport) -> None:
-    """What needs doing in full, then the rest one line per reason (doctor shows it too)."""
-    _todo_block(console, report)
-    _settled_block(console, report)
+def _absent(item: PatchStatus) -> bool:
+    """A patch of a distribution that is simply not there (not one uninstalled over a patch)."""
+    return item.verdict is Verdict.NOT_INSTALLED and item.path is None and not item.notes
 
 
-def _todo_block(console: Console, report: StatusReport) -> None:
-    """Every patch that is not settled, in full: what ``apply`` (or a person) has to do.
-    That MinerU runs it is said on the patch's line; ``--verbose`` says how rocmfix knows."""
+def verdicts_block(console: Console, report: StatusReport, *, verbose: bool = False) -> None:
+    """What needs doing in full, then the rest one line per reason (doctor shows it too);
+    ``verbose``: every patch in full, by distribution."""
+    full = [i for i in report.patches if not (i.verdict.settled and (_absent(i) or not verbose))]
+    if verbose:
+        order = list(dict.fromkeys(i.patch.distribution for i in full))
+        full.sort(key=lambda i: order.index(i.patch.distribution))
+    _full_block(console, report, full, every_note=verbose)
+    _settled_block(console, report, grouped=not verbose)
+
+
+def _full_block(
+    console: Console, report: StatusReport, items: Sequence[PatchStatus], *, every_note: bool
+) -> None:
+    """Each patch with its verdict, reason and notes; unsettled, it is what ``apply`` (or a
+    person) has to do. That MinerU runs it is said on the patch's line; ``every_note``
+    (``--verbose``) also says how rocmfix knows."""
     wrap = wrapper(console)
     mineru = report.environment.mineru
     runs = f"mineru {mineru.version} runs it" if mineru is not None else None
-    todo = [i for i in report.patches if not i.verdict.settled]
-    width = max((len(i.patch.id) for i in todo), default=0) + 2
-    for item in todo:
+    width = max((len(i.patch.id) for i in items), default=0) + 2
+    for item in items:
         where = f"{item.patch.distribution} {item.version or ''}".rstrip()
-        notes = [n for n in item.notes if runs is None or not n.startswith(runs)]
+        notes = [n for n in item.notes if every_note or runs is None or not n.startswith(runs)]
         if len(notes) < len(item.notes) and mineru is not None:
             where += f" · MinerU {mineru.version} runs it"
         console.print(
             f"[bold]{escape(item.patch.id):<{width}}[/]{_verdict(item)}  [dim]{escape(where)}[/]"
         )
         console.print(wrap(item.reason, "    ", "    "))
-        if len(notes) > 1:
+        if len(notes) > 1 and not every_note:
             # A stack's general notes (vllm's run modes, say) would push the next patch off
             # the screen; one line says they are there.
             console.print(f"    [dim]{len(notes)} notes: rocmfix status --verbose[/]")
@@ -162,20 +139,18 @@ def _settled_key(item: PatchStatus) -> tuple[Any, ...]:
     return (item.verdict, item.scheme, item.reason)
 
 
-def _settled_block(console: Console, report: StatusReport) -> None:
-    """What needs nothing: one line per reason (notes left to ``--verbose``), and the
-    distributions that are not installed on one line."""
+def _settled_block(console: Console, report: StatusReport, *, grouped: bool) -> None:
+    """What needs nothing: one line per reason (``grouped``; notes left to ``--verbose``),
+    and the distributions that are not installed on one line."""
     wrap = wrapper(console)
     settled = [i for i in report.patches if i.verdict.settled]
     absent: dict[str, int] = {}
     groups: dict[tuple[Any, ...], list[PatchStatus]] = {}
     for item in settled:
-        if item.verdict is Verdict.NOT_INSTALLED and item.path is None and not item.notes:
+        if _absent(item):
             absent[item.patch.distribution] = absent.get(item.patch.distribution, 0) + 1
-        else:
+        elif grouped:
             groups.setdefault(_settled_key(item), []).append(item)
-    if not groups and not absent:
-        return
     if groups:
         many = any(len(g) > 1 for g in groups.values())
         more = " (--verbose: each patch)" if many else ""
@@ -183,7 +158,9 @@ def _settled_block(console: Console, report: StatusReport) -> None:
     for group in groups.values():
         first = group[0]
         reason = first.reason
-        if first.verdict is Verdict.NOT_NEEDED and first.path is None and _differ(group):
+        # Files a release lacks, each reason naming its own: one line names what they share.
+        missing = first.verdict is Verdict.NOT_NEEDED and first.path is None
+        if missing and len({item.reason for item in group}) > 1:
             reason = f"{first.patch.distribution} {first.version} has none of these files"
         if len(group) == 1:
             label = f"{first.patch.id} {first.verdict.value}"
@@ -198,34 +175,6 @@ def _settled_block(console: Console, report: StatusReport) -> None:
             f"{name} ({n} patch{'es' if n > 1 else ''})" for name, n in absent.items()
         )
         console.print(wrap(f"not installed: {names}", "", "    "), style="dim")
-
-
-def patches_block(console: Console, report: StatusReport) -> None:
-    """The per-distribution verdicts (status's body; doctor shows it too)."""
-    wrap = wrapper(console)
-    distributions: dict[str, list[PatchStatus]] = {}
-    for item in report.patches:
-        distributions.setdefault(item.patch.distribution, []).append(item)
-    shown = [i for items in distributions.values() if not _absent(items) for i in items]
-    width = max((len(i.patch.id) for i in shown), default=0) + 2
-    for name, items in distributions.items():
-        count = f"{len(items)} patch{'es' if len(items) > 1 else ''}"
-        if _absent(items):
-            console.print(f"[bold]{escape(name)}[/] [dim]not installed ({count})[/]")
-            continue
-        console.print(f"[bold]{escape(name)}[/] {escape(items[0].version or '')}".rstrip())
-        for group in _groups(items):
-            first = group[0]
-            label = first.patch.id if len(group) == 1 else f"{len(group)} patches"
-            console.print(f"  {escape(label):<{width}}{_verdict(first)}")
-            reason = first.reason
-            if first.verdict is Verdict.NOT_NEEDED and first.path is None and _differ(group):
-                reason = f"{name} {first.version} has none of these files"
-            console.print(wrap(reason, "      ", "      "))
-            for note in first.notes:
-                console.print(wrap(f"note: {note}", "      ", "        "))
-            if len(group) > 1:
-                console.print(wrap(", ".join(i.patch.id for i in group), "      ", "      "))
 
 
 def check_failures(report: StatusReport) -> None:
@@ -379,9 +328,3 @@ def patch_list(patches: Sequence[Patch], *, as_json: bool) -> None:
 
 def status_json(report: StatusReport) -> None:
     sys.stdout.write(json.dumps(status_document(report), indent=2) + "\n")
-
-
-def _differ(group: list[PatchStatus]) -> bool:
-    """Whether a group's reasons differ (each names its own missing file): then one line
-    names what they share."""
-    return len({item.reason for item in group}) > 1
