@@ -1,5 +1,6 @@
 #!/bin/sh
 # Issue 41's GPU figures still owed, in one bounded batch (about 7 minutes on an H100):
+#   0. `rocmfix doctor`'s graph check (caps in force, the memory each graph held);
 #   1. the whole PP-DocLayoutV2 detector replayed against stock (the machine's transformers,
 #      5.17.0 there: `transformers-eager-mask-graphs` takes out its mask helper's host copy);
 #   2. PP-FormulaNet_plus-M's encoder replayed against stock;
@@ -27,6 +28,9 @@ for id in mineru-ocr-det mineru-ocr-rec mineru-ocr-cls mineru-layout mineru-form
     transformers-pp-doclayout-v2 transformers-eager-mask; do ONLY="$ONLY --only $id-graphs"; done
 python3 -m rocmfix apply $ONLY --python "$PY" 2>&1 | tail -10
 G="python3 bench/graphs_gpu.py --stock /tmp/stock --patched $SITE --reps 20"
+echo "== 0. rocmfix doctor's Graphs line, $(date -u +%T)"
+timeout 60 python3 -m rocmfix doctor --json --op conv-transpose --python "$PY" 2>/dev/null \
+    | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["graphs"]))'
 echo "== 1. layout, $(date -u +%T)"
 timeout 140 $G --out "$OUT/layout" --configs layout-800 --pairs 3 --seconds 95 2>&1
 echo "== 2. formula encoder, $(date -u +%T)"
