@@ -32,13 +32,13 @@ echo "== 0. rocmfix doctor's Graphs line, $(date -u +%T)"
 timeout 60 python3 -m rocmfix doctor --json --op conv-transpose --python "$PY" 2>/dev/null \
     | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["graphs"]))'
 echo "== 1. layout, $(date -u +%T)"
-timeout 140 $G --out "$OUT/layout" --configs layout-800 --pairs 3 --seconds 95 2>&1
+timeout 130 $G --out "$OUT/layout" --configs layout-800 --pairs 3 --seconds 85 2>&1
 echo "== 2. formula encoder, $(date -u +%T)"
 timeout 90 $G --out "$OUT/formula" --configs formula-8x384 --pairs 3 --seconds 55 2>&1
 echo "== 3. graph memory, 200 synthetic pages, $(date -u +%T)"
 timeout 50 $G --out "$OUT" --memory --pages 200 --seconds 35 2>&1
 echo "== 4. pages, stock against patched, $(date -u +%T)"
-timeout 120 python3 bench/page_gpu.py --stock /tmp/stock --patched "$SITE" --out "$OUT" \
-    --pairs 2 --pages-each 1 --seconds 60 --work /tmp/page_work 2>&1
+timeout 130 python3 bench/page_gpu.py --stock /tmp/stock --patched "$SITE" --out "$OUT" \
+    --pairs 2 --pages-each 1 --seconds 45 --work /tmp/page_work 2>&1
 echo "== done, $(date -u +%T)"
 python3 -m rocmfix revert --python "$PY" 2>&1 | tail -2
