@@ -24,11 +24,11 @@ and ``mineru-formula-encoder-graphs`` applied
   ``self.backbone(x)`` stock, ``_rocmfix_graph_forward(self.backbone, x)`` patched.
 
 Under ``torch.inference_mode()`` (layout: ``torch.no_grad()``): 3 warm-up calls (the patched
-side captures at its 2nd), then ``--reps`` forwards, each timed on the host between two
-``torch.cuda.synchronize()`` (MinerU copies every output to the host next). The patched side
-also checks the replay against the eager forward of the same files on a fresh input, bit for
-bit (NaN payloads included: fp16 random weights overflow), and reports the graph memory held
-(``rocmfix_graphs.held_bytes``).
+side captures at its 3rd, the runner's default ``MIN_SEEN``), then ``--reps`` forwards, each
+timed on the host between two ``torch.cuda.synchronize()`` (MinerU copies every output to
+the host next). The patched side also checks the replay against the eager forward of the same
+files on a fresh input, bit for bit (NaN payloads included: fp16 random weights overflow),
+and reports the graph memory held (``rocmfix_graphs.held_bytes``).
 ``--pairs`` pairs per configuration, stock first in even pairs and patched first in odd ones.
 
 ``--interleave`` feeds det and rec several shapes in turn (40 calls each), checks every
@@ -36,6 +36,13 @@ output against eager bit for bit, and reports the graphs kept and memory held, w
 default caps and with room for only 2 graphs; then rec batches of 3-6 rows at one width (the
 runner pads the short ones to 6 and replays the 6-row graph), each compared with eager on the
 same rows.
+
+``--memory`` feeds det and rec ``--pages`` synthetic pages through the patched predictors'
+runner in one process: a page is det at one of 4 page sizes and rec at 8 batches of 6 lines,
+their widths drawn from 14 (more shapes than the runner's 8 graphs a model, seen often
+enough to be captured), seeded; after every page ``torch.cuda.memory_reserved``,
+``memory_allocated`` and each model's graphs and held bytes, printed every 20 pages as they
+come. Flat after the first pages is the caps at work.
 
 ``--check`` instead runs the fallback checks on the GPU in one process: a forward that syncs
 with the host (its capture raises), grad mode, autocast, a model in training; each must give
@@ -375,6 +382,42 @@ def padded(args: argparse.Namespace, runner: Any, call: Any, dtype: Any) -> dict
             "stats": runner.stats(net)}  # fmt: skip
 
 
+def memory(args: argparse.Namespace) -> dict[str, Any]:
+    import random
+
+    import torch
+
+    _mineru(args.patched)
+    call = importlib.import_module(f"{OCR}.infer.predict_det")._rocmfix_graph_forward
+    runner = sys.modules[call.__module__]
+    nets = {"det": build(args.patched, "det", torch.float32),
+            "rec": build(args.patched, "rec", torch.float16)}  # fmt: skip
+    sizes = [(960, 672), (736, 960), (960, 736), (544, 960)]
+    widths = [320 + 64 * i for i in range(14)]
+    rng = random.Random(5)
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for page in range(1, args.pages + 1):
+            call(nets["det"], torch.randn(1, 3, *rng.choice(sizes), device=DEVICE))
+            for _ in range(8):
+                x = torch.randn(6, 3, 48, rng.choice(widths), device=DEVICE, dtype=torch.float16)
+                call(nets["rec"], x)
+            torch.cuda.synchronize()
+            rows.append({"page": page, "s": time.perf_counter() - start,
+                         "reserved_mib": torch.cuda.memory_reserved() / 2**20,
+                         "allocated_mib": torch.cuda.memory_allocated() / 2**20,
+                         **{f"{m} graphs": runner.stats(n)["graphs"] for m, n in nets.items()},
+                         **{f"{m} held_mib": runner.held_bytes(n) / 2**20
+                            for m, n in nets.items()}})  # fmt: skip
+            if page % 20 == 0 or page <= 3:
+                print(json.dumps({k: round(v, 1) for k, v in rows[-1].items()}), flush=True)
+            if time.perf_counter() - start > args.seconds:
+                print(f"stopped at page {page}: past {args.seconds} s", flush=True)
+                break
+    return {"pages": rows, "stats": {m: runner.stats(n) for m, n in nets.items()}}
+
+
 def _run(args: argparse.Namespace, side: str, config: str) -> dict[str, Any]:
     command = [sys.executable, __file__, "--worker", side, "--config", config]
     command += ["--stock", args.stock, "--patched", args.patched, "--reps", str(args.reps)]
@@ -397,10 +440,19 @@ def main() -> None:
     parser.add_argument("--config", choices=tuple(CONFIGS))
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--interleave", action="store_true")
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--pages", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=1e9,
+                        help="start no new process (--memory: page) past this")  # fmt: skip
     args = parser.parse_args()
     if args.worker:
         args.side = args.worker
         print(json.dumps(worker(args)))
+        return
+    if args.memory:
+        found = memory(args)
+        Path(args.out, "graphs_memory.json").write_text(json.dumps(found, indent=1))
+        print(json.dumps(found["stats"], indent=1))
         return
     if args.check or args.interleave:
         found = check(args) if args.check else interleave(args)
@@ -409,8 +461,12 @@ def main() -> None:
         print(json.dumps(found, indent=1))
         return
     runs: list[dict[str, Any]] = []
+    began = time.perf_counter()
     for config in args.configs.split(","):
         for pair in range(args.pairs):
+            if time.perf_counter() - began > args.seconds:
+                print(f"pair {pair} of {config} not started: past {args.seconds} s", flush=True)
+                break
             sides = ("stock", "patched") if pair % 2 == 0 else ("patched", "stock")
             for side in sides:
                 runs.append({"pair": pair, **_run(args, side, config)})

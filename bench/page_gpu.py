@@ -298,6 +298,7 @@ def main() -> None:
     parser.add_argument("--work", default=tempfile.mkdtemp(prefix="page_gpu_"))
     parser.add_argument("--worker", choices=("stock", "patched"))
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--seconds", type=float, default=1e9, help="start no pair past this")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     if args.worker:
@@ -322,7 +323,11 @@ def main() -> None:
     if not args.stock:
         parser.error("--stock is needed (or --memory)")
     runs: list[dict[str, Any]] = []
+    began = time.perf_counter()
     for pair in range(args.pairs):
+        if time.perf_counter() - began > args.seconds:
+            print(f"pair {pair} not started: past {args.seconds} s", flush=True)
+            break
         for side in ("stock", "patched") if pair % 2 == 0 else ("patched", "stock"):
             runs.append({"pair": pair, **_run(args, side)})
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "passes"})[:300],

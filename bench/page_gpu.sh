@@ -44,6 +44,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile "$MW" \
     || python3 -m pip install -q --no-index --no-deps --no-compile --break-system-packages "$MW" \
     || exit 1
 SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# bench/graphs_session.sh sources this file for the installs above.
+if [ -n "${INSTALL_ONLY:-}" ]; then return 0; fi
 python3 -m rocmfix apply --only mineru-ocr-det-graphs --only mineru-ocr-rec-graphs \
     --only mineru-ocr-cls-graphs --python "$PY" 2>&1 | tail -6
 timeout "${LIMIT:-420}" python3 bench/page_gpu.py --stock /tmp/stock --patched "$SITE" \

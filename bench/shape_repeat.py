@@ -116,10 +116,13 @@ SCHEMES: dict[str, dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]]] = {
 }
 
 
-def runner_counts(shapes: list[tuple[int, ...]], pad: bool) -> dict[str, int]:
-    """The calls through templates/rocmfix_graphs.py itself (its default caps, padding on or
-    off), its device side a stand-in that captures and replays on the CPU
-    (tests/graphs_fake.py), the model a stand-in that returns a row per input row."""
+def runner_counts(
+    shapes: list[tuple[int, ...]], pad: bool, policy: tuple[int, int] | None = None
+) -> dict[str, int]:
+    """The calls through templates/rocmfix_graphs.py itself (its default caps and capture
+    policy, or ``policy``: (MIN_SEEN, PAYBACK); padding on or off), its device side a
+    stand-in that captures and replays on the CPU (tests/graphs_fake.py), the model a
+    stand-in that returns a row per input row."""
     import importlib.util
 
     import torch
@@ -135,6 +138,8 @@ def runner_counts(shapes: list[tuple[int, ...]], pad: bool) -> dict[str, int]:
     spec.loader.exec_module(runner)
     runner._BACKEND = CpuGraphs()
     runner.PAD_BATCH = pad
+    if policy is not None:
+        runner.MIN_SEEN, runner.PAYBACK = policy
 
     class Rows(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -218,7 +223,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 name = f"{model}{label}, padding {'on' if pad else 'off'}"
                 found["runner"][name] = runner_counts([scheme(s) for s in seen[model]], pad)
     found["rec widths"] = sorted(collections.Counter(s[3] for s in seen["rec"]).items())
+    # The capture policy (MIN_SEEN, PAYBACK) over the shapes as MinerU calls them, and over
+    # the mix twice: what bench/page_gpu.py's 2nd pass sees (every shape once more).
+    found["policies"] = {}
+    for model, shapes in (("det", seen["det"]), ("rec", seen["rec"]),
+                          ("det, whole page", seen["det page"])):  # fmt: skip
+        for mix, calls in (("", shapes), (", twice", shapes + shapes)):
+            for policy in POLICIES:
+                name = f"{model}{mix}: capture at {policy[0]}, payback {policy[1]}"
+                found["policies"][name] = runner_counts(calls, True, policy)
+    found["shapes"] = seen
     return found
+
+
+# (MIN_SEEN, PAYBACK): the old runner's, and the ones weighed for its default.
+POLICIES = [(2, 0), (2, 4), (3, 0), (3, 4), (3, 8), (4, 4)]
+# A rough price of each call, in eager forwards (H100, docs/performance-graphs.md): a replay
+# 0.25-0.45 of one, a capture (warm-up, capture, the first replay, the allocations after) a
+# few; only to rank the policies, the GPU page run measures them.
+REPLAY, CAPTURE = 0.4, 4.0
+
+
+def price(c: dict[str, int]) -> float:
+    """The calls' estimated time against stock's, in eager forwards (eager = 1.0)."""
+    calls = c.get("eager", 0) + c.get("replayed", 0)
+    captured = c.get("captured", 0)
+    cost = c.get("eager", 0) + (c.get("replayed", 0) - captured) * REPLAY + captured * CAPTURE
+    return cost / calls if calls else 1.0
 
 
 def np_bgr(page: _pages.Page) -> Any:
@@ -260,6 +291,14 @@ def main() -> None:
             f"  {name:<30} captured {c.get('captured', 0):>3} replayed {c.get('replayed', 0):>4}"
             f" eager {c.get('eager', 0):>4} (past the cap {c.get('past the cap', 0)})"
             f" padded {c.get('padded', 0)}"
+        )
+    print(f"\ncapture policies (price: calls' time / stock's, at replay {REPLAY}, capture"
+          f" {CAPTURE} eager forwards):")  # fmt: skip
+    for name, c in found["policies"].items():
+        print(
+            f"  {name:<44} captured {c.get('captured', 0):>3} replayed {c.get('replayed', 0):>4}"
+            f" eager {c.get('eager', 0):>4} not paying {c.get('not paying', 0):>4}"
+            f" price {price(c):.2f}"
         )
     print("\nmost repeated, as MinerU calls them:")
     for model in ("det", "rec"):

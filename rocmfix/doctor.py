@@ -343,6 +343,7 @@ def build_report(
         warnings=tuple(warnings),
         worker_error=answer.fatal,
         worker_log=answer.stderr_tail,
+        graphs=next(iter(answer.of(protocol.Graphs)), None),
     )
 
 

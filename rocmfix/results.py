@@ -253,6 +253,9 @@ class DoctorReport(WorkerReport):
     warnings: tuple[EnvWarning, ...]
     worker_error: str | None
     worker_log: str
+    # The graph runner here: its caps, and on a GPU what a graph held (informative: a capture
+    # that fails here runs eager in MinerU, with a warning).
+    graphs: protocol.Graphs | None = None
 
     @property
     def environment(self) -> Environment:

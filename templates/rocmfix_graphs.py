@@ -13,7 +13,7 @@ What it does, per model (a weak reference: the model's lifetime is the caller's)
   runs eager: that run is also the warm-up that puts MIOpen's Find and Triton's compiles
   outside any capture;
 - at the :data:`MIN_SEEN`-th sighting: copies of the inputs, one more eager warm-up on the
-  capture stream, then the capture (``torch.cuda.graph``, on that side stream, into a
+  capture stream, then the capture (a ``torch.cuda.CUDAGraph``, on that side stream, into a
   private memory pool the model's graphs share), then a replay;
 - later calls copy their inputs into the captured ones, replay, and return clones of the
   outputs: nothing the caller keeps is overwritten by a later call;
@@ -21,6 +21,9 @@ What it does, per model (a weak reference: the model's lifetime is the caller's)
   shape once it has gone unused for :data:`STALE_AFTER` x :data:`MAX_GRAPHS` calls, and
   until then new shapes run eager (more shapes in turn than the cap would otherwise be
   captured again on every call); the pool's memory is reused by the next capture;
+- no new shape captured while the model's graphs have paid back less than :data:`PAYBACK`
+  replays per capture (once it has :data:`PAYBACK_AFTER`): a mix whose shapes rarely come
+  back runs eager, at the cost of those first captures;
 - at most :data:`MAX_CAPTURES` captures a model in all (a caller whose shapes never settle
   stops paying for captures), and no new capture once the model's pool holds
   :data:`MAX_BYTES` (the memory held can pass it by one capture's); :func:`held_bytes` and
@@ -53,7 +56,9 @@ the outer graph holds it; were that capture to fail, the inner one is replayed o
 (``torch.tensor(self.config.class_order, device=...)``, ``spatial_shapes[level, 0] = height``):
 a copy from the host waits for it, which a capture refuses; a device tensor kept per value
 is read by the graph instead.
-``ROCMFIX_GRAPHS=0`` in the environment (read at import) turns all of it off.
+``ROCMFIX_GRAPHS=0`` in the environment (read at import) turns all of it off;
+``ROCMFIX_GRAPHS_AFTER`` and ``ROCMFIX_GRAPHS_PAYBACK`` set :data:`MIN_SEEN` and
+:data:`PAYBACK`.
 
 What a replay assumes: the model's parameters and buffers stay where they were at capture
 (checked on every replay: their storage addresses; values written in place are seen, as in
@@ -77,9 +82,24 @@ import torch
 
 SCHEME = "graphs"
 ENABLED = os.environ.get("ROCMFIX_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
-# Eager runs of a signature before its capture: one shape seen once is not worth a capture,
-# and the eager runs are the warm-up.
-MIN_SEEN = 2
+
+
+def _count_from_env(name: str, default: int) -> int:
+    """A whole number >= 0 from the environment; anything else is the default."""
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() else default
+
+
+# A signature is captured at its MIN_SEEN-th sighting; the runs before are eager (and the
+# warm-up). MinerU's page mix shows most shapes once or twice (docs/performance-graphs.md):
+# a capture costs several forwards, so a shape seen twice does not pay one back.
+MIN_SEEN = max(1, _count_from_env("ROCMFIX_GRAPHS_AFTER", 3))
+# Once a model has PAYBACK_AFTER graphs, a new shape is captured only while its graphs have
+# been replayed at least PAYBACK times per capture (the capture calls themselves not
+# counted): a mix whose shapes do not come back stops paying for captures, and starts again
+# once the graphs it has are replayed enough. 0 turns this off.
+PAYBACK = _count_from_env("ROCMFIX_GRAPHS_PAYBACK", 4)
+PAYBACK_AFTER = 2
 MAX_GRAPHS = 8
 MAX_CAPTURES = 64
 # A graph not replayed in the last STALE_AFTER x MAX_GRAPHS calls of its model may be dropped
@@ -189,11 +209,10 @@ class _Backend:
     def new_pool(self, device: torch.device) -> Any:
         return torch.cuda.graph_pool_handle()
 
-    def settle(self, device: torch.device) -> int:
-        """Bytes the caching allocator holds on ``device`` once its free blocks are released
-        (``torch.cuda.graph`` releases them on entry anyway)."""
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
+    def reserve(self, device: torch.device) -> int:
+        """Bytes the caching allocator holds on ``device``. A capture's pool takes new
+        segments of its own (it cannot use the free blocks of eager calls), so the growth
+        across a capture is what the graph holds."""
         return int(torch.cuda.memory_reserved(device))
 
     def capture(self, device: torch.device, pool: Any, run: Callable[[], Any]) -> tuple[Any, Any]:
@@ -207,8 +226,16 @@ class _Backend:
             run()
         current.wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            out = run()
+        # What torch.cuda.graph() does, less its empty_cache(): that would hand the eager
+        # calls' cached blocks back to the driver, and every later eager forward would
+        # allocate them again.
+        torch.cuda.synchronize(device)
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                out = run()
+            finally:
+                graph.capture_end()
         return graph, out
 
     def replay(self, graph: Any) -> None:
@@ -433,6 +460,11 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
         why = "graph memory" if state.full else "graphs" if busy else "captures"
         _tell(model, "shape past the cap", f"no new graph past the {why} cap")
         raise _Fallback
+    captured = state.counts.get("captured", 0)
+    replays = state.counts.get("replayed", 0) - captured
+    if PAYBACK and captured >= PAYBACK_AFTER and replays < PAYBACK * captured:
+        state.count("not paying")  # a choice, not a failure: no warning
+        raise _Fallback
     device = leaves[0].device
     try:
         static = [torch.empty_like(t).copy_(t) for t in leaves]
@@ -440,7 +472,7 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
         pool = state.pools.get(device)
         if pool is None:
             pool = state.pools[device] = backend.new_pool(device)
-        before = backend.settle(device)
+        before = backend.reserve(device)
         state.captures += 1
         _capturing.on = True
         try:
@@ -450,7 +482,7 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
         outputs: list[torch.Tensor] = []
         out_spec = _flatten(out, outputs, inputs=False)
         _rebuild(out_spec, outputs, [0])  # a container type that cannot be rebuilt fails here
-        held = max(0, backend.settle(device) - before)
+        held = max(0, backend.reserve(device) - before)
         held += sum(t.numel() * t.element_size() for t in static)
         weights = [*model.parameters(), *model.buffers()] if hasattr(model, "parameters") else []
     except Exception as exc:

@@ -7,6 +7,7 @@ in a fresh interpreter."""
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,13 @@ def leaves(out: Any) -> list[torch.Tensor]:
     if isinstance(out, list | tuple):
         return [t for v in out for t in leaves(v)]
     return []
+
+
+def second_sighting() -> dict[str, str]:
+    """The environment of a process that runs real patched files: their runner, told through
+    its variable to capture at a shape's 2nd sighting. What follows a capture is tested from
+    there; tests/test_graphs_runner.py tests the capture policy itself."""
+    return {**os.environ, "ROCMFIX_GRAPHS_AFTER": "2"}
 
 
 class CpuGraphs:
@@ -45,7 +53,7 @@ class CpuGraphs:
     def new_pool(self, device: torch.device) -> object:
         return object()
 
-    def settle(self, device: torch.device) -> int:
+    def reserve(self, device: torch.device) -> int:
         return self.reserved
 
     def capture(self, device: torch.device, pool: object, run: Callable[[], Any]) -> Any:

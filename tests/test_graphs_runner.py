@@ -42,7 +42,11 @@ class Net(nn.Module):
 
 @pytest.fixture
 def graphs() -> ModuleType:
-    return load_template("rocmfix_graphs", interpret=None)
+    """The runner, capturing at a shape's 2nd sighting and never stopping for payback: what
+    follows a capture is tested from there; the capture policy's own tests set theirs."""
+    runner = load_template("rocmfix_graphs", interpret=None)
+    runner.MIN_SEEN, runner.PAYBACK = 2, 0
+    return runner
 
 
 @pytest.fixture
@@ -101,6 +105,70 @@ def test_second_sighting_captures_and_later_calls_replay(
     assert not _same(outs[2], outs[3])
     assert outs[3]["maps"].data_ptr() != outs[2]["maps"].data_ptr()
     assert isinstance(outs[3]["pair"], tuple) and isinstance(outs[3]["pair"][1], list)
+
+
+def test_the_capture_policy_comes_from_the_environment() -> None:
+    unset: dict[str, str | None] = dict.fromkeys(("ROCMFIX_GRAPHS_AFTER", "ROCMFIX_GRAPHS_PAYBACK"))
+    runner = load_template("rocmfix_graphs", interpret=None, env=unset)
+    assert (runner.MIN_SEEN, runner.PAYBACK) == (3, 4)
+    # Not a whole number >= 0: the default; no sighting before a capture is the first.
+    for after, payback, want in (("5", "0", (5, 0)), ("-1", "2.5", (3, 4)),
+                                 ("many", "", (3, 4)), ("0", " 7 ", (1, 7))):  # fmt: skip
+        env: dict[str, str | None] = {
+            "ROCMFIX_GRAPHS_AFTER": after,
+            "ROCMFIX_GRAPHS_PAYBACK": payback,
+        }
+        runner = load_template("rocmfix_graphs", interpret=None, env=env)
+        got = (runner.MIN_SEEN, runner.PAYBACK)
+        assert got == want
+
+
+def test_a_shape_is_captured_at_its_kth_sighting(
+    graphs: ModuleType, fake: CpuGraphs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(graphs, "MIN_SEEN", 3)
+    net = Net().eval()
+    a, b = torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 16)
+    with torch.inference_mode():
+        for x in (a, b, a, b):  # each seen twice: eager, nothing captured
+            assert _same(graphs.forward(net, x), net(x))
+        assert fake.captures == 0
+        for x in (a, a, a):  # a's 3rd sighting captures, the 4th and 5th replay
+            assert _same(graphs.forward(net, x), net(x))
+    assert graphs.stats(net)["counts"] == {"eager": 4, "captured": 1, "replayed": 3}
+
+
+def test_captures_that_do_not_pay_back_stop_until_the_graphs_do(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(graphs, "PAYBACK", 4)
+    net = Net().eval()
+    shapes = [torch.randn(1, 3, 8, 8 * w) for w in range(1, 7)]
+    with torch.inference_mode():
+        # A low-repeat mix (bench/page_gpu.py's 2nd pass: each shape once more): the first
+        # PAYBACK_AFTER shapes are captured and never replayed again; no capture after them.
+        for x in shapes + shapes:
+            assert _same(graphs.forward(net, x), net(x))
+        assert fake.captures == graphs.PAYBACK_AFTER == 2
+        assert graphs.stats(net)["counts"]["not paying"] == 4
+        # A shape that repeats replays its graph; once the two graphs have paid back 4
+        # replays each, a new shape is captured again.
+        for _ in range(7):
+            graphs.forward(net, shapes[0])
+        graphs.forward(net, shapes[2])
+        assert fake.captures == 2  # 7 replays: not yet
+        graphs.forward(net, shapes[0])
+        graphs.forward(net, shapes[2])
+        assert fake.captures == 3
+        assert _same(graphs.forward(net, shapes[2]), net(shapes[2]))
+    assert not said(told)  # not paying back is a choice, not a failure: nothing to say
+    # Off: every shape at its 2nd sighting is captured, whatever it paid.
+    monkeypatch.setattr(graphs, "PAYBACK", 0)
+    other = Net().eval()
+    with torch.inference_mode():
+        for x in shapes + shapes:
+            graphs.forward(other, x)
+    assert graphs.stats(other)["captures"] == 6
 
 
 def test_each_signature_is_its_own_graph(graphs: ModuleType, fake: CpuGraphs) -> None:

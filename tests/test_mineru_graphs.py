@@ -18,6 +18,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+from graphs_fake import second_sighting
 from packaging.version import Version
 
 from rocmfix.errors import AnchorNotFoundError
@@ -271,6 +272,7 @@ def test_the_real_patched_detector_on_a_cpu(tmp_path: Path) -> None:
             text=True,
             timeout=900,
             check=False,
+            env=second_sighting(),
         )
         assert done.returncode == 0, done.stderr[-4000:]
         found: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -439,6 +441,7 @@ def test_the_real_patched_layout_model_on_a_cpu(tmp_path: Path) -> None:
         text=True,
         timeout=900,
         check=False,
+        env=second_sighting(),
     )
     assert done.returncode == 0, done.stderr[-4000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])

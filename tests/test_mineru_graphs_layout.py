@@ -18,6 +18,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+from graphs_fake import second_sighting
 from packaging.version import Version
 
 from rocmfix.errors import AnchorNotFoundError
@@ -199,6 +200,7 @@ def _python(code: str, *args: str) -> object:
         text=True,
         timeout=900,
         check=False,
+        env=second_sighting(),
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

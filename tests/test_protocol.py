@@ -73,6 +73,13 @@ EVENTS: list[protocol.Event] = [
         limit_s=10.0,
         stderr="Segmentation fault",
     ),
+    protocol.Graphs(
+        status="failed",
+        message="RuntimeError: capture refused",
+        shapes=["1x3x960x672 fp32"],
+        held_bytes=[75 << 20],
+        caps={"MIN_SEEN": 3},
+    ),
     protocol.KernelWarning(code="kernel", message="rocmfix: the tuned file is corrupt"),
     protocol.Fatal(message="cannot import torch", traceback="Traceback ..."),
     protocol.End(),
@@ -236,7 +243,8 @@ def test_a_worker_of_another_version_is_refused_both_ways() -> None:
     with pytest.raises(protocol.ProtocolError, match="speaks protocol \\?"):
         protocol.parse_event(no_version)
     request = {**_wire(worker.request("measure", OPS)), "version": protocol.VERSION + 1}
-    with pytest.raises(protocol.ProtocolError, match="rocmfix sent protocol 4; this worker"):
+    newer = f"rocmfix sent protocol {protocol.VERSION + 1}; this worker"
+    with pytest.raises(protocol.ProtocolError, match=newer):
         protocol.Request.parse(request)
 
 

@@ -10,10 +10,10 @@ import traceback
 import warnings
 from typing import Any
 
-from . import context, harness
+from . import context, harness, templates
 from .context import Context, Unavailable, finite, interpreter_unavailable, one_line
 from .harness.base import Bench
-from .protocol import First, Measured, MeasureItem, Start
+from .protocol import First, Graphs, Measured, MeasureItem, Start
 from .timing import poison, rel_err, time_eager, time_graph
 
 
@@ -55,6 +55,52 @@ def measure(ctx: Context) -> None:
                 result["traceback"] = traceback.format_exc()[-2000:]
         ctx.forward(caught)
         ctx.channel.send(Measured(**result))
+    ctx.channel.send(graphs(ctx))
+
+
+# The graph runner's settings doctor reports (the environment sets the first two).
+GRAPH_CAPS = ("MIN_SEEN", "PAYBACK", "MAX_GRAPHS", "MAX_CAPTURES", "MAX_BYTES")
+# det's two page sizes (MinerU's OCR det, A4 and Letter at 200 DPI).
+GRAPH_SHAPES = ((1, 3, 960, 672), (1, 3, 736, 960))
+
+
+def graphs(ctx: Context) -> Graphs:
+    """The graph runner here: its caps, and on a GPU the memory each graph of a small conv net
+    holds (the runner's own ``held_bytes``), with each replay checked against eager."""
+    try:
+        runner = templates.load(ctx.request.templates_dir, "rocmfix_graphs", fresh=True)
+        caps = {name: int(getattr(runner, name)) for name in GRAPH_CAPS}
+    except Exception as exc:  # noqa: BLE001 - a finding, not the end of doctor
+        return Graphs(status="error", message=one_line(exc))
+    if not ctx.gpu or not runner.ENABLED:
+        why = "ROCMFIX_GRAPHS=0: graph replay is off" if ctx.gpu else "no GPU: nothing to capture"
+        return Graphs(status="unavailable", message=why, caps=caps)
+    # Its own copy: this check captures at a shape's 2nd call, whatever the environment says.
+    vars(runner).update(MIN_SEEN=2, PAYBACK=0)
+    torch = context.torch
+    nn = torch.nn
+    held: list[int] = []
+    try:
+        with warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore")  # a capture that fails is in the stats
+            net = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU(), nn.Conv2d(16, 32, 3, 2, 1),
+                                nn.ReLU(), nn.Conv2d(32, 1, 1)).to(ctx.device).eval()  # fmt: skip
+            for shape in GRAPH_SHAPES:
+                x = torch.randn(shape, device=ctx.device)
+                for _ in range(3):  # eager, captured, replayed
+                    out = runner.forward(net, x)
+                if not torch.equal(out, net(x)):
+                    return Graphs(status="failed", message="a replay differed from eager",
+                                  caps=caps)  # fmt: skip
+                held.append(runner.held_bytes(net) - sum(held))
+        stats = runner.stats(net)
+    except Exception as exc:  # noqa: BLE001
+        return Graphs(status="error", message=one_line(exc), caps=caps)
+    shapes = ["x".join(map(str, s)) + " fp32" for s in GRAPH_SHAPES]
+    if stats["broken"] or stats["graphs"] != len(GRAPH_SHAPES):
+        why = stats["broken"] or f"{stats['graphs']} graphs kept, counts {stats['counts']}"
+        return Graphs(status="failed", message=why, caps=caps)
+    return Graphs(status="ok", shapes=shapes, held_bytes=held, caps=caps)
 
 
 def _bench(ctx: Context, item: MeasureItem, benches: dict[str, Bench]) -> Bench:

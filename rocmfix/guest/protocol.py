@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar, Union
 
 # Changed whenever a message changes shape: a worker from another rocmfix is refused, not
 # half understood. (2 was the untyped worker's ``hello["worker"]``.)
-VERSION = 3
+VERSION = 4
 
 
 class ProtocolError(ValueError):
@@ -365,6 +365,21 @@ class Measured(Event):
 
 
 @dataclass(frozen=True)
+class Graphs(Event):
+    """What the graph runner (templates/rocmfix_graphs.py) did here: ``status`` ok (each graph
+    captured and its replay equal to eager), failed, error, or unavailable (no GPU); the
+    device memory each graph of a small conv net held, at ``shapes``, and the runner's caps in
+    force (its settings, as the environment sets them)."""
+
+    EVENT = "graphs"
+    status: Status
+    message: str | None = None
+    shapes: list[str] = field(default_factory=list)
+    held_bytes: list[int] = field(default_factory=list)
+    caps: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class KernelWarning(Event):
     """A template's own warning (they all start "rocmfix:")."""
 
@@ -491,12 +506,13 @@ class Checked(Event):
 
 
 AnyEvent = Union[
-    Hello, Start, First, Measured, KernelWarning, Fatal, End, Plan, Tried, Tuned, Resolved, Checked
-]
+    Hello, Start, First, Measured, Graphs, KernelWarning, Fatal, End, Plan, Tried, Tuned,
+    Resolved, Checked
+]  # fmt: skip
 EVENTS: dict[str, type[Event]] = {
     cls.EVENT: cls
-    for cls in (Hello, Start, First, Measured, KernelWarning, Fatal, End, Plan, Tried, Tuned,
-                Resolved, Checked)
+    for cls in (Hello, Start, First, Measured, Graphs, KernelWarning, Fatal, End, Plan, Tried,
+                Tuned, Resolved, Checked)
 }  # fmt: skip
 
 

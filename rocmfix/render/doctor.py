@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from rocmfix import __version__
 from rocmfix.checks import EnvWarning
+from rocmfix.guest.protocol import Graphs
 from rocmfix.ops import Op
 from rocmfix.render.console import (
     Cell,
@@ -232,8 +233,29 @@ def doctor_table(report: DoctorReport) -> None:
             console.print(wrap(f"all {len(op.cases)} shapes: {totals}", "  ", "    "))
         console.print(wrap(op.why, "  ", "    "))
         console.print(wrap(op.advice, "  ", "    "))
+    if report.graphs is not None:
+        console.print(wrap(f"{'Graphs':<11} {_graphs_line(report.graphs)}", "", "    ", bold=6))
     warnings_block(console, [w for w in report.warnings if lead is None or w.code != NOT_ROCM])
     failures(report.failures, report.worker_log)
+
+
+def _graphs_line(g: Graphs) -> str:
+    """What the graph runner did here, and the caps in force, in one sentence each."""
+    if g.status == "ok":
+        each = zip(g.held_bytes, g.shapes, strict=False)
+        held = ", ".join(f"{b / 2**20:.0f} MiB at {s}" for b, s in each)
+        did = f"replayed equal to eager here; a small conv net's graphs held {held}."
+    else:
+        did = f"{g.status}: {g.message or 'no reason given'}."
+    c = g.caps
+    if not c:
+        return did
+    return (
+        f"{did} Caps in force: a shape is captured once seen {c.get('MIN_SEEN')} times, and "
+        f"while a model's graphs have been replayed {c.get('PAYBACK')} times a capture; at "
+        f"most {c.get('MAX_GRAPHS')} graphs and {c.get('MAX_CAPTURES')} captures a model, "
+        f"none new past {c.get('MAX_BYTES', 0) >> 20} MiB held."
+    )
 
 
 def _kernel_time(m: Measurement, timed: bool) -> str:
@@ -299,6 +321,7 @@ def doctor_document(report: DoctorReport) -> dict[str, Any]:
             for op in report.ops
         ],
         "warnings": [_warning_json(w) for w in report.warnings],
+        "graphs": dataclasses.asdict(report.graphs) if report.graphs else None,
         "ok": report.ok,
         "failures": list(report.failures),
     }
