@@ -284,10 +284,15 @@ def _row(**kw: Any) -> Any:
     return OpStat(**fields)
 
 
-def _forms(as_run: float, **others: float) -> dict[str, Any]:
-    forms = {"as run": {"ms": as_run, "ok": True}}
-    forms.update({k.replace("_", " "): {"ms": v, "ok": True} for k, v in others.items()})
-    return {"status": "ok", "forms": forms}
+def _forms(as_run: float, others: dict[str, float] | None = None, **more: float) -> Any:
+    from rocmfix.profile.model import Form
+
+    forms = {
+        "as run": as_run,
+        **(others or {}),
+        **{k.replace("_", " "): v for k, v in more.items()},
+    }
+    return [Form(label, ms, ok=True) for label, ms in forms.items()]
 
 
 def test_a_replay_that_does_not_reproduce_the_run_gives_no_verdict() -> None:
@@ -329,19 +334,16 @@ def test_a_patch_that_routes_an_op_is_named_with_why_it_is_or_is_not_proposed() 
     )
     # On a ROCm GPU where the vendor op ran about as fast as the patch's formulation.
     even = _row(op="conv_transpose2d", shapes=up.shapes, conv=up.conv)
-    gpu = analyse.verdict(even, {"status": "ok", "forms": {"as run": {"ms": 5.0, "ok": True},
-                          "rocmfix GEMM + shuffle": {"ms": 4.0, "ok": True}}}, head, False, "cuda",
+    gpu = analyse.verdict(even, _forms(5.0, {"rocmfix GEMM + shuffle": 4.0}), head, False, "cuda",
                           True, {}, total_ms=200.0)  # fmt: skip
     assert not gpu["flagged"] and gpu["fix"].patch_id == head.id
     assert "its rocmfix GEMM + shuffle form measured 1.2x the op as it ran here" in gpu["fix"].why
     # Where it is the fix, the fix says what the patch does.
-    fast = analyse.verdict(even, {"status": "ok", "forms": {"as run": {"ms": 5.0, "ok": True},
-                           "rocmfix GEMM + shuffle": {"ms": 1.0, "ok": True}}}, head, False, "cuda",
+    fast = analyse.verdict(even, _forms(5.0, {"rocmfix GEMM + shuffle": 1.0}), head, False, "cuda",
                            True, {}, total_ms=200.0)  # fmt: skip
     assert fast["fix"].kind == "patch" and fast["fix"].why == head.summary
     # A first call that dwarfs the steady ones is not what a patch removes: said so.
-    slow_first = analyse.verdict(up, {"status": "ok", "forms": {"as run": {"ms": 4.0, "ok": True},
-                                 "rocmfix GEMM + shuffle": {"ms": 1.0, "ok": True}}}, head, False,
+    slow_first = analyse.verdict(up, _forms(4.0, {"rocmfix GEMM + shuffle": 1.0}), head, False,
                                  "cuda", False, {}, total_ms=600.0)  # fmt: skip
     assert slow_first["flagged"] and slow_first["fix"].kind == "none"
     assert "its first call took 400ms, which the patch does not change" in slow_first["fix"].why

@@ -160,9 +160,16 @@ def test_every_request_round_trips_with_every_op(mode: str) -> None:
         )
     ]  # fmt: skip
     jobs = [protocol.CompileJob(op="patch-embed", target="patch-embed", config={"A": 1})]
+    # The profile's replay: a recorded call as its case, and the run's backend flags.
+    calls = {"op0": protocol.Call(name="aten::conv2d", shapes=[[1, 8, 9, 9], [8, 1, 3, 3], []],
+                                  dtypes=["float"] * 2, strides=[[648, 81, 9, 1]],
+                                  op="depthwise-conv", stride=[1, 1], padding=[1, 1],
+                                  dilation=[1, 1], groups=8, padding_mode="same",
+                                  pad_far=[0, 0])}  # fmt: skip
     request = worker.request(
         mode, OPS, skip=["x/native"], items=items, compiles=compiles, jobs=jobs,
-        budget_s=0.5, interpret=True, require_gpu=True, archs=["gfx942"],
+        budget_s=0.5, interpret=True, require_gpu=True, archs=["gfx942"], calls=calls,
+        backend={"num_threads": 2, "cudnn.enabled": False},
     )  # fmt: skip
     back = protocol.Request.parse(_wire(request))
     assert back == request
@@ -172,6 +179,7 @@ def test_every_request_round_trips_with_every_op(mode: str) -> None:
     for op in OPS:
         spec = back.ops[op.name]
         assert spec.schemes == {s.name: s.entry for s in op.schemes}
+        assert spec.replay == op.replay
         assert list(spec.cases) == [c.id for c in op.cases]
         assert spec.cases[op.cases[0].id].on("cpu") == dict(op.cases[0].cpu)
 
@@ -236,7 +244,9 @@ def test_a_worker_of_another_version_is_refused_both_ways() -> None:
     with pytest.raises(protocol.ProtocolError, match="speaks protocol \\?"):
         protocol.parse_event(no_version)
     request = {**_wire(worker.request("measure", OPS)), "version": protocol.VERSION + 1}
-    with pytest.raises(protocol.ProtocolError, match="rocmfix sent protocol 4; this worker"):
+    with pytest.raises(
+        protocol.ProtocolError, match=f"rocmfix sent protocol {protocol.VERSION + 1}; this worker"
+    ):
         protocol.Request.parse(request)
 
 
