@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +43,7 @@ def reference(q: Any, k: Any, v: Any, lengths: list[int], scale: float) -> Any:
 class Bench(base.Bench):
     def __init__(self, ctx: Context, op: OpSpec, shape: dict[str, Any]) -> None:
         torch = context.torch
-        generator = torch.Generator(device=ctx.device)
-        # Fresh inputs each run: a kernel must compute the function, not one lucky input.
-        generator.manual_seed(int(time.time() * 1e6) % (2**31))
+        generator = base.fresh_generator(ctx)
         s = self.shape = shape
         self.ctx = ctx
         self.lengths = [int(n) for n in s["seqlens"]]
