@@ -56,10 +56,11 @@ CALLS = [
 
 def _hot(call: Any) -> OpStat:
     shapes = tuple(tuple(s) for s in call["shapes"])
-    return OpStat(key=str(id(call)), op=call["name"], shapes=shapes, dtypes=(), layout="-",
-                  conv=analyse.conv_params(call), calls=2, total_ms=2.0, first_ms=1.0,
-                  steady_ms=1.0, share=1.0, flops=None, bytes=None, tflops=None, gbps=None,
-                  roofline=None, modules=(), source=None, kernels=(), pids=(1,))  # fmt: skip
+    return OpStat(key=str(id(call)), op=call["name"], shapes=shapes,
+                  dtypes=("float32",) * len(shapes), layout="-", conv=analyse.conv_params(call),
+                  calls=2, total_ms=2.0, first_ms=1.0, steady_ms=1.0, share=1.0, flops=None,
+                  bytes=None, tflops=None, gbps=None, roofline=None, modules=(), source=None,
+                  kernels=(), pids=(1,))  # fmt: skip
 
 
 @pytest.mark.parametrize("call, kind", CALLS)

@@ -188,7 +188,7 @@ class OpSpec(Message):
 class Call(Message):
     """A call the profiled command made, a case of ``rocmfix profile``'s replay: the torch op
     (``aten::conv2d``; ``aten::mm`` and ``aten::copy_`` calibrate), its inputs' shapes,
-    dtypes (as the profiler names them) and strides, and a conv's arguments, one number per
+    dtypes (torch's names: ``float16``) and strides, and a conv's arguments, one number per
     spatial axis (``padding_mode``: "same" or "valid" where it ran with one; ``pad_far``: the
     far side's one more of an odd "same"). ``op``: the registry's op whose call it is."""
 
@@ -337,8 +337,6 @@ class Hello(Event):
     python: str
     device: DeviceFacts
     overrides: dict[str, str] = field(default_factory=dict)
-    template_errors: dict[str, str] = field(default_factory=dict)
-    test_hooks: bool = False
     version: int = VERSION
 
     @classmethod
@@ -440,8 +438,6 @@ class CandidateRow(Message):
     rel_err: float | None = None
     message: str | None = None
     compiled: dict[str, Any] | None = None
-    sweep_ms: float | None = None
-    confirmed: bool = False
 
 
 @dataclass(frozen=True)
@@ -459,7 +455,6 @@ class Tuned(Event):
     precision: str = ""
     shape: dict[str, Any] | None = None
     tolerance: float | None = None
-    screened_for: str | None = None
     method: str | None = None
     candidates: list[CandidateRow] = field(default_factory=list)
     current: dict[str, Any] | None = None
@@ -499,7 +494,6 @@ class Checked(Event):
     error: str | None = None
     traceback: str | None = None
     registers: int | None = None
-    sgprs: int | None = None
     spills: int = 0
     sgpr_spills: int = 0
     scratch: int = 0

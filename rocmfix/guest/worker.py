@@ -63,8 +63,6 @@ def main(argv: list[str]) -> int:
                     python=sys.executable,
                     device=info,
                     overrides=overrides,
-                    template_errors=ctx.module_errors,
-                    test_hooks=bool(ctx.hooks),
                 )
             )
         if mode == "tune" and request.require_gpu and not gpu:

@@ -492,7 +492,7 @@ def replay_calls(rows_: Sequence[OpStat], groups: Mapping[str, Group]) -> dict[s
             continue
         dims = len(row.shapes[0]) - 2
         calls[row.key] = Call(
-            name=op["name"], shapes=op["shapes"], dtypes=op["dtypes"], strides=op["strides"],
+            name=op["name"], shapes=op["shapes"], dtypes=list(row.dtypes), strides=op["strides"],
             op=kind or "", stride=_expand(conv["stride"], dims),
             padding=_expand(conv["padding"], dims), dilation=_expand(conv["dilation"], dims),
             groups=int(conv["groups"]), transposed=bool(conv["transposed"]),

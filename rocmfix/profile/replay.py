@@ -24,8 +24,8 @@ REPLAY_LIMIT_S = 120.0
 # The generic forms of a conv (harness/call.py says which exist for a call; the others answer
 # "unavailable"), after the call as it ran.
 FORMS = ("native", "channels-last", "contiguous", "reshape+matmul", "native fallback")
-# Calibration: a square matmul per dtype (as the profiler names them) and a float32 copy.
-_MATMUL = {"float": "float32", "c10::half": "float16", "c10::bfloat16": "bfloat16"}
+# Calibration: a square matmul per dtype and a float32 copy.
+_MATMUL = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,14 @@ class Replayed:
 def _calibration(gpu: bool) -> dict[str, protocol.Call]:
     n = 4096 if gpu else 1024
     calls = {
-        f"calibrate-{name}": protocol.Call(name="aten::mm", shapes=[[n, n]] * 2, dtypes=[dtype] * 2)
-        for dtype, name in _MATMUL.items()
-        if gpu or name == "float32"
+        f"calibrate-{dtype}": protocol.Call(
+            name="aten::mm", shapes=[[n, n]] * 2, dtypes=[dtype] * 2
+        )
+        for dtype in (_MATMUL if gpu else _MATMUL[:1])
     }
     elems = (256 if gpu else 32) * 2**20 // 4
     calls["calibrate-copy"] = protocol.Call(name="aten::copy_", shapes=[[elems]] * 2,
-                                            dtypes=["float"] * 2)  # fmt: skip
+                                            dtypes=["float32"] * 2)  # fmt: skip
     return calls
 
 
@@ -111,7 +112,7 @@ def _calibrated(measured: Mapping[str, protocol.Measured], gpu: bool) -> Calibra
             return None
         n = call.shapes[0][0]
         if call.name == "aten::mm":
-            rates[_MATMUL[call.dtypes[0]]] = 2 * n**3 / (ms * 1e-3) / 1e12
+            rates[call.dtypes[0]] = 2 * n**3 / (ms * 1e-3) / 1e12
         else:
             copy_gbps = 2 * n * 4 / (ms * 1e-3) / 1e9
     return Calibration(matmul_tflops=rates, copy_gbps=copy_gbps)

@@ -18,17 +18,15 @@ from ..context import Context, Unavailable
 from ..protocol import Call, OpSpec
 from . import base
 
-# The profiler's names of its dtypes, as torch's.
-_DTYPES = {"float": "float32", "c10::half": "float16", "half": "float16",
-           "c10::bfloat16": "bfloat16", "bfloat16": "bfloat16", "double": "float64"}  # fmt: skip
-
 
 def _tensor(ctx: Context, shape: list[int], dtype: str, strides: list[int] | None) -> Any:
     """A random tensor of the recorded shape, dtype and strides (so its memory layout). An
     expanded input (stride 0: one element seen at many places) is replayed as what it was,
     the expanded view of a smaller tensor: random values cannot be written into it."""
     torch = context.torch
-    kind = getattr(torch, _DTYPES.get(dtype.lower(), "float32"))
+    kind = getattr(torch, dtype, None)
+    if not isinstance(kind, torch.dtype):
+        raise Unavailable(f"no replay in dtype {dtype[:40]!r}")
     if strides and len(strides) == len(shape):
         base_ = [1 if st == 0 else n for n, st in zip(shape, strides)]
         t = torch.empty_strided(base_, [st or 1 for st in strides], dtype=kind, device=ctx.device)
@@ -65,7 +63,7 @@ class Bench(base.Bench):
         self.ctx, self.call, self.op = ctx, call, op
         torch.manual_seed(0)
         strides = call.strides + [[]] * len(call.shapes)
-        dtypes = call.dtypes + ["float"] * len(call.shapes)
+        dtypes = call.dtypes + ["float32"] * len(call.shapes)
         inputs: list[Any] = [
             _tensor(ctx, shape, dtypes[i], strides[i]) if shape else None
             for i, shape in enumerate(call.shapes[:3])
