@@ -373,8 +373,11 @@ def verdict(
     forms = forms or ()
     note = None
     base = next((f for f in forms if f.label == "as run" and f.ms), None)
+    if forms and base is None:
+        as_run = next((f for f in forms if f.label == "as run"), None)
+        note = "the call as it ran: " + ((as_run.error or "no time") if as_run else "not replayed")
     others = [f for f in forms if f.label != "as run" and f.ok and f.ms]
-    best = min(others, key=lambda f: f.ms or math.inf) if others else None
+    best = min(others, key=lambda f: f.ms or math.inf) if others and note is None else None
     if base is not None and base.ms and row.steady_ms > 0:
         apart = max(base.ms / row.steady_ms, row.steady_ms / base.ms)
         if apart > REPLAY_AGREES:
