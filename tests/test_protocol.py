@@ -326,14 +326,15 @@ def test_the_profiles_replay_parses_its_worker_once_and_a_malformed_answer_is_it
     ok = [json.dumps(_hello()),
           json.dumps({"event": "item", "id": "op0/native", "status": "ok", "ms": 2.0}),
           json.dumps({"event": "item", "id": "op0/channels-last", "status": "unavailable"}),
-          json.dumps({"event": "item", "id": "op0/contiguous", "status": "timeout"}),
+          json.dumps({"event": "item", "id": "op0/contiguous", "status": "timeout",
+                      "limit_s": 30.0}),
           '{"event": "end"}']  # fmt: skip
     done = replay.run(_fake_worker(tmp_path, ok), {"k": call}, "cpu", {}, limit_s=30.0)
     assert done.fatal is None and done.calibration is None
     assert [(f.label, f.ms, f.ok) for f in done.forms["k"]] == [
         ("as run", 2.0, True), ("contiguous", None, False)
     ]  # fmt: skip
-    assert done.forms["k"][1].error == "timeout"
+    assert done.forms["k"][1].error == "killed at its time limit (30 s)"
     bad = [json.dumps(_hello()), '{"event": "item", "id": "op0/native", "status": "ok", "ms": []}']
     done = replay.run(_fake_worker(tmp_path, bad), {"k": call}, "cpu", {}, limit_s=30.0)
     assert done.fatal is not None and "item.ms must be a number, got a list" in done.fatal

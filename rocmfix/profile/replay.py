@@ -100,7 +100,7 @@ def run(
 def _form(impl: str, m: protocol.Measured) -> Form:
     error = None if m.status in ("ok", "failed") else f"{m.status}: {m.message or ''}".rstrip(": ")
     if m.status == "timeout":  # a MIOpen search or a native kernel that takes minutes
-        error = f"killed at its time limit ({m.limit_s or 0:.0f} s)"
+        error = "killed at its time limit" + (f" ({m.limit_s:.0f} s)" if m.limit_s else "")
     return Form(label="as run" if impl == "native" else impl, ms=m.ms, first_ms=m.first_ms,
                 rel_err=m.rel_err, ok=m.status == "ok", error=error)  # fmt: skip
 
