@@ -388,8 +388,8 @@ def one_worker(
     env: Mapping[str, str] | None = None,
 ) -> tuple[bool, str | None]:
     """One worker process (``argv``, any guest module that speaks JSON lines with ``start``
-    and ``item`` events: the doctor/tune worker through :func:`run`, the profiler's replay),
-    held to its limits. Returns (ended cleanly, the item it was stopped in)."""
+    and ``item`` events: the worker, through :func:`run`), held to its limits. Returns (ended
+    cleanly, the item it was stopped in)."""
     with tempfile.TemporaryFile() as errors:
         try:
             proc = _start(

@@ -539,7 +539,7 @@ class Popen(real):
 
 
 subprocess.Popen = Popen
-replay.run(sys.argv[1], [], "cuda", {}, limit_s=50)
+replay.run(sys.argv[1], {}, "cuda", {}, limit_s=50)
 """
 
 

@@ -338,7 +338,7 @@ SOURCE = "/x/site-packages/doclayout_yolo/nn/modules/conv.py:50 Conv.forward"
 
 def test_the_profile_knows_a_1x1_conv_and_names_its_patch() -> None:
     from rocmfix.profile import analyse
-    from rocmfix.profile.model import OpStat
+    from rocmfix.profile.model import Form, OpStat
 
     assert analyse.conv_kind(GROUPED) == "pointwise-conv"
     dense = dict(GROUPED, shapes=[[1, 64, 8, 8], [32, 64, 1, 1], []],
@@ -351,33 +351,17 @@ def test_the_profile_knows_a_1x1_conv_and_names_its_patch() -> None:
     assert patch is not None and patch.id == PATCH and not routed
     dropped = "/x/site-packages/doclayout_yolo/nn/modules/rocmfix_pointwise_conv.py:90 f"
     assert analyse.patch_for(GROUPED, dropped, all_patches()) == (patch, True)
-    # The replay gets the op's schemes from the registry ...
-    forms = analyse.replay_forms(GROUPED)
-    assert forms == [{"label": "rocmfix GEMM", "template": "pointwise_conv_gemm",
-                      "function": "conv2d", "triton": False}]  # fmt: skip
-    # ... and a flagged call whose GEMM form won names the patch.
+    # The replay runs the op's schemes (tests/test_profile_registry.py), and a flagged call
+    # whose GEMM form won names the patch.
     row = OpStat(key="k", op="conv2d", shapes=((1, 576, 80, 58), (192, 3, 1, 1), ()),
                  dtypes=("float32",), layout="contiguous", conv=analyse.conv_params(GROUPED),
                  calls=10, total_ms=100.0, first_ms=10.0, steady_ms=3.0, share=0.5,
                  flops=None, bytes=None, tflops=None, gbps=None, roofline=None, modules=(),
                  source=SOURCE, kernels=(), pids=(1,))  # fmt: skip
-    result = {"status": "ok", "forms": {"as run": {"ms": 3.0, "ok": True},
-                                        "rocmfix GEMM": {"ms": 1.0, "ok": True}}}  # fmt: skip
-    done = analyse.verdict(row, result, patch, False, "cuda", False, {}, total_ms=200.0)
+    forms = [Form("as run", 3.0, ok=True), Form("rocmfix GEMM", 1.0, ok=True)]
+    done = analyse.verdict(row, forms, patch, False, "cuda", False, {}, total_ms=200.0)
     assert done["flagged"] and done["fix"].command == f"rocmfix apply --only {PATCH} --force"
     assert done["fix"].kind == "patch" and done["best"] == "rocmfix GEMM"
-
-
-def test_the_profile_replay_runs_the_registry_s_form() -> None:
-    """The guest's replay runs each scheme the item names, checked against the call as run."""
-    from rocmfix.guest import profile_replay
-    from rocmfix.profile import analyse
-
-    item = dict(GROUPED, shapes=[[1, 576, 20, 14], [192, 3, 1, 1], []], dtypes=["float"] * 2,
-                strides=[], conv=analyse.conv_params(GROUPED),
-                forms=analyse.replay_forms(GROUPED))  # fmt: skip
-    forms = profile_replay._replay(torch, False, item, str(ROOT / "templates"))["forms"]
-    assert forms["rocmfix GEMM"]["ok"] and forms["rocmfix GEMM"]["rel_err"] < 1e-6, forms
 
 
 def test_the_op_is_registered_with_a_measured_verdict() -> None:

@@ -300,6 +300,7 @@ def test_first_call_cost_and_sdpa_math_name_the_setting_that_fixes_them() -> Non
 
 def test_depthwise_and_kernel_stride_transposed_convs_map_to_their_patches() -> None:
     from rocmfix.profile import analyse
+    from rocmfix.profile.model import Form
     from rocmfix.registry import all_patches
 
     patches = all_patches()
@@ -319,13 +320,12 @@ def test_depthwise_and_kernel_stride_transposed_convs_map_to_their_patches() -> 
     assert analyse.patch_for(padded, head, patches) == (None, False)
     # A flagged depthwise conv names the patch with the scheme whose formulation won here.
     row = _row("conv2d", dw["shapes"], analyse.conv_params(dw), first_ms=10.0)
-    result = {"status": "ok", "forms": {
-        "as run": {"ms": 3.0, "ok": True}, "rocmfix Triton": {"ms": 1.0, "ok": True}}}  # fmt: skip
+    forms = [Form("as run", 3.0, ok=True), Form("rocmfix Triton", 1.0, ok=True)]
     hg = next(p for p in patches if p.id == "transformers-hgnet-v2")
-    done = analyse.verdict(row, result, hg, False, "cuda", True, {}, total_ms=200.0)
+    done = analyse.verdict(row, forms, hg, False, "cuda", True, {}, total_ms=200.0)
     assert done["flagged"] and done["fix"].command == "rocmfix apply --only transformers-hgnet-v2"
-    result["forms"]["rocmfix channels-last"] = {"ms": 0.5, "ok": True}
-    done = analyse.verdict(row, result, hg, False, "cuda", True, {}, total_ms=200.0)
+    forms.append(Form("rocmfix channels-last", 0.5, ok=True))
+    done = analyse.verdict(row, forms, hg, False, "cuda", True, {}, total_ms=200.0)
     assert done["fix"].command.endswith("--only transformers-hgnet-v2 --scheme channels-last")
 
 

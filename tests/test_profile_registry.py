@@ -1,26 +1,27 @@
 """``rocmfix profile`` reads what it knows of ops from the registry (issue 40, item 1): which
 recorded calls are an op's (Op.matches), the forms its replay runs for them (Op.replay, each
-scheme's public entry) and which scheme a winning form names. Nothing in rocmfix/profile or
-in the guest's replay names an op or a template."""
+scheme's public entry, through doctor's worker with the recorded call as the case) and which
+scheme a winning form names. Nothing in rocmfix/profile or in the guest's replay names an op
+or a template."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
-import torch
 
-from rocmfix.guest import profile_replay
 from rocmfix.ops import OPS
-from rocmfix.profile import analyse
+from rocmfix.profile import analyse, replay
+from rocmfix.profile.model import Form, OpStat
 
-from conftest import ROOT, TEMPLATES
+from conftest import ROOT
 
 
 def test_the_profile_and_its_replay_name_no_op_and_no_template() -> None:
     """Adding an op touches no file there: they hold no op's name, scheme table or template."""
     files = [*sorted((ROOT / "rocmfix/profile").glob("*.py")),
-             ROOT / "rocmfix/guest/profile_replay.py"]  # fmt: skip
+             ROOT / "rocmfix/guest/harness/call.py", ROOT / "rocmfix/guest/doctor.py"]  # fmt: skip
     for path in files:
         text = path.read_text(encoding="utf-8")
         for op in OPS:
@@ -53,6 +54,15 @@ CALLS = [
 ]  # fmt: skip
 
 
+def _hot(call: Any) -> OpStat:
+    shapes = tuple(tuple(s) for s in call["shapes"])
+    return OpStat(key=str(id(call)), op=call["name"], shapes=shapes,
+                  dtypes=("float32",) * len(shapes), layout="-", conv=analyse.conv_params(call),
+                  calls=2, total_ms=2.0, first_ms=1.0, steady_ms=1.0, share=1.0, flops=None,
+                  bytes=None, tflops=None, gbps=None, roofline=None, modules=(), source=None,
+                  kernels=(), pids=(1,))  # fmt: skip
+
+
 @pytest.mark.parametrize("call, kind", CALLS)
 def test_each_recorded_conv_is_the_one_op_whose_rule_takes_it(call: Any, kind: str | None) -> None:
     assert analyse.conv_kind(call) == kind
@@ -60,46 +70,73 @@ def test_each_recorded_conv_is_the_one_op_whose_rule_takes_it(call: Any, kind: s
     assert params is not None
     x, w = call["shapes"][:2]
     assert sum(bool(op.matches and op.matches(params, x, w)) for op in OPS) == (kind is not None)
-    forms = analyse.replay_forms(call)
-    op = next((each for each in OPS if each.name == kind), None)
-    assert [f["label"] for f in forms] == list(op.replayed if op else [])
+    # The replay's case names the op, whose schemes it runs (a transposed conv no op
+    # computes is not replayed).
+    row = _hot(dict(call, dtypes=["float"] * 3, strides=[]))
+    calls = analyse.replay_calls([row], {row.key: _Group(dict(call, dtypes=[], strides=[]))})
+    if kind is None and params["transposed"]:
+        assert calls == {}
+    else:
+        assert calls[row.key].op == (kind or "")
 
 
-def _replay(call: Any, gpu: bool = False) -> dict[str, Any]:
-    item = dict(call, dtypes=["float"] * 3, strides=[], conv=analyse.conv_params(call),
-                forms=analyse.replay_forms(call))  # fmt: skip
-    got: dict[str, Any] = profile_replay._replay(torch, gpu, item, str(TEMPLATES))["forms"]
-    return got
+class _Group:
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+
+def _replay(calls: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each call's forms, replayed by the worker in this interpreter on the CPU."""
+    rows = {
+        name: _hot(dict(call, dtypes=["float"] * 3, strides=[])) for name, call in calls.items()
+    }
+    groups = {row.key: _Group(dict(calls[name], dtypes=["float"] * 3, strides=[]))
+              for name, row in rows.items()}  # fmt: skip
+    done = replay.run(sys.executable, analyse.replay_calls(list(rows.values()), groups), "cpu",  # type: ignore[arg-type]
+                      {"num_threads": 1})  # fmt: skip
+    assert done.fatal is None and done.calibration is not None
+    return {name: {f.label: f for f in done.forms[row.key]} for name, row in rows.items()}
+
+
+def _err(form: Form) -> float:
+    return form.rel_err if form.rel_err is not None else float("inf")
 
 
 def test_the_replay_runs_an_op_s_own_forms_and_leaves_out_what_they_decline() -> None:
-    # The dilated op on a CPU: its phase split, checked against the call; its Triton scheme
-    # runs on GPUs only (on a CPU, only in the interpreter).
-    dilated = _call([1, 4, 20, 14], [4, 4, 3, 3], [[1, 1], [2, 2], [2, 2], 1])
-    forms = _replay(dilated)
-    assert forms["rocmfix phase split"]["ok"] and forms["rocmfix phase split"]["rel_err"] < 1e-5
-    assert "rocmfix Triton" not in forms and "as run" in forms
-    # padding="same" with an odd total pads one side more: the op's forms decline it.
-    odd = _call([1, 4, 20, 14], [4, 4, 2, 2], [[1, 1], "same", [3, 3], 1])
-    assert analyse.conv_kind(odd) == "dilated-conv"
-    assert not [label for label in _replay(odd) if label.startswith("rocmfix")]
-    even = _call([1, 4, 20, 14], [4, 4, 3, 3], [[1, 1], "same", [2, 2], 1])
-    assert _replay(even)["rocmfix phase split"]["ok"]
-    # The transposed conv's GEMM and shuffle, with the call's bias.
     up = _call([1, 8, 6, 5], [8, 3, 2, 2], [[2, 2], [0, 0], [0, 0], 1, [1, 1]],
                "aten::conv_transpose2d")  # fmt: skip
     up["shapes"][2] = [3]
-    assert _replay(up)["rocmfix GEMM + shuffle"]["ok"]
-    # A depthwise conv on a CPU: its channels-last scheme (the Triton one needs a GPU).
-    dw = _call([1, 8, 12, 10], [8, 1, 3, 3], [[2, 2], [1, 1], [1, 1], 8])
-    forms = _replay(dw)
-    assert forms["rocmfix channels-last"]["ok"] and "rocmfix Triton" not in forms
+    odd = _call([1, 4, 20, 14], [4, 4, 2, 2], [[1, 1], "same", [3, 3], 1])
+    assert analyse.conv_kind(odd) == "dilated-conv"
+    got = _replay({
+        "dilated": _call([1, 4, 20, 14], [4, 4, 3, 3], [[1, 1], [2, 2], [2, 2], 1]),
+        # padding="same" with an odd total pads one side more: the op's forms decline it.
+        "odd": odd,
+        "even": _call([1, 4, 20, 14], [4, 4, 3, 3], [[1, 1], "same", [2, 2], 1]),
+        # The transposed conv's GEMM and shuffle, with the call's bias.
+        "up": up,
+        "dw": _call([1, 8, 12, 10], [8, 1, 3, 3], [[2, 2], [1, 1], [1, 1], 8]),
+        "pw": _call([1, 576, 20, 14], [192, 3, 1, 1], [[1, 1], [0, 0], [1, 1], 192]),
+    })  # fmt: skip
+    # The dilated op on a CPU: its phase split, checked against the call; its Triton scheme
+    # runs on GPUs only (on a CPU, only in the interpreter).
+    forms = got["dilated"]
+    assert forms["rocmfix phase split"].ok and _err(forms["rocmfix phase split"]) < 1e-5
+    assert "rocmfix Triton" not in forms and forms["as run"].ms is not None
+    assert not [label for label in got["odd"] if label.startswith("rocmfix")]
+    assert got["even"]["rocmfix phase split"].ok
+    assert got["up"]["rocmfix GEMM + shuffle"].ok
+    # A depthwise conv on a CPU: its channels-last scheme (the Triton one needs a GPU) beside
+    # the call in the other layout.
+    assert got["dw"]["rocmfix channels-last"].ok and "rocmfix Triton" not in got["dw"]
+    assert got["dw"]["channels-last"].ok
+    # DocLayout-YOLO's grouped 1x1 through the pointwise op's GEMM.
+    assert got["pw"]["rocmfix GEMM"].ok and _err(got["pw"]["rocmfix GEMM"]) < 1e-6
 
 
 def test_the_op_s_own_fastest_form_names_the_scheme() -> None:
     """A generic form a hair ahead (reshape + matmul beside the patch embed's F.linear) does
     not hide the fix: the op's own fastest form names it, where it is fast enough itself."""
-    from rocmfix.profile.model import OpStat
     from rocmfix.registry import all_patches
 
     qwen = next(p for p in all_patches() if p.id == "transformers-qwen2-vl")
@@ -111,9 +148,8 @@ def test_the_op_s_own_fastest_form_names_the_scheme() -> None:
                  source=None, kernels=(), pids=(1,))  # fmt: skip
 
     def fix(**ms: float) -> Any:
-        forms = {label: {"ms": v, "ok": True} for label, v in ms.items()}
-        result = {"status": "ok", "forms": {"as run": {"ms": 10.0, "ok": True}, **forms}}
-        return analyse.verdict(row, result, qwen, False, "cuda", True, {}, total_ms=200.0)
+        forms = [Form(label, v, ok=True) for label, v in {"as run": 10.0, **ms}.items()]
+        return analyse.verdict(row, forms, qwen, False, "cuda", True, {}, total_ms=200.0)
 
     done = fix(**{"reshape+matmul": 1.0, "rocmfix F.linear": 1.25, "rocmfix Triton": 2.0})
     assert done["best"] == "reshape+matmul" and done["flagged"]

@@ -284,10 +284,15 @@ def _row(**kw: Any) -> Any:
     return OpStat(**fields)
 
 
-def _forms(as_run: float, **others: float) -> dict[str, Any]:
-    forms = {"as run": {"ms": as_run, "ok": True}}
-    forms.update({k.replace("_", " "): {"ms": v, "ok": True} for k, v in others.items()})
-    return {"status": "ok", "forms": forms}
+def _forms(as_run: float, others: dict[str, float] | None = None, **more: float) -> Any:
+    from rocmfix.profile.model import Form
+
+    forms = {
+        "as run": as_run,
+        **(others or {}),
+        **{k.replace("_", " "): v for k, v in more.items()},
+    }
+    return [Form(label, ms, ok=True) for label, ms in forms.items()]
 
 
 def test_a_replay_that_does_not_reproduce_the_run_gives_no_verdict() -> None:
@@ -329,19 +334,16 @@ def test_a_patch_that_routes_an_op_is_named_with_why_it_is_or_is_not_proposed() 
     )
     # On a ROCm GPU where the vendor op ran about as fast as the patch's formulation.
     even = _row(op="conv_transpose2d", shapes=up.shapes, conv=up.conv)
-    gpu = analyse.verdict(even, {"status": "ok", "forms": {"as run": {"ms": 5.0, "ok": True},
-                          "rocmfix GEMM + shuffle": {"ms": 4.0, "ok": True}}}, head, False, "cuda",
+    gpu = analyse.verdict(even, _forms(5.0, {"rocmfix GEMM + shuffle": 4.0}), head, False, "cuda",
                           True, {}, total_ms=200.0)  # fmt: skip
     assert not gpu["flagged"] and gpu["fix"].patch_id == head.id
     assert "its rocmfix GEMM + shuffle form measured 1.2x the op as it ran here" in gpu["fix"].why
     # Where it is the fix, the fix says what the patch does.
-    fast = analyse.verdict(even, {"status": "ok", "forms": {"as run": {"ms": 5.0, "ok": True},
-                           "rocmfix GEMM + shuffle": {"ms": 1.0, "ok": True}}}, head, False, "cuda",
+    fast = analyse.verdict(even, _forms(5.0, {"rocmfix GEMM + shuffle": 1.0}), head, False, "cuda",
                            True, {}, total_ms=200.0)  # fmt: skip
     assert fast["fix"].kind == "patch" and fast["fix"].why == head.summary
     # A first call that dwarfs the steady ones is not what a patch removes: said so.
-    slow_first = analyse.verdict(up, {"status": "ok", "forms": {"as run": {"ms": 4.0, "ok": True},
-                                 "rocmfix GEMM + shuffle": {"ms": 1.0, "ok": True}}}, head, False,
+    slow_first = analyse.verdict(up, _forms(4.0, {"rocmfix GEMM + shuffle": 1.0}), head, False,
                                  "cuda", False, {}, total_ms=600.0)  # fmt: skip
     assert slow_first["flagged"] and slow_first["fix"].kind == "none"
     assert "its first call took 400ms, which the patch does not change" in slow_first["fix"].why
@@ -362,3 +364,39 @@ def test_rates_show_their_digits_and_piped_lines_are_whole() -> None:
     assert "25.4 GFLOP/s, 381 MB/s" in text
     assert f"m.c (Conv2d) · {path}" in text.splitlines()[6], text
     assert "…" not in text
+
+
+def test_a_call_whose_replay_as_run_gave_no_time_gives_no_verdict() -> None:
+    """Each form has its own time limit: where the call as it ran was killed at it (a MIOpen
+    search), the other forms' times are kept, and no verdict is drawn from them."""
+    from rocmfix.profile import analyse
+    from rocmfix.profile.model import Form
+
+    forms = [Form("as run", None, error="killed at its time limit (120 s)"),
+             Form("channels-last", 0.1, ok=True)]  # fmt: skip
+    done = analyse.verdict(_row(), forms, None, False, "cuda", True, {}, total_ms=200.0)
+    assert not done["flagged"] and done["best"] is None and done["speedup"] is None
+    assert done["replay_note"] == "the call as it ran: killed at its time limit (120 s)"
+    assert len(done["forms"]) == 2
+
+
+def test_the_replay_kills_a_form_at_its_limit_and_keeps_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The real worker, on this CPU: the call as it ran blocks past its limit (the test hook
+    stands in for a MIOpen search); it is killed, the worker starts again without it, and
+    the call's other forms and the calibration are still measured."""
+    import sys
+
+    from rocmfix.guest.protocol import Call
+    from rocmfix.profile import replay
+
+    monkeypatch.setenv("ROCMFIX_UNSAFE_TEST_HOOKS", '{"sleep": {"op0/native": 60}}')
+    call = Call(name="aten::conv2d", shapes=[[1, 4, 12, 12], [4, 4, 3, 3], []],
+                dtypes=["float32"] * 2, stride=[1, 1], padding=[1, 1], dilation=[1, 1])  # fmt: skip
+    done = replay.run(sys.executable, {"k": call}, "cpu", {"num_threads": 1}, limit_s=5.0)
+    forms = {f.label: f for f in done.forms["k"]}
+    assert forms["as run"].ms is None and forms["as run"].error is not None
+    assert "time limit (5 s)" in forms["as run"].error
+    assert forms["channels-last"].ok and forms["channels-last"].ms is not None
+    assert done.calibration is not None and done.fatal is None

@@ -43,8 +43,6 @@ ROW = protocol.CandidateRow(
     rel_err=1e-4,
     message=None,
     compiled={"arch": "gfx1100", "registers": 96, "spills": 0},
-    sweep_ms=0.051,
-    confirmed=True,
 )
 # One of each event, every field away from its default.
 EVENTS: list[protocol.Event] = [
@@ -53,8 +51,6 @@ EVENTS: list[protocol.Event] = [
         python="/opt/conda/bin/python",
         device=DEVICE,
         overrides={"ROCMFIX_DILATED_CONV_CONFIG": '{"BLOCK_M": 64}'},
-        template_errors={"dilated_conv_triton.py": "ImportError: no triton"},
-        test_hooks=True,
     ),
     protocol.Start(id="patch-embed/gemm"),
     protocol.First(id="patch-embed/gemm", ms=812.5),
@@ -96,7 +92,6 @@ EVENTS: list[protocol.Event] = [
         precision="f16",
         shape={"m": 4096, "dtype": "bfloat16"},
         tolerance=1e-2,
-        screened_for="gfx1100",
         method="user",
         candidates=[ROW, dataclasses.replace(ROW, role="grid", status="failed")],
         current={"BLOCK_M": 32},
@@ -120,7 +115,6 @@ EVENTS: list[protocol.Event] = [
         error="e",
         traceback="t",
         registers=256,
-        sgprs=100,
         spills=12,
         sgpr_spills=3,
         scratch=64,
@@ -167,9 +161,16 @@ def test_every_request_round_trips_with_every_op(mode: str) -> None:
         )
     ]  # fmt: skip
     jobs = [protocol.CompileJob(op="patch-embed", target="patch-embed", config={"A": 1})]
+    # The profile's replay: a recorded call as its case, and the run's backend flags.
+    calls = {"op0": protocol.Call(name="aten::conv2d", shapes=[[1, 8, 9, 9], [8, 1, 3, 3], []],
+                                  dtypes=["float32"] * 2, strides=[[648, 81, 9, 1]],
+                                  op="depthwise-conv", stride=[1, 1], padding=[1, 1],
+                                  dilation=[1, 1], groups=8, padding_mode="same",
+                                  pad_far=[0, 0])}  # fmt: skip
     request = worker.request(
         mode, OPS, skip=["x/native"], items=items, compiles=compiles, jobs=jobs,
-        budget_s=0.5, interpret=True, require_gpu=True, archs=["gfx942"],
+        budget_s=0.5, interpret=True, require_gpu=True, archs=["gfx942"], calls=calls,
+        backend={"num_threads": 2, "cudnn.enabled": False},
     )  # fmt: skip
     back = protocol.Request.parse(_wire(request))
     assert back == request
@@ -179,6 +180,7 @@ def test_every_request_round_trips_with_every_op(mode: str) -> None:
     for op in OPS:
         spec = back.ops[op.name]
         assert spec.schemes == {s.name: s.entry for s in op.schemes}
+        assert spec.replay == op.replay
         assert list(spec.cases) == [c.id for c in op.cases]
         assert spec.cases[op.cases[0].id].on("cpu") == dict(op.cases[0].cpu)
 
@@ -314,3 +316,32 @@ def test_the_protocol_is_python_3_8() -> None:
     import ast
 
     ast.parse(Path(protocol.__file__).read_text(encoding="utf-8"), feature_version=(3, 8))
+
+
+def test_the_profiles_replay_parses_its_worker_once_and_a_malformed_answer_is_its_note(
+    tmp_path: Path,
+) -> None:
+    """The replay is the same worker and protocol as doctor (issue 40): its answer is parsed
+    as it arrives, a form's `Measured` becomes a typed Form, and an answer out of protocol
+    ends the replay with one line that the report keeps as a note, nothing it said used."""
+    from rocmfix.profile import replay
+
+    call = protocol.Call(name="aten::conv2d", shapes=[[1, 2, 5, 5], [2, 2, 3, 3], []],
+                         dtypes=["float32"] * 2, stride=[1, 1], padding=[0, 0],
+                         dilation=[1, 1])  # fmt: skip
+    ok = [json.dumps(_hello()),
+          json.dumps({"event": "item", "id": "op0/native", "status": "ok", "ms": 2.0}),
+          json.dumps({"event": "item", "id": "op0/channels-last", "status": "unavailable"}),
+          json.dumps({"event": "item", "id": "op0/contiguous", "status": "timeout",
+                      "limit_s": 30.0}),
+          '{"event": "end"}']  # fmt: skip
+    done = replay.run(_fake_worker(tmp_path, ok), {"k": call}, "cpu", {}, limit_s=30.0)
+    assert done.fatal is None and done.calibration is None
+    assert [(f.label, f.ms, f.ok) for f in done.forms["k"]] == [
+        ("as run", 2.0, True), ("contiguous", None, False)
+    ]  # fmt: skip
+    assert done.forms["k"][1].error == "killed at its time limit (30 s)"
+    bad = [json.dumps(_hello()), '{"event": "item", "id": "op0/native", "status": "ok", "ms": []}']
+    done = replay.run(_fake_worker(tmp_path, bad), {"k": call}, "cpu", {}, limit_s=30.0)
+    assert done.fatal is not None and "item.ms must be a number, got a list" in done.fatal
+    assert done.forms == {} and "\n" not in done.fatal

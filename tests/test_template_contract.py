@@ -18,7 +18,6 @@ import torch
 
 import rocmfix.ops as registry
 from rocmfix import worker
-from rocmfix.guest.worker import config_envs
 from rocmfix.ops import OPS, KernelTemplate, Op, Scheme, Template
 
 from conftest import TEMPLATES, load_template
@@ -86,10 +85,10 @@ def test_every_op_names_a_fallback_and_its_own_config_variable() -> None:
 
 def test_the_worker_reads_the_config_variables_from_the_request() -> None:
     request = worker.request("measure", OPS)
-    assert config_envs(request) == [op.config_env for op in OPS if op.config_env]
+    assert request.config_envs() == [op.config_env for op in OPS if op.config_env]
     # Only the requested ops' variables: a doctor of one op neither reports nor clears others.
     one = [op for op in OPS if op.name == "depthwise-conv"]
-    assert config_envs(worker.request("measure", one)) == ["ROCMFIX_DEPTHWISE_CONV_CONFIG"]
+    assert worker.request("measure", one).config_envs() == ["ROCMFIX_DEPTHWISE_CONV_CONFIG"]
 
 
 def test_the_registry_discovers_a_new_op_module(

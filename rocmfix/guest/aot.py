@@ -161,7 +161,7 @@ def check(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arch: str,
         raise ValueError(f"no compile target known for {arch}")
     _, _, _, lds_limit, vgprs_per_simd, max_waves = row
     stats = SimpleNamespace(
-        arch=arch, ok=True, error=None, problems=[], registers=None, sgprs=None, spills=0,
+        arch=arch, ok=True, error=None, problems=[], registers=None, spills=0,
         sgpr_spills=0, scratch=0, shared=0, shared_limit=lds_limit, waves=None, matrix=0,
         matrix_wanted=None,
     )  # fmt: skip
@@ -177,7 +177,6 @@ def check(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arch: str,
     if "amdgcn" in compiled.asm:
         code = compiled.asm["amdgcn"]
         stats.registers = _field(code, ".vgpr_count")
-        stats.sgprs = _field(code, ".sgpr_count")
         stats.spills = _field(code, ".vgpr_spill_count") or 0
         # SGPR spills land in spare VGPR lanes, not in memory: reported, not a failure.
         stats.sgpr_spills = _field(code, ".sgpr_spill_count") or 0

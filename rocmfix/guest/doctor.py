@@ -104,8 +104,11 @@ def graphs(ctx: Context) -> Graphs:
 
 
 def _bench(ctx: Context, item: MeasureItem, benches: dict[str, Bench]) -> Bench:
-    key = item.op + "/" + item.case
-    if key not in benches:
+    call = ctx.request.calls.get(item.case)  # the profile's replay: one bench for every form
+    key = item.case if call is not None else item.op + "/" + item.case
+    if key not in benches and call is not None:
+        benches[key] = harness.module("call").Bench(ctx, ctx.request.ops.get(call.op), call)
+    elif key not in benches:
         op = ctx.request.ops[item.op]
         shape = op.cases[item.case].on(ctx.variant)
         benches[key] = harness.module(op.harness).Bench(ctx, op, shape)
@@ -124,10 +127,10 @@ def _measure_item(
     if impl == "native":
         fn, config = bench.native(), None
     else:
-        op = ctx.request.ops[item.op]
-        if impl in op.triton_schemes:
+        op = ctx.request.ops.get(item.op)
+        if op is not None and impl in op.triton_schemes:
             ctx.needs_triton()
-        entry = op.schemes[impl]
+        entry = op.schemes[impl] if op is not None else ""
         fn, config = bench.scheme(ctx.module(entry)) if entry else (bench.setting(impl), None)
     result["config"] = config
     torch = context.torch
@@ -152,7 +155,9 @@ def _measure_item(
             result["tolerance"] = bench.tolerance()
             if not err < result["tolerance"]:  # NaN fails too
                 result["status"] = "failed"
-        if ctx.gpu:
+        if ctx.request.mode == "replay":  # the user's own call, on the device it ran on
+            result["ms"] = time_eager(ctx, fn, budget_s)
+        elif ctx.gpu:
             # What users get (eager, one Python call per op) decides; the kernel's own time
             # beside it shows how much of that is the host's launch cost.
             result["ms"] = time_eager(ctx, fn, budget_s)

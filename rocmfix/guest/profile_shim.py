@@ -111,9 +111,10 @@ def _arm(torch: Any) -> None:
     try:
         _state["pid"] = os.getpid()
         _state["t0"] = time.time()
+        # The profiler starts at the first model call (_window_tick), not here: with the Python
+        # stack on, building a model (YAML parsing, thousands of module constructors) would
+        # cost gigabytes of events that say nothing about the run.
         _hooks(torch)
-        if not _gated():
-            _start()
         atexit.register(_dump)
         _mp_exit()
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and _main_thread():
@@ -127,13 +128,6 @@ def _arm(torch: Any) -> None:
 
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
-
-
-def _gated() -> bool:
-    # The profiler starts at the first model call, not at ``import torch``: with the Python
-    # stack on, building a model (YAML parsing, thousands of module constructors) would cost
-    # gigabytes of events that say nothing about the run.
-    return True
 
 
 def _start() -> None:

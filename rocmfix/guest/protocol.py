@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union, get_args
 
 # Changed whenever a message changes shape: a worker from another rocmfix is refused, not
-# half understood. (2 was the untyped worker's ``hello["worker"]``.)
+# half understood. (2 was the untyped worker's ``hello["worker"]``; 4 added doctor's
+# ``Graphs`` and the profile's replay: ``OpSpec.replay``, ``Request.calls`` and ``backend``.)
 VERSION = 4
 
 
@@ -47,19 +48,7 @@ _WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "
 Status = Literal[
     "ok", "failed", "error", "unavailable", "rejected", "skipped", "timeout", "crashed", "missing"
 ]
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "Status": (
-        "ok",
-        "failed",
-        "error",
-        "unavailable",
-        "rejected",
-        "skipped",
-        "timeout",
-        "crashed",
-        "missing",
-    ),
-}
+_CHOICES: dict[str, tuple[str, ...]] = {"Status": get_args(Status)}
 
 
 def _kind(value: object) -> str:
@@ -185,6 +174,9 @@ class OpSpec(Message):
     cases: dict[str, ShapePair]
     tune: dict[str, ShapePair]
     grid: list[GridSpec]
+    # The function of each scheme's entry that takes a recorded call's arguments as its torch
+    # functional does ("" where the profile replays none: ``rocmfix.ops.Op.replay``).
+    replay: str = ""
 
     @property
     def kernel_scheme(self) -> str:
@@ -193,8 +185,33 @@ class OpSpec(Message):
 
 
 @dataclass(frozen=True)
+class Call(Message):
+    """A call the profiled command made, a case of ``rocmfix profile``'s replay: the torch op
+    (``aten::conv2d``; ``aten::mm`` and ``aten::copy_`` calibrate), its inputs' shapes,
+    dtypes (torch's names: ``float16``) and strides, and a conv's arguments, one number per
+    spatial axis (``padding_mode``: "same" or "valid" where it ran with one; ``pad_far``: the
+    far side's one more of an odd "same"). ``op``: the registry's op whose call it is."""
+
+    name: str
+    shapes: list[list[int]]
+    dtypes: list[str]
+    strides: list[list[int]] = field(default_factory=list)
+    op: str = ""
+    stride: list[int] = field(default_factory=list)
+    padding: list[int] = field(default_factory=list)
+    dilation: list[int] = field(default_factory=list)
+    groups: int = 1
+    transposed: bool = False
+    output_padding: list[int] = field(default_factory=list)
+    padding_mode: str | None = None
+    pad_far: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class MeasureItem(Message):
-    """One doctor item: a case of an op, run natively (``impl`` "native") or by a scheme."""
+    """One doctor item: a case of an op, run natively (``impl`` "native") or by a scheme; in
+    the profile's replay, a recorded call (``Request.calls``) as it ran ("native"), by a
+    scheme of its op, or in another form of the call (``op`` "")."""
 
     op: str
     case: str
@@ -238,7 +255,7 @@ def _same_version(version: object, words: str) -> None:
         raise ProtocolError(words.format(shown, VERSION) + " (two rocmfix installs are mixed)")
 
 
-MODES = ("measure", "tune", "compile", "resolve", "check")
+MODES = ("measure", "tune", "compile", "resolve", "check", "replay")
 
 
 @dataclass(frozen=True)
@@ -261,6 +278,9 @@ class Request(Message):
     interpret: bool = False
     require_gpu: bool = False
     archs: list[str] = field(default_factory=list)
+    # replay: the recorded calls by case id, and the run's torch backend flags to replay under.
+    calls: dict[str, Call] = field(default_factory=dict)
+    backend: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def _precheck(cls, data: dict[str, Any], where: str) -> None:
@@ -317,8 +337,6 @@ class Hello(Event):
     python: str
     device: DeviceFacts
     overrides: dict[str, str] = field(default_factory=dict)
-    template_errors: dict[str, str] = field(default_factory=dict)
-    test_hooks: bool = False
     version: int = VERSION
 
     @classmethod
@@ -435,8 +453,6 @@ class CandidateRow(Message):
     rel_err: float | None = None
     message: str | None = None
     compiled: dict[str, Any] | None = None
-    sweep_ms: float | None = None
-    confirmed: bool = False
 
 
 @dataclass(frozen=True)
@@ -454,7 +470,6 @@ class Tuned(Event):
     precision: str = ""
     shape: dict[str, Any] | None = None
     tolerance: float | None = None
-    screened_for: str | None = None
     method: str | None = None
     candidates: list[CandidateRow] = field(default_factory=list)
     current: dict[str, Any] | None = None
@@ -494,7 +509,6 @@ class Checked(Event):
     error: str | None = None
     traceback: str | None = None
     registers: int | None = None
-    sgprs: int | None = None
     spills: int = 0
     sgpr_spills: int = 0
     scratch: int = 0
@@ -510,10 +524,8 @@ AnyEvent = Union[
     Resolved, Checked
 ]  # fmt: skip
 EVENTS: dict[str, type[Event]] = {
-    cls.EVENT: cls
-    for cls in (Hello, Start, First, Measured, Graphs, KernelWarning, Fatal, End, Plan, Tried,
-                Tuned, Resolved, Checked)
-}  # fmt: skip
+    cls.EVENT: cls for cls in _CLASSES.values() if issubclass(cls, Event) and cls.EVENT
+}
 
 
 def parse_event(data: object) -> AnyEvent:

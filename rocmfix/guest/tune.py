@@ -329,7 +329,6 @@ def tune(ctx: Context, info: DeviceFacts) -> None:
             if arch:
                 compiled = screen(ctx, op, target, configs, arch,
                                   max(30.0, deadline - time.monotonic()))  # fmt: skip
-            result["screened_for"] = arch
             _precompile(ctx, op, target,
                         [c for c, s in zip(configs[1:], compiled[1:]) if not _rejection(s)],
                         max(30.0, deadline - time.monotonic()))  # fmt: skip
@@ -434,9 +433,7 @@ def _confirm(
             samples[id(row)].append(_timer(ctx, kernel, row["_cfg"], delay, how))
     for row in finalists:
         values = sorted(samples[id(row)])
-        row["sweep_ms"] = row["ms"]
         row["ms"] = values[len(values) // 2]
-        row["confirmed"] = True
 
 
 def resolve(ctx: Context) -> None:

@@ -17,13 +17,8 @@ import traceback
 
 from . import check, context, doctor, tune
 from .context import Channel, Context, device_info, one_line
+from .harness import call
 from .protocol import DeviceFacts, End, Fatal, Hello, ProtocolError, Request
-
-
-def config_envs(request: Request) -> list[str]:
-    """The config overrides a user may have exported for the requested ops' kernels (each op
-    names its own); tune measures without them and doctor reports them."""
-    return request.config_envs()
 
 
 def main(argv: list[str]) -> int:
@@ -48,7 +43,9 @@ def main(argv: list[str]) -> int:
     else:
         # Chosen before the templates import triton: the kernels then run on CPU tensors.
         os.environ["TRITON_INTERPRET"] = "1"
-    envs = config_envs(request)
+    # The config overrides a user may have exported for the requested ops' kernels: tune
+    # measures without them and doctor reports them.
+    envs = request.config_envs()
     overrides = {k: os.environ[k] for k in envs if os.environ.get(k)}
     if mode in ("tune", "resolve"):
         for name in envs:
@@ -66,8 +63,6 @@ def main(argv: list[str]) -> int:
                     python=sys.executable,
                     device=info,
                     overrides=overrides,
-                    template_errors=ctx.module_errors,
-                    test_hooks=bool(ctx.hooks),
                 )
             )
         if mode == "tune" and request.require_gpu and not gpu:
@@ -83,6 +78,9 @@ def main(argv: list[str]) -> int:
 
 def _run(ctx: Context, mode: str, info: DeviceFacts) -> None:
     if mode == "measure":
+        doctor.measure(ctx)
+    elif mode == "replay":
+        call.use_backend(ctx.request.backend)
         doctor.measure(ctx)
     elif mode == "tune":
         tune.tune(ctx, info)

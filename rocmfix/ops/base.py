@@ -230,4 +230,5 @@ class Op:
             grid=[
                 GridSpec(when=list(g.when), configs=[dict(c) for c in g.configs]) for g in self.grid
             ],
+            replay=self.replay,
         )

@@ -15,7 +15,7 @@ from rocmfix.errors import UsageError
 from rocmfix.patch import Patch
 
 from . import analyse, collect, launch, replay
-from .model import SCHEMA, Calibration, OpStat, ProfileReport, Window
+from .model import SCHEMA, OpStat, ProfileReport, Window
 
 __all__ = ["SCHEMA", "ProfileReport", "Window", "out_folder", "run"]
 
@@ -76,63 +76,42 @@ def run(
         return ProfileReport(tuple(command), code, found.device, None, tuple(found.processes),
                              0.0, None, (), window, tuple(notes), None, ())  # fmt: skip
     rows = analyse.rows(groups, total_us, None)
-    hot = [r for r in rows[: max(top, 1)]]
-    items = analyse.replay_items(hot, groups) if replay_ops else []
+    hot = rows[: max(top, 1)]
     first = groups[rows[0].key]
-    target = python or first.python
-    hip = found.hip
+    calls = analyse.replay_calls(hot, groups) if replay_ops else {}
     # Stopped by a signal: the user wants rocmfix gone, not minutes of replays and calibration.
-    stopped = ran.passed is not None
     replayed = (
-        replay.Replayed() if stopped else replay.run(target, items, found.device, first.backend)
+        replay.Replayed()
+        if ran.passed is not None
+        else replay.run(python or first.python, calls, found.device, first.backend)
     )
     if replayed.fatal:
         notes.append(f"replay: {replayed.fatal}")
-    calibration = None
     if replayed.calibration is not None:
-        cal = replayed.calibration
-        calibration = Calibration(
-            matmul_tflops={str(k): float(v) for k, v in (cal.get("matmul_tflops") or {}).items()},
-            copy_gbps=float(cal.get("copy_gbps") or 0.0),
-        )
-        rows = analyse.rows(groups, total_us, calibration)
+        rows = analyse.rows(groups, total_us, replayed.calibration)
         hot = rows[: max(top, 1)]
-    by_key = {item_key: item["id"] for item_key, item in _keyed(hot, items)}
     final: list[OpStat] = []
     for row in hot:
         patch, routed = analyse.patch_for(groups[row.key].op, row.source, patches)
-        result = replayed.results.get(str(by_key.get(row.key, "")))
         group = groups[row.key]
-        fields = analyse.verdict(row, result, patch, routed, found.device, hip, group.backend,
-                                 total_ms=total_us / 1e3, env=group.env,
-                                 callees=tuple(group.callees))  # fmt: skip
+        fields = analyse.verdict(row, replayed.forms.get(row.key), patch, routed, found.device,
+                                 found.hip, group.backend, total_ms=total_us / 1e3,
+                                 env=group.env, callees=tuple(group.callees))  # fmt: skip
         final.append(dataclasses.replace(row, patch=patch.id if patch else None, **fields))
-    report = ProfileReport(
+    return ProfileReport(
         command=tuple(command),
         exit_code=code,
         device=found.device,
         device_name=replayed.device_name,
         processes=tuple(found.processes),
         total_ms=total_us / 1e3,
-        calibration=calibration,
+        calibration=replayed.calibration,
         ops=tuple(final),
         window=window,
         notes=tuple(notes),
         out_dir=str(out_dir) if out_dir is not None else None,
         files=tuple(files),
     )
-    return report
-
-
-def _keyed(
-    hot: Sequence[OpStat], items: list[dict[str, object]]
-) -> list[tuple[str, dict[str, object]]]:
-    """Each replay item with the key of the row it came from (items are numbered by row)."""
-    out = []
-    for item in items:
-        index = int(str(item["id"])[2:])
-        out.append((hot[index].key, item))
-    return out
 
 
 def _nothing(command: Sequence[str], found: collect.Collected, blockers: Sequence[str]) -> str:

@@ -3,12 +3,12 @@ own, the rocmfix patch that routes an op, and the verdict once the replay has ru
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rocmfix.guest.protocol import Call
 from rocmfix.ops import OPS
 from rocmfix.patch import Patch
 
@@ -139,17 +139,6 @@ def conv_kind(op: Mapping[str, Any]) -> str | None:
         return None
     found = (each for each in OPS if each.matches and each.matches(params, shapes[0], shapes[1]))
     return next((each.name for each in found), None)
-
-
-def replay_forms(op: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The schemes the replay runs beside the call (:attr:`rocmfix.ops.Op.replayed`): each
-    form's label, template module and function, and whether it needs Triton."""
-    kind = conv_kind(op)
-    found = next((each for each in OPS if each.name == kind), None)
-    if found is None:
-        return []
-    return [{"label": label, "template": s.entry.removesuffix(".py"), "function": found.replay,
-             "triton": s.needs_triton} for label, s in found.replayed.items()]  # fmt: skip
 
 
 def patch_for(
@@ -367,7 +356,7 @@ def setting_fix(
 
 def verdict(
     row: OpStat,
-    result: Mapping[str, Any] | None,
+    forms: Sequence[Form] | None,
     patch: Patch | None,
     routed: bool,
     device: str,
@@ -381,25 +370,14 @@ def verdict(
     """The fields of ``row`` the replay decides: forms, best, speedup, flagged, reason, fix."""
     if routed and patch is not None:
         return {"fix": Fix(kind="patched", patch_id=patch.id)}
-    forms: list[Form] = []
+    forms = forms or ()
     note = None
-    if result is not None:
-        if result.get("status") != "ok":
-            note = str(result.get("message") or result.get("status"))
-        for label, f in (result.get("forms") or {}).items():
-            forms.append(
-                Form(
-                    label=str(label),
-                    ms=f.get("ms"),
-                    first_ms=f.get("first_ms"),
-                    rel_err=f.get("rel_err"),
-                    ok=bool(f.get("ok")),
-                    error=f.get("error"),
-                )
-            )
     base = next((f for f in forms if f.label == "as run" and f.ms), None)
+    if forms and base is None:
+        as_run = next((f for f in forms if f.label == "as run"), None)
+        note = "the call as it ran: " + ((as_run.error or "no time") if as_run else "not replayed")
     others = [f for f in forms if f.label != "as run" and f.ok and f.ms]
-    best = min(others, key=lambda f: f.ms or math.inf) if others else None
+    best = min(others, key=lambda f: f.ms or math.inf) if others and note is None else None
     if base is not None and base.ms and row.steady_ms > 0:
         apart = max(base.ms / row.steady_ms, row.steady_ms / base.ms)
         if apart > REPLAY_AGREES:
@@ -504,17 +482,24 @@ def _not_proposed(
     return f"{patch.summary}; not proposed here: {why}"
 
 
-def replay_items(rows_: Sequence[OpStat], groups: Mapping[str, Group]) -> list[dict[str, Any]]:
-    """What the replay child needs for each hot op it can replay."""
-    items = []
-    for n, row in enumerate(rows_):
+def replay_calls(rows_: Sequence[OpStat], groups: Mapping[str, Group]) -> dict[str, Call]:
+    """The hot convs the replay runs, by row key: each as it ran, and the op whose call it is
+    (a transposed conv no op computes is not replayed)."""
+    calls = {}
+    for row in rows_:
         if row.share < FLAG_SHARE or row.conv is None:
             continue
-        op = groups[row.key].op
-        if row.conv["transposed"] and conv_kind(op) is None:
-            continue  # replayed where an op computes it
-        items.append({"id": f"op{n}", "name": op["name"], "shapes": op["shapes"],
-                      "dtypes": op["dtypes"], "strides": op["strides"],
-                      "conv": json.loads(json.dumps(row.conv)),
-                      "forms": replay_forms(op)})  # fmt: skip
-    return items
+        op, conv = groups[row.key].op, row.conv
+        kind = conv_kind(op)
+        if conv["transposed"] and kind is None:
+            continue
+        dims = len(row.shapes[0]) - 2
+        calls[row.key] = Call(
+            name=op["name"], shapes=op["shapes"], dtypes=list(row.dtypes), strides=op["strides"],
+            op=kind or "", stride=_expand(conv["stride"], dims),
+            padding=_expand(conv["padding"], dims), dilation=_expand(conv["dilation"], dims),
+            groups=int(conv["groups"]), transposed=bool(conv["transposed"]),
+            output_padding=_expand(conv["output_padding"], dims),
+            padding_mode=conv.get("padding_mode"), pad_far=list(conv.get("pad_far") or ()),
+        )  # fmt: skip
+    return calls

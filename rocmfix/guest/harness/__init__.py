@@ -7,7 +7,8 @@ op's :class:`..protocol.OpSpec`) and, for an op with a Triton kernel, ``Kernel(c
 shape)`` (tune: :class:`.base.Kernel`) and ``launch(module, shape, dtype_name, config)`` (the
 ahead-of-time compile check: one call's kernel, arguments, launch keywords and operand class).
 :mod:`rocmfix.guest.doctor`, :mod:`rocmfix.guest.tune` and :mod:`rocmfix.guest.check` do the
-rest the same way for every op.
+rest the same way for every op. :mod:`.call` is the bench of ``rocmfix profile``'s replay: a
+call the profiled command made, for whichever op it is.
 """
 
 from __future__ import annotations

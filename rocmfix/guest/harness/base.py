@@ -18,6 +18,28 @@ def fresh_generator(ctx: Context) -> Any:
     return generator
 
 
+def random_batchnorm(ctx: Context, c: int, generator: Any) -> Any:
+    """An eval BatchNorm of ``c`` channels on the device, with random statistics."""
+    torch = context.torch
+    bn = torch.nn.BatchNorm2d(c).to(ctx.device).eval()
+    with torch.no_grad():
+        for t, low, high in ((bn.running_mean, -0.5, 0.5), (bn.running_var, 0.5, 1.5),
+                             (bn.weight, 0.5, 1.5), (bn.bias, -0.5, 0.5)):  # fmt: skip
+            t.copy_(torch.rand(c, generator=generator, device=ctx.device) * (high - low) + low)
+    return bn
+
+
+def bn_act_reference(y: Any, bn: Any, act: str) -> Any:
+    """``act(bn(y))`` in fp64: the eval BatchNorm, then the activation by its name in
+    ``torch.nn.functional`` ("none": none)."""
+    torch = context.torch
+    stats = [t.double().view(1, -1, 1, 1) for t in (bn.running_mean, bn.running_var,
+                                                    bn.weight, bn.bias)]  # fmt: skip
+    mean, var, gamma, beta = stats
+    y = (y - mean) / torch.sqrt(var + bn.eps) * gamma + beta
+    return y if act == "none" else getattr(context.F, act)(y)
+
+
 class Bench:
     """Inputs and fp64 reference of one doctor case (``rocmfix.ops.Case``, a shape MinerU
     runs), and the calls doctor measures on them; built once per process."""

@@ -38,17 +38,12 @@ def _modules(ctx: Context, s: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     conv = torch.nn.Conv2d(
         c, c, (kh, kw), s["s"], ((kh - 1) // 2, (kw - 1) // 2), groups=c, bias=False
     )
-    bn = torch.nn.BatchNorm2d(c)
     with torch.no_grad():
         conv.weight.copy_(
             torch.randn(c, 1, kh, kw, generator=generator, device=ctx.device).cpu() / (kh * kw)
         )
-        for t, low, high in ((bn.running_mean, -0.5, 0.5), (bn.running_var, 0.5, 1.5),
-                             (bn.weight, 0.5, 1.5), (bn.bias, -0.5, 0.5)):  # fmt: skip
-            r = torch.rand(c, generator=generator, device=ctx.device).cpu()
-            t.copy_(r * (high - low) + low)
     conv = conv.to(ctx.device, kind).eval()
-    bn = bn.to(ctx.device, kind).eval()
+    bn = base.random_batchnorm(ctx, c, generator).to(kind)
     make = _act(s.get("act", "none"))
     return x.to(kind), conv, bn, (make() if make is not None else None)
 
@@ -70,19 +65,7 @@ def reference(x: Any, conv: Any, bn: Any, act: str) -> Any:
         for j in range(kw):
             tap = xp[:, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
             y += tap * w[:, 0, i, j].view(1, -1, 1, 1)
-    stats = [t.double().view(1, -1, 1, 1) for t in (bn.running_mean, bn.running_var,
-                                                    bn.weight, bn.bias)]  # fmt: skip
-    mean, var, gamma, beta = stats
-    y = (y - mean) / torch.sqrt(var + bn.eps) * gamma + beta
-    if act == "relu":
-        return torch.relu(y)
-    if act == "silu":
-        return F.silu(y)
-    if act == "gelu":
-        return F.gelu(y)
-    if act == "hardswish":
-        return F.hardswish(y)
-    return y
+    return base.bn_act_reference(y, bn, act)
 
 
 class Bench(base.Bench):

@@ -40,22 +40,13 @@ def _inputs(ctx: Context, s: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     x = torch.randn(s["n"], c, s["h"], s["w"], generator=generator, device=ctx.device)
     fan_in = c * s["k"] * s["k"]
     w = torch.randn(c, c, s["k"], s["k"], generator=generator, device=ctx.device)
-    bn = torch.nn.BatchNorm2d(c).to(ctx.device).eval()
-    with torch.no_grad():
-        for t, low, high in ((bn.running_mean, -0.5, 0.5), (bn.running_var, 0.5, 1.5),
-                             (bn.weight, 0.5, 1.5), (bn.bias, -0.5, 0.5)):  # fmt: skip
-            t.copy_(torch.rand(c, generator=generator, device=ctx.device) * (high - low) + low)
+    bn = base.random_batchnorm(ctx, c, generator)
     return x.to(kind), (w / math.sqrt(fan_in)).to(kind), bn.to(kind), torch.nn.SiLU()
 
 
 def line_reference(conv: Any, bn: Any) -> Any:
     """``act(bn(conv))`` in fp64 from the fp64 conv: eval BatchNorm, then SiLU."""
-    torch = context.torch
-    stats = [t.double().view(1, -1, 1, 1) for t in (bn.running_mean, bn.running_var,
-                                                    bn.weight, bn.bias)]  # fmt: skip
-    mean, var, gamma, beta = stats
-    y = (conv - mean) / torch.sqrt(var + bn.eps) * gamma + beta
-    return y * torch.sigmoid(y)
+    return base.bn_act_reference(conv, bn, "silu")
 
 
 def _precision(ctx: Context, op: OpSpec, s: dict[str, Any]) -> str:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,9 +29,7 @@ def reference(x: Any, weight: Any, bias: Any, groups: int) -> Any:
 class Bench(base.Bench):
     def __init__(self, ctx: Context, op: OpSpec, shape: dict[str, Any]) -> None:
         torch = context.torch
-        generator = torch.Generator(device=ctx.device)
-        # Fresh inputs each run: a kernel must compute the function, not one lucky input.
-        generator.manual_seed(int(time.time() * 1e6) % (2**31))
+        generator = base.fresh_generator(ctx)
         s = self.shape = shape
         kind = dtype(s["dtype"])
         cin, cout, g = s["cin"], s["cout"], s["g"]
