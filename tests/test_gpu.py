@@ -43,10 +43,16 @@ def test_doctor_measures_checks_and_compiles_on_the_gpu(tmp_path: Path) -> None:
         for case in op["cases"]:
             assert case["native"]["status"] in ("ok", "timeout"), case["native"]
             for scheme in case["schemes"]:
+                if scheme["status"] == "unavailable":
+                    # A backend this stack lacks (vLLM's TRITON_ATTN without vllm, AOTriton's
+                    # flag off ROCm) says why; every kernel rocmfix ships must run.
+                    assert op["op"] == "vit-attention" and scheme["message"], scheme
+                    continue
                 assert scheme["status"] == "ok", (case["id"], scheme)
                 assert scheme["ms"] > 0 and scheme["rel_err"] < scheme["tolerance"]
-                # The kernel alone, beside the eager time users get.
-                assert scheme["kernel_ms"] > 0, (case["id"], scheme)
+                if op["op"] != "vit-attention":  # attention is timed eagerly only
+                    # The kernel alone, beside the eager time users get.
+                    assert scheme["kernel_ms"] > 0, (case["id"], scheme)
                 if scheme["compiled"] is not None:  # a Triton scheme: compiled for this GPU
                     compiled = scheme["compiled"]
                     assert compiled["arch"] == device["arch"]
