@@ -97,14 +97,14 @@ def patch(router: Router, **fields: Any) -> Patch:
     )
 
 
-def routed(module: cst.Module, node: cst.CSTNode, local: str, says: str) -> Classification | None:
-    """Where ``node`` calls ``local``: rocmfix's rewrite (``says`` why), or, without rocmfix's
-    marker in the module, a hand edit; else None."""
-    if not rewrite.calls(node, local):
+def routed(module: cst.Module, node: cst.CSTNode, name: str, says: str) -> Classification | None:
+    """Where ``node`` calls ``name`` (an entry's :func:`local` name): rocmfix's rewrite (``says``
+    what it does), or, without rocmfix's marker in the module, a hand edit; else None."""
+    if not rewrite.calls(node, name):
         return None
     if rewrite.module_has_marker(module):
         return Classification(CodeShape.PATCHED, says)
-    return Classification(CodeShape.UNKNOWN, f"{local} is there, but not from rocmfix")
+    return Classification(CodeShape.UNKNOWN, f"{name} is there, but not from rocmfix")
 
 
 def import_entry(module: cst.Module, path: str, kernel_module: str, op: Op) -> cst.Module:

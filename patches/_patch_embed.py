@@ -170,23 +170,6 @@ def classify(
     )
 
 
-class _ReplaceProj(cst.CSTTransformer):
-    def __init__(self, target: cst.Call) -> None:
-        self.target = target
-
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if original_node is not self.target:
-            return updated_node
-        return cst.Call(
-            func=cst.Name(FUNCTION),
-            args=[
-                updated_node.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT),
-                cst.Arg(cst.parse_expression("self.proj.weight")),
-                cst.Arg(cst.parse_expression("self.proj.bias")),
-            ],
-        )
-
-
 def transform(module: cst.Module, class_name: str, kernel_import: str) -> cst.Module:
     cls = rewrite.find_class(module, class_name)
     forward = rewrite.find_method(cls, "forward") if cls is not None else None
@@ -195,7 +178,13 @@ def transform(module: cst.Module, class_name: str, kernel_import: str) -> cst.Mo
     targets = _proj_calls(forward)
     if len(targets) != 1 or len(targets[0].args) != 1:
         raise AnchorNotFoundError(f"no single self.proj(x) call in {class_name}.forward")
-    new_forward = forward.visit(_ReplaceProj(targets[0]))
+    proj = targets[0]
+    args = [
+        proj.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT),
+        cst.Arg(cst.parse_expression("self.proj.weight")),
+        cst.Arg(cst.parse_expression("self.proj.bias")),
+    ]
+    new_forward = forward.deep_replace(proj, cst.Call(func=cst.Name(FUNCTION), args=args))
     assert isinstance(new_forward, cst.FunctionDef)
     body = new_forward.body
     assert isinstance(body, cst.IndentedBlock)

@@ -39,12 +39,6 @@ def _conv_call(node: cst.CSTNode) -> cst.Call | None:
     return found[0] if len(found) == 1 else None
 
 
-def _kwarg(call: cst.Call, name: str) -> cst.BaseExpression:
-    value = rewrite.kwarg(call, name)
-    assert value is not None, name  # _conv_call checked both keywords
-    return value
-
-
 def _act_bn(
     line: cst.SimpleStatementLine, conv: cst.Call
 ) -> tuple[cst.Call, cst.BaseExpression, cst.BaseExpression] | None:
@@ -109,10 +103,8 @@ def transform(module: cst.Module) -> cst.Module:
     assert conv is not None
     x, weight = (a.value for a in conv.args if a.keyword is None)
     code = module.code_for_node
-    call = (
-        f"{LOCAL}({code(x)}, {code(weight)}, {code(_kwarg(conv, 'dilation'))}, "
-        f"{code(_kwarg(conv, 'padding'))}"
-    )
+    given = {a.keyword.value: code(a.value) for a in conv.args if a.keyword}  # both, by _conv_call
+    call = f"{LOCAL}({code(x)}, {code(weight)}, {given['dilation']}, {given['padding']}"
     wrapped = _act_bn(original, conv)
     # `return act(bn(conv))`, as every release writes it: the dropped kernel gets both modules
     # and runs an eval-mode BatchNorm and SiLU in its store (it calls any other module
@@ -121,12 +113,7 @@ def transform(module: cst.Module) -> cst.Module:
     replacement = cst.parse_expression(
         f"{call}, bn={code(wrapped[2])}, act={code(wrapped[1])})" if wrapped else f"{call})"
     )
-
-    class _Swap(cst.CSTTransformer):
-        def leave_Call(self, old: cst.Call, new: cst.Call) -> cst.BaseExpression:
-            return replacement if old is target else new
-
-    routed = original.visit(_Swap())
+    routed = original.deep_replace(target, replacement)
     assert isinstance(routed, cst.SimpleStatementLine)
     guard = rewrite.statement(module, f"if {LOCAL} is not None and {code(x)}.is_cuda:\n    pass\n")
     assert isinstance(guard, cst.If)
