@@ -21,23 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import libcst as cst
 
+from rocmfix import rewrite
 from rocmfix.errors import AnchorNotFoundError
-from rocmfix.patch import Classification, CodeShape, TargetContext
-from rocmfix.rewrite import (
-    calls,
-    dotted,
-    find_class,
-    find_method,
-    insert_after_last_import,
-    marker_line,
-    module_has_marker,
-    nodes,
-    relative_import,
-    statement,
-)
+from rocmfix.ops import Op
+from rocmfix.patch import Classification, CodeShape, Patch, TargetContext
 
 
 @dataclass(frozen=True)
@@ -52,18 +44,30 @@ class Site:
     method: str = "forward"
 
     @property
+    def steps(self) -> list[str]:
+        return [a for a in (self.conv, self.bn, self.act) if a]
+
+    @property
+    def run(self) -> str:
+        return " → ".join(f"self.{a}" for a in self.steps)
+
+    @property
     def label(self) -> str:
-        steps = " → ".join(f"self.{a}" for a in (self.conv, self.bn, self.act) if a)
-        return f"{self.cls}.{self.method} ({steps})"
+        return f"{self.cls}.{self.method} ({self.run})"
+
+
+def local(op: Op) -> str:
+    """The name a rewritten module imports ``op``'s entry as."""
+    return f"_rocmfix_{op.function}"
 
 
 @dataclass(frozen=True)
 class Router:
-    """One target file's sites and how its rewrite imports the entry."""
+    """One target file's sites and the op whose entry its rewrite imports."""
 
     path: str
     kernel_module: str
-    entry: str
+    op: Op
     sites: tuple[Site, ...]
     # Why GPU inputs go around the stock op, for the marker comment (one short line).
     why: str
@@ -78,11 +82,62 @@ class Router:
 
     @property
     def local(self) -> str:
-        return f"_rocmfix_{self.entry}"
+        return local(self.op)
 
 
-def _single_call(line: cst.CSTNode) -> tuple[str, str, cst.Call] | None:
-    """(target, callee, call) for ``target = callee(arg)`` with one positional argument."""
+def patch(router: Router, **fields: Any) -> Patch:
+    """The patch that routes ``router``'s sites; ``fields`` are the rest of its data."""
+    return Patch(
+        path=router.path,
+        classify=partial(classify, router),
+        transform=partial(transform, router),
+        op=router.op,
+        kernel_module=router.kernel_module,
+        **fields,
+    )
+
+
+def routed(module: cst.Module, node: cst.CSTNode, name: str, says: str) -> Classification | None:
+    """Where ``node`` calls ``name`` (an entry's :func:`local` name): rocmfix's rewrite (``says``
+    what it does), or, without rocmfix's marker in the module, a hand edit; else None."""
+    if not rewrite.calls(node, name):
+        return None
+    if rewrite.module_has_marker(module):
+        return Classification(CodeShape.PATCHED, says)
+    return Classification(CodeShape.UNKNOWN, f"{name} is there, but not from rocmfix")
+
+
+def import_entry(module: cst.Module, path: str, kernel_module: str, op: Op) -> cst.Module:
+    """``module`` with ``op``'s entry imported from the dropped kernel module after its
+    imports, as :func:`local` (None where that import fails)."""
+    kernels = rewrite.relative_import(path, kernel_module)
+    imported = rewrite.statement(
+        module,
+        f"try:\n    from {kernels} import {op.function} as {local(op)}\n"
+        # Any Exception: a kernel file another user cannot read, a warning `-W error` turns
+        # into one, a broken triton; none of them may break the model's import.
+        f"except Exception:\n    {local(op)} = None\n",
+    )
+    imported = imported.with_changes(
+        leading_lines=[
+            cst.EmptyLine(),
+            rewrite.marker_line(
+                f"{kernels.lstrip('.')} was dropped here by rocmfix; revert removes it"
+            ),
+        ]
+    )
+    return rewrite.insert_after_last_import(module, imported)
+
+
+def only_arg(call: cst.Call) -> cst.BaseExpression | None:
+    """The one positional argument of ``call``, else None."""
+    if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
+        return None
+    return call.args[0].value
+
+
+def _single_call(line: cst.CSTNode) -> tuple[str, str, str] | None:
+    """(target, callee, argument) for ``target = callee(argument)``, the argument a name."""
     if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
         return None
     assign = line.body[0]
@@ -92,12 +147,10 @@ def _single_call(line: cst.CSTNode) -> tuple[str, str, cst.Call] | None:
     call = assign.value
     if not isinstance(target, cst.Name) or not isinstance(call, cst.Call):
         return None
-    if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
+    callee, arg = rewrite.dotted(call.func), only_arg(call)
+    if callee is None or not isinstance(arg, cst.Name):
         return None
-    callee = dotted(call.func)
-    if callee is None or not isinstance(call.args[0].value, cst.Name):
-        return None
-    return target.value, callee, call
+    return target.value, callee, arg.value
 
 
 def _returned(line: cst.BaseStatement, steps: Sequence[str]) -> str | None:
@@ -107,18 +160,16 @@ def _returned(line: cst.BaseStatement, steps: Sequence[str]) -> str | None:
         return None
     node = line.body[0].value if isinstance(line.body[0], cst.Return) else None
     for attr in reversed(steps):
-        if not (isinstance(node, cst.Call) and dotted(node.func) == f"self.{attr}"):
+        if not (isinstance(node, cst.Call) and rewrite.dotted(node.func) == f"self.{attr}"):
             return None
-        if len(node.args) != 1 or node.args[0].keyword is not None or node.args[0].star:
-            return None
-        node = node.args[0].value
+        node = only_arg(node)
     return node.value if isinstance(node, cst.Name) else None
 
 
 def _run_at(lines: Sequence[cst.BaseStatement], i: int, site: Site) -> tuple[str, str, int] | None:
     """(target, input, lines) when ``lines[i:]`` starts with ``site``'s run, else None; the
     target is "" for a run nested in one ``return``."""
-    steps = [a for a in (site.conv, site.bn, site.act) if a]
+    steps = site.steps
     if (returned := _returned(lines[i], steps)) is not None:
         return "", returned, 1
     if i + len(steps) > len(lines):
@@ -127,16 +178,10 @@ def _run_at(lines: Sequence[cst.BaseStatement], i: int, site: Site) -> tuple[str
     if first is None or first[1] != f"self.{site.conv}":
         return None
     target = first[0]
-    arg = first[2].args[0].value
-    assert isinstance(arg, cst.Name)
     for offset, attr in enumerate(steps[1:], start=1):
-        found = _single_call(lines[i + offset])
-        if found is None or found[:2] != (target, f"self.{attr}"):
+        if _single_call(lines[i + offset]) != (target, f"self.{attr}", target):
             return None
-        inner = found[2].args[0].value
-        if not (isinstance(inner, cst.Name) and inner.value == target):
-            return None
-    return target, arg.value, len(steps)
+    return target, first[2], len(steps)
 
 
 def _blocks(method: cst.FunctionDef) -> list[cst.IndentedBlock]:
@@ -157,36 +202,27 @@ def _blocks(method: cst.FunctionDef) -> list[cst.IndentedBlock]:
     return found
 
 
-def _count_runs(method: cst.FunctionDef, site: Site) -> int:
-    return sum(
-        _run_at(block.body, i, site) is not None
-        for block in _blocks(method)
-        for i in range(len(block.body))
-    )
-
-
-def _mentions(cls: cst.ClassDef, attr: str) -> bool:
-    """Whether the class uses ``self.attr`` at all: a release whose class has no such module
-    (DBHead before PP-OCRv6's ``conv_final``) has no such site."""
-    return any(dotted(node) == f"self.{attr}" for node in nodes(cls, cst.Attribute))
-
-
 def _found(module: cst.Module, site: Site) -> tuple[cst.ClassDef, cst.FunctionDef | None] | None:
-    """``site``'s class, where the module has it and it mentions the conv (else None), with
-    its method where that runs the conv as rocmfix knows it (else None)."""
-    cls = find_class(module, site.cls)
-    if cls is None or not _mentions(cls, site.conv):
+    """``site``'s class, where the module has it and it uses ``self.<conv>`` at all (else None:
+    a release whose class has no such module, DBHead before PP-OCRv6's ``conv_final``, has no
+    such site), with its method where that runs the conv as rocmfix knows it (else None)."""
+    cls = rewrite.find_class(module, site.cls)
+    conv = f"self.{site.conv}"
+    if cls is None or not any(
+        rewrite.dotted(node) == conv for node in rewrite.nodes(cls, cst.Attribute)
+    ):
         return None
-    method = find_method(cls, site.method)
-    return cls, (method if method is not None and _count_runs(method, site) else None)
+    method = rewrite.find_method(cls, site.method)
+    runs = method is not None and any(
+        _run_at(block.body, i, site) for block in _blocks(method) for i in range(len(block.body))
+    )
+    return cls, (method if runs else None)
 
 
 def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classification:
-    local = router.local
-    if calls(module, local):
-        if module_has_marker(module):
-            return Classification(CodeShape.PATCHED, f"GPU inputs go through {router.entry}")
-        return Classification(CodeShape.UNKNOWN, f"{local} is there, but not from rocmfix")
+    says = f"GPU inputs go through {router.op.function}"
+    if (ours := routed(module, module, router.local, says)) is not None:
+        return ours
     present = []
     for site in router.sites:
         found = _found(module, site)
@@ -195,8 +231,7 @@ def classify(router: Router, module: cst.Module, ctx: TargetContext) -> Classifi
         if found[1] is None:
             return Classification(
                 CodeShape.UNKNOWN,
-                f"{site.cls}.{site.method} does not run {site.label.split('(')[1][:-1]} "
-                "as rocmfix knows it",
+                f"{site.cls}.{site.method} does not run {site.run} as rocmfix knows it",
             )
         if site.cls not in present:
             present.append(site.cls)
@@ -224,14 +259,14 @@ def _guarded(
         f"    {assign} {router.local}({arg}, self.{site.conv}{extra})\n"
         "else:\n    pass\n"
     )
-    guard = statement(module, code)
+    guard = rewrite.statement(module, code)
     assert isinstance(guard, cst.If) and isinstance(guard.orelse, cst.Else)
     first = run[0]
     assert isinstance(first, cst.SimpleStatementLine)
     body = [*run]
     body[0] = first.with_changes(leading_lines=[])
     return guard.with_changes(
-        leading_lines=[*first.leading_lines, marker_line(router.why)],
+        leading_lines=[*first.leading_lines, rewrite.marker_line(router.why)],
         orelse=guard.orelse.with_changes(body=guard.orelse.body.with_changes(body=body)),
     )
 
@@ -239,14 +274,17 @@ def _guarded(
 def _route_method(
     module: cst.Module, router: Router, site: Site, method: cst.FunctionDef
 ) -> cst.FunctionDef:
-    blocks = {id(b) for b in _blocks(method)}
-
     class _Swap(cst.CSTTransformer):
+        # The blocks _blocks reads, no others.
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is method
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
         def leave_IndentedBlock(
             self, old: cst.IndentedBlock, new: cst.IndentedBlock
         ) -> cst.IndentedBlock:
-            if id(old) not in blocks:
-                return new
             lines = list(new.body)
             out: list[cst.BaseStatement] = []
             i = 0
@@ -267,7 +305,7 @@ def _route_method(
 
 
 def transform(router: Router, module: cst.Module) -> cst.Module:
-    if calls(module, router.local):
+    if rewrite.calls(module, router.local):
         raise AnchorNotFoundError(f"{router.local} is already called")
     routed_any = False
     for site in router.sites:
@@ -278,27 +316,8 @@ def transform(router: Router, module: cst.Module) -> cst.Module:
         if method is None:
             raise AnchorNotFoundError(f"no {site.label} run")
         new_method = _route_method(module, router, site, method)
-        body = cls.body
-        assert isinstance(body, cst.IndentedBlock)
-        new_cls = cls.with_changes(
-            body=body.with_changes(body=[new_method if n is method else n for n in body.body])
-        )
-        module = module.with_changes(body=[new_cls if n is cls else n for n in module.body])
+        module = rewrite.replace_class(module, cls, rewrite.replace_method(cls, method, new_method))
         routed_any = True
     if not routed_any:
         raise AnchorNotFoundError(f"none of {', '.join(s.cls for s in router.sites)}")
-    kernels = relative_import(router.path, router.kernel_module)
-    imported = statement(
-        module,
-        f"try:\n    from {kernels} import {router.entry} as {router.local}\n"
-        # Any Exception: a kernel file another user cannot read, a warning `-W error` turns
-        # into one, a broken triton; none of them may break the model's import.
-        f"except Exception:\n    {router.local} = None\n",
-    )
-    imported = imported.with_changes(
-        leading_lines=[
-            cst.EmptyLine(),
-            marker_line(f"{kernels.lstrip('.')} was dropped here by rocmfix; revert removes it"),
-        ]
-    )
-    return insert_after_last_import(module, imported)
+    return import_entry(module, router.path, router.kernel_module, router.op)

@@ -11,78 +11,60 @@ and checkpoint loading) alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import libcst as cst
 
+from rocmfix import rewrite
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.ops import PATCH_EMBED
 from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
-from rocmfix.rewrite import (
-    call_name,
-    calls,
-    dotted,
-    find_class,
-    find_method,
-    insert_after_last_import,
-    kwarg,
-    marker_line,
-    module_has_marker,
-    nodes,
-    relative_import,
-    replace_class,
-    replace_method,
-    statement,
-)
 
-FUNCTION = "triton_conv3d_patchify"
+FUNCTION = PATCH_EMBED.function
+MARKER = "Conv3d with kernel == stride is a GEMM; MIOpen has no fast kernel"
 # MinerU's VLM (MinerU2.5, MinerU2.5-Pro) is a Qwen2-VL: other towers serve other models.
 OTHER_MODELS = MinerUUse("MinerU's vision model is a Qwen2-VL; this file serves other models")
-# Decides a Conv3dLayer (vllm >= 0.11.1) from the code of its package; see _vllm_conv_gate.
+# Decides a Conv3dLayer (vllm >= 0.11.1) from the code of its package; see _conv3d_layer.
 LayerVerdict = Callable[[TargetContext, str], Classification]
 
 
 def _proj_constructor(init: cst.FunctionDef) -> cst.Call | None:
-    for line in nodes(init, cst.SimpleStatementLine):
-        for small in line.body:
-            if (
-                isinstance(small, cst.Assign)
-                and len(small.targets) == 1
-                and dotted(small.targets[0].target) == "self.proj"
-                and isinstance(small.value, cst.Call)
-            ):
-                return small.value
+    for assign in rewrite.nodes(init, cst.Assign):
+        if (
+            len(assign.targets) == 1
+            and rewrite.dotted(assign.targets[0].target) == "self.proj"
+            and isinstance(assign.value, cst.Call)
+        ):
+            return assign.value
     return None
 
 
-def _conv_args(constructor: cst.Call) -> tuple[cst.BaseExpression | None, ...]:
-    """(kernel_size, stride, padding) of a conv constructor, by keyword or position."""
-    positional = [a.value for a in constructor.args if a.keyword is None]
-
-    def arg(name: str, index: int) -> cst.BaseExpression | None:
-        found = kwarg(constructor, name)
-        if found is None and len(positional) > index:
-            return positional[index]
-        return found
-
-    return arg("kernel_size", 2), arg("stride", 3), arg("padding", 4)
-
-
+# A conv constructor's arguments after its two channel counts, in order.
+_POSITIONS = ("kernel_size", "stride", "padding", "dilation", "groups", "bias", "padding_mode")
 # What else a conv constructor may set, with the values that leave it the plain GEMM the
-# kernel computes (dilation, groups: positions 5 and 6).
+# kernel computes.
 _PLAIN = {"dilation": ("1", "(1, 1, 1)"), "groups": ("1",), "padding_mode": ('"zeros"', "'zeros'")}
+
+
+def _arg(constructor: cst.Call, name: str) -> cst.BaseExpression | None:
+    """A conv constructor's argument ``name``, by keyword or position."""
+    found = rewrite.kwarg(constructor, name)
+    positional = [a.value for a in constructor.args if a.keyword is None]
+    index = 2 + _POSITIONS.index(name)
+    return positional[index] if found is None and len(positional) > index else found
 
 
 def _not_plain(module: cst.Module, constructor: cst.Call) -> str | None:
     """The first argument that makes the conv more than a patch GEMM, if any."""
-    positional = [a.value for a in constructor.args if a.keyword is None]
-    for index, name in ((5, "dilation"), (6, "groups"), (7, "bias"), (8, "padding_mode")):
-        found = kwarg(constructor, name)
-        if found is None and len(positional) > index:
-            found = positional[index]
-        if found is not None and name in _PLAIN and module.code_for_node(found) not in _PLAIN[name]:
+    for name, plain in _PLAIN.items():
+        found = _arg(constructor, name)
+        if found is not None and module.code_for_node(found) not in plain:
             return f"{name}={module.code_for_node(found)}"
     return None
+
+
+def _proj_calls(forward: cst.FunctionDef) -> list[cst.Call]:
+    return [c for c in rewrite.nodes(forward, cst.Call) if rewrite.call_name(c) == "self.proj"]
 
 
 def _view_args(node: cst.BaseExpression) -> int | None:
@@ -111,14 +93,14 @@ def _on_viewed_patches(forward: cst.FunctionDef, proj: cst.Call) -> bool:
         return False
     viewed = any(
         isinstance(small, cst.Assign)
-        and any(dotted(t.target) == arg.value for t in small.targets)
+        and any(rewrite.dotted(t.target) == arg.value for t in small.targets)
         and _view_args(small.value) == 5
-        for line in nodes(forward, cst.SimpleStatementLine)
+        for line in rewrite.nodes(forward, cst.SimpleStatementLine)
         for small in line.body
     )
     flattened = any(
         isinstance(call.func, cst.Attribute) and call.func.value is proj and _view_args(call) == 2
-        for call in nodes(forward, cst.Call)
+        for call in rewrite.nodes(forward, cst.Call)
     )
     return viewed and flattened
 
@@ -130,22 +112,24 @@ def classify(
     family: str,
     layer: LayerVerdict | None = None,
 ) -> Classification:
-    cls = find_class(module, class_name)
+    cls = rewrite.find_class(module, class_name)
     if cls is None:
         return Classification(CodeShape.UNKNOWN, f"no class {class_name}")
-    init, forward = find_method(cls, "__init__"), find_method(cls, "forward")
+    init, forward = rewrite.find_method(cls, "__init__"), rewrite.find_method(cls, "forward")
     if init is None or forward is None:
         return Classification(CodeShape.UNKNOWN, f"{class_name} has no __init__/forward")
-    ours = calls(forward, FUNCTION)
-    proj_calls = [c for c in nodes(forward, cst.Call) if call_name(c) == "self.proj"]
+    ours = rewrite.calls(forward, FUNCTION)
+    proj_calls = [
+        c for c in rewrite.nodes(forward, cst.Call) if rewrite.call_name(c) == "self.proj"
+    ]
     if ours and not proj_calls:
-        if module_has_marker(module):
+        if rewrite.module_has_marker(module):
             return Classification(CodeShape.PATCHED, f"{FUNCTION} replaces the Conv3d")
         return Classification(
             CodeShape.UNKNOWN, f"{FUNCTION} was put in by hand (the forum recipe, not rocmfix)"
         )
     constructor = _proj_constructor(init)
-    kind = call_name(constructor) or ""
+    kind = rewrite.call_name(constructor) or ""
     if kind.endswith("Linear"):
         return Classification(
             CodeShape.FIXED_UPSTREAM, f"{class_name}.proj is a {kind} already: a GEMM upstream"
@@ -154,7 +138,7 @@ def classify(
         return Classification(
             CodeShape.UNKNOWN, f"{class_name}.proj is not a Conv3d ({kind or '?'})"
         )
-    kernel, stride, padding = _conv_args(constructor)
+    kernel, stride, padding = (_arg(constructor, n) for n in _POSITIONS[:3])
     if (
         kernel is None
         or stride is None
@@ -186,51 +170,42 @@ def classify(
     )
 
 
-class _ReplaceProj(cst.CSTTransformer):
-    def __init__(self, target: cst.Call) -> None:
-        self.target = target
-
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if original_node is not self.target:
-            return updated_node
-        return cst.Call(
-            func=cst.Name(FUNCTION),
-            args=[
-                updated_node.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT),
-                cst.Arg(cst.parse_expression("self.proj.weight")),
-                cst.Arg(cst.parse_expression("self.proj.bias")),
-            ],
-        )
-
-
 def transform(module: cst.Module, class_name: str, kernel_import: str) -> cst.Module:
-    cls = find_class(module, class_name)
-    forward = find_method(cls, "forward") if cls is not None else None
+    cls = rewrite.find_class(module, class_name)
+    forward = rewrite.find_method(cls, "forward") if cls is not None else None
     if cls is None or forward is None:
         raise AnchorNotFoundError(f"no {class_name}.forward")
-    targets = [c for c in nodes(forward, cst.Call) if call_name(c) == "self.proj"]
+    targets = _proj_calls(forward)
     if len(targets) != 1 or len(targets[0].args) != 1:
         raise AnchorNotFoundError(f"no single self.proj(x) call in {class_name}.forward")
-    new_forward = forward.visit(_ReplaceProj(targets[0]))
+    proj = targets[0]
+    args = [
+        proj.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT),
+        cst.Arg(cst.parse_expression("self.proj.weight")),
+        cst.Arg(cst.parse_expression("self.proj.bias")),
+    ]
+    new_forward = forward.deep_replace(proj, cst.Call(func=cst.Name(FUNCTION), args=args))
     assert isinstance(new_forward, cst.FunctionDef)
     body = new_forward.body
     assert isinstance(body, cst.IndentedBlock)
     lines = list(body.body)
-    first = next(i for i, line in enumerate(lines) if calls(line, FUNCTION))
+    first = next(i for i, line in enumerate(lines) if rewrite.calls(line, FUNCTION))
     line = lines[first]
     assert isinstance(line, cst.SimpleStatementLine | cst.BaseCompoundStatement)
     lines[first] = line.with_changes(
         leading_lines=[
             *line.leading_lines,
-            marker_line("Conv3d with kernel == stride is a GEMM; MIOpen has no fast kernel"),
+            rewrite.marker_line(
+                "Conv3d with kernel == stride is a GEMM; MIOpen has no fast kernel"
+            ),
         ]
     )
     new_forward = new_forward.with_changes(body=body.with_changes(body=lines))
-    module = replace_class(module, cls, replace_method(cls, forward, new_forward))
+    module = rewrite.replace_class(module, cls, rewrite.replace_method(cls, forward, new_forward))
     # Any Exception at the kernel's import (a file another user cannot read, a warning `-W
     # error` turns into one, a broken triton) leaves the stock op the rewritten call replaced:
     # self.proj, a Conv3d whose stride is its kernel, unpadded (what classify admits).
-    imported = statement(
+    imported = rewrite.statement(
         module,
         f"try:\n    from {kernel_import} import {FUNCTION}\n"
         "except Exception:  # the kernel must never break the model's import: the stock op\n"
@@ -240,47 +215,56 @@ def transform(module: cst.Module, class_name: str, kernel_import: str) -> cst.Mo
     )
     kernel = kernel_import.lstrip(".").rsplit(".", 1)[-1]
     imported = imported.with_changes(
-        leading_lines=[marker_line(f"{kernel} was dropped here by rocmfix; revert removes it")]
+        leading_lines=[
+            rewrite.marker_line(f"{kernel} was dropped here by rocmfix; revert removes it")
+        ]
     )
-    return insert_after_last_import(module, imported)
+    return rewrite.insert_after_last_import(module, imported)
 
 
-def patch_embed_patch(
-    *,
-    id: str,
+# One target file: (patch id suffix, path, patch-embed class, family, missing reason, known);
+# ``known`` may be empty: the plain nn.Conv3d this family builds.
+Row = tuple[str, str, str, str, str, tuple[str, ...]]
+
+
+def in_folder(
+    distribution: str, folder: str, rows: Iterable[tuple[str, str, str, str, tuple[str, ...]]]
+) -> list[Row]:
+    """The rows of files directly in ``folder``, given as (id suffix, file, class, family,
+    known)."""
+    missing = f"{distribution} {{version}} has no "
+    return [(s, f"{folder}/{file}", c, f, missing + file, k) for s, file, c, f, k in rows]
+
+
+def patch_embed_patches(
     distribution: str,
-    package: str,
-    path: str,
     kernel_module: str,
-    class_name: str,
-    family: str,
-    missing_reason: str,
-    known: Sequence[str],
+    mineru: MinerUUse,
+    rows: Iterable[Row],
     layer: LayerVerdict | None = None,
     related: Sequence[str] = (),
-    mineru: MinerUUse | None = None,
-) -> Patch:
-    kernel_import = relative_import(path, kernel_module)
+) -> tuple[Patch, ...]:
+    """One distribution's patch-embed patches, one a row; the first row is MinerU's model
+    (``mineru`` runs it), the others serve other models."""
 
-    def classify_file(module: cst.Module, ctx: TargetContext) -> Classification:
-        return classify(module, ctx, class_name, family, layer)
+    def patch(index: int, row: Row) -> Patch:
+        suffix, path, class_name, family, missing_reason, known = row
+        kernel_import = rewrite.relative_import(path, kernel_module)
+        return Patch(
+            id=f"{distribution}-{suffix}",
+            summary=f"Run {class_name}'s Conv3d as a GEMM instead of MIOpen's slow conv",
+            distribution=distribution,
+            package=distribution,
+            path=path,
+            classify=lambda module, ctx: classify(module, ctx, class_name, family, layer),
+            transform=lambda module: transform(module, class_name, kernel_import),
+            missing_reason=missing_reason,
+            op=PATCH_EMBED,
+            kernel_module=kernel_module,
+            known=known or (f"{class_name}: nn.Conv3d(kernel_size=k, stride=k) (needed on ROCm)",),
+            related=tuple(related),
+            mineru=mineru if index == 0 else OTHER_MODELS,
+            focus=class_name,
+        )
 
-    def transform_file(module: cst.Module) -> cst.Module:
-        return transform(module, class_name, kernel_import)
-
-    return Patch(
-        id=id,
-        summary=f"Run {class_name}'s Conv3d as a GEMM instead of MIOpen's slow conv",
-        distribution=distribution,
-        package=package,
-        path=path,
-        classify=classify_file,
-        transform=transform_file,
-        missing_reason=missing_reason,
-        op=PATCH_EMBED,
-        kernel_module=kernel_module,
-        known=tuple(known),
-        related=tuple(related),
-        mineru=mineru,
-        focus=class_name,
-    )
+    return tuple(patch(i, row) for i, row in enumerate(rows))

@@ -15,37 +15,30 @@ fused model's ``forward_fuse`` is not routed.
 
 from __future__ import annotations
 
-from functools import partial
-
 from rocmfix.ops import op
-from rocmfix.patch import MinerUUse, Patch
+from rocmfix.patch import MinerUUse
 
-from . import _conv_sites
-from ._conv_sites import Router, Site
+from ._conv_sites import Router, Site, patch
 
 PATH = "doclayout_yolo/nn/modules/conv.py"
 KERNELS = "doclayout_yolo/nn/modules/rocmfix_pointwise_conv.py"
 ROUTER = Router(
     PATH,
     KERNELS,
-    "pointwise_conv2d",
+    op("pointwise-conv"),
     (Site("Conv", "conv", "bn", "act"),),
     "MIOpen runs 1x1 convs slower than a GEMM; GPU inputs go around it",
     "1x1 convs (grouped in DilatedBlock); MIOpen runs them slower than a GEMM",
     gate='getattr({conv}, "kernel_size", None) == (1, 1)',
 )
 
-PATCH = Patch(
+PATCH = patch(
+    ROUTER,
     id="doclayout-pointwise-conv",
     summary="Run DocLayout-YOLO's 1x1 convs as vendor GEMMs",
     distribution="doclayout-yolo",
     package="doclayout_yolo",
-    path=PATH,
-    classify=partial(_conv_sites.classify, ROUTER),
-    transform=partial(_conv_sites.transform, ROUTER),
     missing_reason="doclayout-yolo {version} has no nn/modules/conv.py",
-    op=op("pointwise-conv"),
-    kernel_module=KERNELS,
     known=(f"{ROUTER.sites[0].label}, 1x1 where kernel_size == (1, 1)",),
     # MinerU 2.x's pipeline backend; MinerU 3.0 replaced it with PP-DocLayoutV2.
     mineru=MinerUUse("its pipeline backend's layout model", imports=("doclayout_yolo",)),

@@ -13,46 +13,30 @@ from __future__ import annotations
 
 import libcst as cst
 
+from rocmfix import rewrite
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.ops import DILATED_CONV
 from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
-from rocmfix.rewrite import (
-    calls,
-    dotted,
-    find_class,
-    find_method,
-    insert_after_last_import,
-    kwarg,
-    marker_line,
-    module_has_marker,
-    relative_import,
-    replace_class,
-    replace_method,
-    statement,
-)
+
+from ._conv_sites import import_entry, local, only_arg, routed
 
 CLASS = "DilatedBlock"
 METHOD = "dilated_conv"
-LOCAL = "_rocmfix_dilated_conv2d"
+LOCAL = local(DILATED_CONV)
 PATH = "doclayout_yolo/nn/modules/g2l_crm.py"
 KERNELS = "doclayout_yolo/nn/modules/g2l_crm_triton.py"
+WHY = "MIOpen runs dilation > 1 on a naive kernel; GPU inputs go around it"
 
 
 def _conv_call(node: cst.CSTNode) -> cst.Call | None:
     """The one ``F.conv2d(x, weight, ..., padding=..., dilation=...)`` call, else None."""
     found = [
         c
-        for c in calls(node, "conv2d")
+        for c in rewrite.calls(node, "conv2d")
         if {a.keyword.value for a in c.args if a.keyword} >= {"padding", "dilation"}
         and len([a for a in c.args if a.keyword is None]) == 2
     ]
     return found[0] if len(found) == 1 else None
-
-
-def _kwarg(call: cst.Call, name: str) -> cst.BaseExpression:
-    value = kwarg(call, name)
-    assert value is not None, name  # _conv_call checked both keywords
-    return value
 
 
 def _act_bn(
@@ -62,25 +46,23 @@ def _act_bn(
     or attributes for act and bn, else None."""
     ret = line.body[0]
     outer = ret.value if isinstance(ret, cst.Return) else None
-    if not (isinstance(outer, cst.Call) and len(outer.args) == 1 and not outer.args[0].keyword):
+    inner = only_arg(outer) if isinstance(outer, cst.Call) else None
+    if not isinstance(inner, cst.Call) or only_arg(inner) is not conv:
         return None
-    inner = outer.args[0].value
-    if not (isinstance(inner, cst.Call) and len(inner.args) == 1 and not inner.args[0].keyword):
-        return None
-    if inner.args[0].value is not conv or dotted(outer.func) is None or dotted(inner.func) is None:
+    assert isinstance(outer, cst.Call)
+    if rewrite.dotted(outer.func) is None or rewrite.dotted(inner.func) is None:
         return None
     return outer, outer.func, inner.func
 
 
 def classify(module: cst.Module, ctx: TargetContext) -> Classification:
-    cls = find_class(module, CLASS)
-    method = find_method(cls, METHOD) if cls is not None else None
+    cls = rewrite.find_class(module, CLASS)
+    method = rewrite.find_method(cls, METHOD) if cls is not None else None
     if method is None:
         return Classification(CodeShape.UNKNOWN, f"no {CLASS}.{METHOD}")
-    if calls(method, LOCAL):
-        if module_has_marker(module):
-            return Classification(CodeShape.PATCHED, "GPU inputs bypass the dilated F.conv2d")
-        return Classification(CodeShape.UNKNOWN, f"{LOCAL} is there, but not from rocmfix")
+    says = "GPU inputs bypass the dilated F.conv2d"
+    if (ours := routed(module, method, LOCAL, says)) is not None:
+        return ours
     if _conv_call(method) is None:
         return Classification(
             CodeShape.UNKNOWN,
@@ -94,11 +76,11 @@ def classify(module: cst.Module, ctx: TargetContext) -> Classification:
 
 
 def transform(module: cst.Module) -> cst.Module:
-    cls = find_class(module, CLASS)
-    method = find_method(cls, METHOD) if cls is not None else None
+    cls = rewrite.find_class(module, CLASS)
+    method = rewrite.find_method(cls, METHOD) if cls is not None else None
     if cls is None or method is None:
         raise AnchorNotFoundError(f"no {CLASS}.{METHOD}")
-    if calls(method, LOCAL):
+    if rewrite.calls(method, LOCAL):
         raise AnchorNotFoundError(f"{METHOD} already calls {LOCAL}")
     body = method.body
     assert isinstance(body, cst.IndentedBlock)
@@ -121,10 +103,8 @@ def transform(module: cst.Module) -> cst.Module:
     assert conv is not None
     x, weight = (a.value for a in conv.args if a.keyword is None)
     code = module.code_for_node
-    call = (
-        f"{LOCAL}({code(x)}, {code(weight)}, {code(_kwarg(conv, 'dilation'))}, "
-        f"{code(_kwarg(conv, 'padding'))}"
-    )
+    given = {a.keyword.value: code(a.value) for a in conv.args if a.keyword}  # both, by _conv_call
+    call = f"{LOCAL}({code(x)}, {code(weight)}, {given['dilation']}, {given['padding']}"
     wrapped = _act_bn(original, conv)
     # `return act(bn(conv))`, as every release writes it: the dropped kernel gets both modules
     # and runs an eval-mode BatchNorm and SiLU in its store (it calls any other module
@@ -133,40 +113,23 @@ def transform(module: cst.Module) -> cst.Module:
     replacement = cst.parse_expression(
         f"{call}, bn={code(wrapped[2])}, act={code(wrapped[1])})" if wrapped else f"{call})"
     )
-
-    class _Swap(cst.CSTTransformer):
-        def leave_Call(self, old: cst.Call, new: cst.Call) -> cst.BaseExpression:
-            return replacement if old is target else new
-
-    routed = original.visit(_Swap())
+    routed = original.deep_replace(target, replacement)
     assert isinstance(routed, cst.SimpleStatementLine)
-    guard = statement(module, f"if {LOCAL} is not None and {code(x)}.is_cuda:\n    pass\n")
+    guard = rewrite.statement(module, f"if {LOCAL} is not None and {code(x)}.is_cuda:\n    pass\n")
     assert isinstance(guard, cst.If)
     guard = guard.with_changes(
         body=guard.body.with_changes(body=[routed.with_changes(leading_lines=[])]),
         leading_lines=[
             *original.leading_lines,
-            marker_line("MIOpen runs dilation > 1 on a naive kernel; GPU inputs go around it"),
+            rewrite.marker_line(
+                "MIOpen runs dilation > 1 on a naive kernel; GPU inputs go around it"
+            ),
         ],
     )
     lines[index : index + 1] = [guard, original.with_changes(leading_lines=[])]
     new_method = method.with_changes(body=body.with_changes(body=lines))
-    module = replace_class(module, cls, replace_method(cls, method, new_method))
-    kernels = relative_import(PATH, KERNELS)
-    imported = statement(
-        module,
-        f"try:\n    from {kernels} import dilated_conv2d as {LOCAL}\n"
-        # Any Exception: a kernel file another user cannot read, a warning `-W error` turns
-        # into one, a broken triton; none of them may break the model's import.
-        f"except Exception:\n    {LOCAL} = None\n",
-    )
-    imported = imported.with_changes(
-        leading_lines=[
-            cst.EmptyLine(),
-            marker_line(f"{kernels.lstrip('.')} was dropped here by rocmfix; revert removes it"),
-        ]
-    )
-    return insert_after_last_import(module, imported)
+    module = rewrite.replace_class(module, cls, rewrite.replace_method(cls, method, new_method))
+    return import_entry(module, PATH, KERNELS, DILATED_CONV)
 
 
 PATCH = Patch(

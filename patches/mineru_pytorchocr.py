@@ -32,21 +32,18 @@ otherwise its ONNX models run and these files do not (rocmfix/mineru.py reads wh
 
 from __future__ import annotations
 
-from functools import partial
-
 from rocmfix.ops import op
 from rocmfix.patch import MinerUUse, Patch
 
-from . import _conv_sites
-from ._conv_sites import Router, Site
+from ._conv_sites import Router, Site, patch
 
 # (patch id prefix, package folder, the MinerU releases that have it)
 LAYOUTS = (
     ("mineru-ocr", "mineru/model/_internal/pytorchocr", "4.0.x"),
     ("mineru-utils-ocr", "mineru/model/utils/pytorchocr", "2.7-3.x"),
 )
-DEPTHWISE = ("depthwise-conv", "depthwise_conv2d", "rocmfix_depthwise_conv.py")
-TRANSPOSE = ("conv-transpose", "conv_transpose2d", "rocmfix_conv_transpose.py")
+DEPTHWISE = ("depthwise-conv", "rocmfix_depthwise_conv.py")
+TRANSPOSE = ("conv-transpose", "rocmfix_conv_transpose.py")
 NOUNS = {"depthwise-conv": "depthwise convs", "conv-transpose": "transposed convs"}
 WHY_DW = "MIOpen runs depthwise convs on a grouped GEMM; GPU inputs go around it"
 WHY_T = "MIOpen's transposed conv is slow; kernel == stride is a GEMM and a pixel shuffle"
@@ -110,29 +107,25 @@ def _patch(
     releases: str,
     suffix: str,
     rel: str,
-    kind: tuple[str, str, str],
+    kind: tuple[str, str],
     sites: tuple[Site, ...],
     what: str,
     needs: str,
 ) -> Patch:
-    op_name, entry, module = kind
+    op_name, module = kind
     path = f"{package}/modeling/{rel}"
-    kernels = f"{package}/modeling/{module}"
     why = WHY_T if op_name == "conv-transpose" else WHY_DW
-    router = Router(path, kernels, entry, sites, why, needs, grouped=op_name != "conv-transpose")
-    return Patch(
+    grouped = op_name != "conv-transpose"
+    router = Router(path, f"{package}/modeling/{module}", op(op_name), sites, why, needs, grouped)
+    return patch(
+        router,
         id=f"{prefix}-{suffix}",
         summary=f"Route {rel.rsplit('/', 1)[1]}'s {NOUNS[op_name]} around MIOpen",
         distribution="mineru",
         package="mineru",
-        path=path,
-        classify=partial(_conv_sites.classify, router),
-        transform=partial(_conv_sites.transform, router),
         # One wording for the package's five files, so that status and apply group them.
         missing_reason=f"mineru {{version}} has no {package}/ (MinerU {releases} has it)",
-        op=op(op_name),
-        kernel_module=kernels,
-        known=tuple(f"{s.label}" for s in sites),
+        known=tuple(s.label for s in sites),
         mineru=MinerUUse(what, own=True, small_model=True),
     )
 

@@ -163,32 +163,21 @@ def classify(site: Site, module: cst.Module, ctx: TargetContext) -> Classificati
     )
 
 
-class _Wrap(cst.CSTTransformer):
-    def __init__(self, target: cst.Call) -> None:
-        self.target = target
-        self.done = False
-
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        if original_node is not self.target:
-            return updated_node
-        self.done = True
-        # The session type goes first, laid out as the model argument was (its own line in a
-        # call written one argument a line).
-        comma = updated_node.args[0].comma
-        if not isinstance(comma, cst.Comma):
-            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        first = cst.Arg(updated_node.func, comma=comma)
-        return updated_node.with_changes(func=cst.Name(HELPER), args=[first, *updated_node.args])
-
-
 def transform(site: Site, module: cst.Module) -> cst.Module:
     function = _scope(module, site.scope)
     call = _session_call(function) if function is not None else None
     if call is None or _has_helper(module):
         raise AnchorNotFoundError(f"no InferenceSession(model, ...) call in {site.scope}")
-    wrap = _Wrap(call)
-    new = module.visit(wrap)
-    assert wrap.done
+    # The session type goes first, laid out as the model argument was (its own line in a call
+    # written one argument a line).
+    comma = call.args[0].comma
+    if not isinstance(comma, cst.Comma):
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    first = cst.Arg(call.func, comma=comma)
+    new = module.deep_replace(
+        call, call.with_changes(func=cst.Name(HELPER), args=[first, *call.args])
+    )
+    assert isinstance(new, cst.Module)
     helper = statement(new, _CODE.lstrip("\n"))
     helper = helper.with_changes(leading_lines=[cst.EmptyLine(), *helper.leading_lines])
     return insert_after_last_import(new, helper)

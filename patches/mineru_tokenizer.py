@@ -16,7 +16,7 @@ import libcst as cst
 
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
-from rocmfix.rewrite import call_name, dotted, has_marker, marker_line
+from rocmfix.rewrite import call_name, dotted, has_marker, marker_line, nodes
 
 _METHOD = "get_lora_tokenizer"
 _MARKER_TEXT = "vllm >= 0.11 has no get_lora_tokenizer() (vllm#24078); use the tokenizer itself"
@@ -68,43 +68,68 @@ class _Call:
     statement: bool  # the call is a whole ``X = Y.get_lora_tokenizer()`` statement
 
 
-class _Guards:
-    """The stack of enclosing statements that guard a call (empty string: no guard)."""
+class _Guard(cst.CSTTransformer):
+    """Every get_lora_tokenizer() call, with the innermost guard around it (what classify
+    reads), and each unguarded ``X = Y.get_lora_tokenizer()`` statement wrapped in
+    ``try/except AttributeError: X = Y`` (what transform writes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        # The enclosing statements that guard a call (empty string: no guard).
         self.stack: list[str] = []
+        self.calls: list[_Call] = []
+        self.rewritten = 0
+        self._statement = False
 
     @property
     def innermost(self) -> str:
         return next((g for g in reversed(self.stack) if g), "none")
 
-
-class _Finder(cst.CSTVisitor):
-    """Every get_lora_tokenizer() call, with the innermost guard around it."""
-
-    def __init__(self) -> None:
-        self.guards = _Guards()
-        self.calls: list[_Call] = []
-        self._statement = False
-
     def visit_Try(self, node: cst.Try) -> None:
-        self.guards.stack.append(_try_guard(node))
+        self.stack.append(_try_guard(node))
 
-    def leave_Try(self, original_node: cst.Try) -> None:
-        self.guards.stack.pop()
+    def leave_Try(self, original_node: cst.Try, updated_node: cst.Try) -> cst.Try:
+        self.stack.pop()
+        return updated_node
 
     def visit_If(self, node: cst.If) -> None:
-        self.guards.stack.append(_if_guard(node))
+        self.stack.append(_if_guard(node))
 
-    def leave_If(self, original_node: cst.If) -> None:
-        self.guards.stack.pop()
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        self.stack.pop()
+        return updated_node
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if _is_call(node):
+            self.calls.append(_Call(guard=self.innermost, statement=self._statement))
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         self._statement = _unguarded_assign(node) is not None
 
-    def visit_Call(self, node: cst.Call) -> None:
-        if _is_call(node):
-            self.calls.append(_Call(guard=self.guards.innermost, statement=self._statement))
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.BaseStatement:
+        assign = _unguarded_assign(updated_node)
+        if assign is None or self.innermost != "none":
+            return updated_node
+        call = assign.value
+        assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+        target = self.module.code_for_node(assign.targets[0].target)
+        owner = self.module.code_for_node(call.func.value)
+        fallback = cst.parse_statement(
+            f"{target} = {owner}\n", config=self.module.config_for_parsing
+        )
+        self.rewritten += 1
+        return cst.Try(
+            body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]),
+            handlers=[
+                cst.ExceptHandler(
+                    type=cst.Name("AttributeError"),
+                    body=cst.IndentedBlock(body=[fallback]),
+                )
+            ],
+            leading_lines=[*updated_node.leading_lines, marker_line(_MARKER_TEXT)],
+        )
 
 
 # Where vllm's tokenizer group (the object whose get_lora_tokenizer() the client calls) has
@@ -114,14 +139,6 @@ TOKENIZER_GROUP = (
     "vllm:vllm/transformers_utils/tokenizer_group/tokenizer_group.py",
     "vllm:vllm/transformers_utils/tokenizer_group/base_tokenizer_group.py",
 )
-
-
-class _Defines(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.found = False
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.found = self.found or node.name.value == _METHOD
 
 
 def _vllm_has_method(ctx: TargetContext) -> str | None:
@@ -135,9 +152,7 @@ def _vllm_has_method(ctx: TargetContext) -> str | None:
             module = cst.parse_module(data)
         except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError):
             continue
-        finder = _Defines()
-        module.visit(finder)
-        if finder.found:
+        if any(f.name.value == _METHOD for f in nodes(module, cst.FunctionDef)):
             return rel.split(":", 1)[1]
     return None
 
@@ -153,7 +168,7 @@ def _vllm_note(ctx: TargetContext) -> tuple[str, ...]:
 
 
 def classify(module: cst.Module, ctx: TargetContext) -> Classification:
-    finder = _Finder()
+    finder = _Guard(module)
     module.visit(finder)
     calls = finder.calls
     if not calls:
@@ -185,52 +200,6 @@ def classify(module: cst.Module, ctx: TargetContext) -> Classification:
     return Classification(
         CodeShape.UNKNOWN, "calls get_lora_tokenizer() in a form rocmfix does not know"
     )
-
-
-class _Guard(cst.CSTTransformer):
-    def __init__(self, module: cst.Module) -> None:
-        self.module = module
-        self.guards = _Guards()
-        self.rewritten = 0
-
-    def visit_Try(self, node: cst.Try) -> None:
-        self.guards.stack.append(_try_guard(node))
-
-    def leave_Try(self, original_node: cst.Try, updated_node: cst.Try) -> cst.Try:
-        self.guards.stack.pop()
-        return updated_node
-
-    def visit_If(self, node: cst.If) -> None:
-        self.guards.stack.append(_if_guard(node))
-
-    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
-        self.guards.stack.pop()
-        return updated_node
-
-    def leave_SimpleStatementLine(
-        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
-    ) -> cst.BaseStatement:
-        assign = _unguarded_assign(updated_node)
-        if assign is None or self.guards.innermost != "none":
-            return updated_node
-        call = assign.value
-        assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-        target = self.module.code_for_node(assign.targets[0].target)
-        owner = self.module.code_for_node(call.func.value)
-        fallback = cst.parse_statement(
-            f"{target} = {owner}\n", config=self.module.config_for_parsing
-        )
-        self.rewritten += 1
-        return cst.Try(
-            body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]),
-            handlers=[
-                cst.ExceptHandler(
-                    type=cst.Name("AttributeError"),
-                    body=cst.IndentedBlock(body=[fallback]),
-                )
-            ],
-            leading_lines=[*updated_node.leading_lines, marker_line(_MARKER_TEXT)],
-        )
 
 
 def transform(module: cst.Module) -> cst.Module:

@@ -25,18 +25,10 @@ from __future__ import annotations
 
 import libcst as cst
 
+from rocmfix import rewrite
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.ops import vit_attention
 from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
-from rocmfix.rewrite import (
-    calls,
-    dotted,
-    find_class,
-    find_method,
-    insert_after_last_import,
-    nodes,
-    statement,
-)
 
 HELPER = "_rocmfix_vit_attention"
 FUNCTION = "_get_device_config"
@@ -76,7 +68,7 @@ def _function(module: cst.Module) -> cst.FunctionDef | None:
 
 
 def _returns(function: cst.FunctionDef) -> list[cst.Return]:
-    return [r for r in nodes(function, cst.Return) if r.value is not None]
+    return [r for r in rewrite.nodes(function, cst.Return) if r.value is not None]
 
 
 def _has_helper(module: cst.Module) -> bool:
@@ -100,16 +92,18 @@ def vllm_choice(ctx: TargetContext) -> tuple[bool, str]:
         platform = cst.parse_module(rocm)
     except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError):
         return False, "vllm's platforms/rocm.py does not parse"
-    cls = find_class(platform, "RocmPlatform")
-    supported = find_method(cls, "get_supported_vit_attn_backends") if cls else None
-    chooser = find_method(cls, "get_vit_attn_backend") if cls else None
+    cls = rewrite.find_class(platform, "RocmPlatform")
+    supported = rewrite.find_method(cls, "get_supported_vit_attn_backends") if cls else None
+    chooser = rewrite.find_method(cls, "get_vit_attn_backend") if cls else None
     if supported is None or chooser is None:
         return False, f"vllm {version}'s ROCm platform chooses no vision-tower backend"
-    offered = {str(dotted(a)).rpartition(".")[2] for a in nodes(supported, cst.Attribute)}
+    offered = {
+        str(rewrite.dotted(a)).rpartition(".")[2] for a in rewrite.nodes(supported, cst.Attribute)
+    }
     if BACKEND not in offered:
         return False, f"vllm {version} offers no {BACKEND} for the vision tower on ROCm"
     last = _returns(chooser)[-1:] or None
-    if last is None or not str(dotted(last[0].value)).endswith(".TORCH_SDPA"):
+    if last is None or not str(rewrite.dotted(last[0].value)).endswith(".TORCH_SDPA"):
         return False, f"vllm {version}'s own choice for the vision tower is no longer TORCH_SDPA"
     return True, (
         f"vllm {version} gives RDNA's vision tower TORCH_SDPA (its ROCm get_vit_attn_backend) "
@@ -119,7 +113,7 @@ def vllm_choice(ctx: TargetContext) -> tuple[bool, str]:
 
 def classify(module: cst.Module, ctx: TargetContext) -> Classification:
     function = _function(module)
-    if function is not None and calls(function, HELPER):
+    if function is not None and rewrite.calls(function, HELPER):
         if _has_helper(module):
             return Classification(CodeShape.PATCHED, f"{FUNCTION} selects {BACKEND} on ROCm")
         return Classification(CodeShape.UNKNOWN, f"calls {HELPER} but does not define it")
@@ -140,23 +134,12 @@ def classify(module: cst.Module, ctx: TargetContext) -> Classification:
 class _Wrap(cst.CSTTransformer):
     def __init__(self, function: cst.FunctionDef) -> None:
         self.function = function
-        self.inside = False
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        if node is self.function:
-            self.inside = True
-            return True
-        return not self.inside  # a nested function's returns are its own
-
-    def leave_FunctionDef(
-        self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
-    ) -> cst.FunctionDef:
-        if original_node is self.function:
-            self.inside = False
-        return updated_node
+        return node is self.function  # a nested function's returns are its own
 
     def leave_Return(self, original_node: cst.Return, updated_node: cst.Return) -> cst.Return:
-        if not self.inside or updated_node.value is None:
+        if updated_node.value is None:
             return updated_node
         call = cst.Call(cst.Name(HELPER), [cst.Arg(updated_node.value)])
         return updated_node.with_changes(value=call)
@@ -166,10 +149,12 @@ def transform(module: cst.Module) -> cst.Module:
     function = _function(module)
     if function is None or not _returns(function) or _has_helper(module):
         raise AnchorNotFoundError(f"no {FUNCTION} returning a value")
-    new = module.visit(_Wrap(function))
-    helper = statement(new, _CODE.lstrip("\n"))
+    wrapped = function.visit(_Wrap(function))
+    assert isinstance(wrapped, cst.FunctionDef)
+    new = module.with_changes(body=[wrapped if n is function else n for n in module.body])
+    helper = rewrite.statement(new, _CODE.lstrip("\n"))
     helper = helper.with_changes(leading_lines=[cst.EmptyLine(), *helper.leading_lines])
-    return insert_after_last_import(new, helper)
+    return rewrite.insert_after_last_import(new, helper)
 
 
 def _patch(patch_id: str, path: str, known: str) -> Patch:

@@ -10,17 +10,17 @@ transformers patches cover.
 
 from __future__ import annotations
 
-import libcst as cst
+from rocmfix.patch import Classification, CodeShape, MinerUUse, TargetContext
 
-from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
-from rocmfix.rewrite import call_name, find_class, find_method, nodes
-
-from ._patch_embed import OTHER_MODELS, patch_embed_patch
+from ._conv3d_layer import UNREADABLE, forward_cuda, runs_mulmat
+from ._patch_embed import in_folder, patch_embed_patches
 
 MODELS = "sglang/srt/models"
 KERNELS = f"{MODELS}/rocmfix_patch_embed.py"
 CONV_PY = "sglang/srt/layers/conv.py"
-CONV3D_LAYER = "0.5.10 and later: Conv3dLayer, unfold + F.linear on every platform (not needed)"
+PLAIN = "up to 0.5.9: nn.Conv3d (needed on ROCm)"
+BIAS = "up to 0.5.9: nn.Conv3d with bias (needed on ROCm)"
+LAYER = "0.5.10 and later: Conv3dLayer, unfold + F.linear on every platform (not needed)"
 
 
 def conv3d_layer(ctx: TargetContext, family: str) -> Classification:
@@ -30,14 +30,10 @@ def conv3d_layer(ctx: TargetContext, family: str) -> Classification:
     if source is None:
         return Classification(CodeShape.UNKNOWN, f"Conv3dLayer without {CONV_PY} to read")
     try:
-        module = cst.parse_module(source)
-    except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError):
+        _, forward = forward_cuda(source)
+    except UNREADABLE:
         return Classification(CodeShape.UNKNOWN, f"{CONV_PY} does not parse")
-    cls = find_class(module, "Conv3dLayer")
-    forward = find_method(cls, "forward_cuda") if cls is not None else None
-    if forward is None or not any(
-        call_name(c) == "self._forward_mulmat" for c in nodes(forward, cst.Call)
-    ):
+    if forward is None or not runs_mulmat(forward):
         return Classification(
             CodeShape.UNKNOWN, "Conv3dLayer.forward_cuda does not run _forward_mulmat"
         )
@@ -50,39 +46,11 @@ def conv3d_layer(ctx: TargetContext, family: str) -> Classification:
 
 MINERU = MinerUUse("MinerU 2.x's sglang backend loads MinerU2.5, a Qwen2-VL", imports=("sglang",))
 
+ROWS = (
+    ("qwen2-vl", "qwen2_vl.py", "Qwen2VisionPatchEmbed", "Qwen2-VL (MinerU2.5)", (PLAIN, LAYER)),
+    ("qwen3-vl", "qwen3_vl.py", "Qwen3VLVisionPatchEmbed", "Qwen3-VL", (BIAS, LAYER)),
+)
 
-def _sglang(id: str, file: str, class_name: str, family: str, *known: str) -> Patch:
-    return patch_embed_patch(
-        id=id,
-        distribution="sglang",
-        package="sglang",
-        path=f"{MODELS}/{file}",
-        kernel_module=KERNELS,
-        class_name=class_name,
-        family=family,
-        missing_reason=f"sglang {{version}} has no {file}",
-        known=known,
-        layer=conv3d_layer,
-        related=(CONV_PY,),
-        mineru=MINERU if file == "qwen2_vl.py" else OTHER_MODELS,
-    )
-
-
-PATCHES = (
-    _sglang(
-        "sglang-qwen2-vl",
-        "qwen2_vl.py",
-        "Qwen2VisionPatchEmbed",
-        "Qwen2-VL (MinerU2.5)",
-        "up to 0.5.9: nn.Conv3d (needed on ROCm)",
-        CONV3D_LAYER,
-    ),
-    _sglang(
-        "sglang-qwen3-vl",
-        "qwen3_vl.py",
-        "Qwen3VLVisionPatchEmbed",
-        "Qwen3-VL",
-        "up to 0.5.9: nn.Conv3d with bias (needed on ROCm)",
-        CONV3D_LAYER,
-    ),
+PATCHES = patch_embed_patches(
+    "sglang", KERNELS, MINERU, in_folder("sglang", MODELS, ROWS), conv3d_layer, (CONV_PY,)
 )

@@ -23,17 +23,13 @@ and nothing else known to rocmfix loads them.
 
 from __future__ import annotations
 
-from functools import partial
-
 from rocmfix.ops import op
 from rocmfix.patch import MinerUUse, Patch
 
-from . import _conv_sites
-from ._conv_sites import Router, Site
+from ._conv_sites import Router, Site, patch
 
 MODELS = "transformers/models"
 KERNELS = f"{MODELS}/rocmfix_depthwise_conv.py"
-ENTRY = "depthwise_conv2d"
 WHY = "MIOpen runs depthwise convs on a grouped GEMM; GPU inputs go around it"
 NEEDS = "depthwise convs in conv-norm-act layers; MIOpen has no fast depthwise path here"
 
@@ -69,19 +65,15 @@ OTHERS = MinerUUse("no MinerU release loads this model")
 
 def _patch(suffix: str, folder: str, family: str, sites: tuple[Site, ...]) -> Patch:
     path = f"{MODELS}/{folder}/modeling_{folder}.py"
-    router = Router(path, KERNELS, ENTRY, sites, WHY, NEEDS, grouped=True)
+    router = Router(path, KERNELS, op("depthwise-conv"), sites, WHY, NEEDS, grouped=True)
     names = ", ".join(s.cls for s in sites)
-    return Patch(
+    return patch(
+        router,
         id=f"transformers-{suffix}",
         summary=f"Run {family}'s depthwise convs without MIOpen's grouped GEMM",
         distribution="transformers",
         package="transformers",
-        path=path,
-        classify=partial(_conv_sites.classify, router),
-        transform=partial(_conv_sites.transform, router),
         missing_reason=f"transformers {{version}} has no {family} model",
-        op=op("depthwise-conv"),
-        kernel_module=KERNELS,
         known=(f"{names}: conv → BatchNorm → activation, depthwise where groups == C",),
         mineru=MINERU if folder == "hgnet_v2" else OTHERS,
         focus=sites[0].cls if len(sites) == 1 else None,

@@ -12,9 +12,11 @@ stack.md), so nothing upstream replaces this yet.
 
 from __future__ import annotations
 
-from rocmfix.patch import MinerUUse, Patch
+from collections.abc import Iterable, Iterator
 
-from ._patch_embed import OTHER_MODELS, patch_embed_patch
+from rocmfix.patch import MinerUUse
+
+from ._patch_embed import Row, patch_embed_patches
 
 MODELS = "transformers/models"
 KERNELS = f"{MODELS}/rocmfix_patch_embed.py"
@@ -48,19 +50,12 @@ MINERU = MinerUUse(
 )
 
 
-def _patch(suffix: str, folder: str, class_name: str, family: str) -> Patch:
-    return patch_embed_patch(
-        id=f"transformers-{suffix}",
-        distribution="transformers",
-        package="transformers",
-        path=f"{MODELS}/{folder}/modeling_{folder}.py",
-        kernel_module=KERNELS,
-        class_name=class_name,
-        family=family,
-        missing_reason=f"transformers {{version}} has no {family} model",
-        known=(f"{class_name}: nn.Conv3d(kernel_size=k, stride=k) (needed on ROCm)",),
-        mineru=MINERU if folder == "qwen2_vl" else OTHER_MODELS,
-    )
+def rows(models: Iterable[tuple[str, str, str, str]]) -> Iterator[Row]:
+    """The patch row of each (id suffix, model folder, patch-embed class, family)."""
+    for suffix, folder, class_name, family in models:
+        path = f"{MODELS}/{folder}/modeling_{folder}.py"
+        missing = f"transformers {{version}} has no {family} model"
+        yield suffix, path, class_name, family, missing, ()
 
 
-PATCHES = tuple(_patch(*row) for row in ROWS)
+PATCHES = patch_embed_patches("transformers", KERNELS, MINERU, rows(ROWS))

@@ -30,10 +30,14 @@ CONV_PY = "vllm/model_executor/layers/conv.py"
 SGLANG_CONV = "sglang/srt/layers/conv.py"
 
 
-# A transformers row for the golden file's class, built by the table's own helper.
-TRANSFORMERS = patches_package().transformers_vision._patch(
-    "golden", "golden_vl", "VisionPatchEmbed", "Golden-VL"
-)
+# A transformers row for the golden file's class, built by the table's own helpers.
+_TV = patches_package().transformers_vision
+TRANSFORMERS = _TV.patch_embed_patches(
+    "transformers",
+    _TV.KERNELS,
+    _TV.MINERU,
+    _TV.rows([("golden", "golden_vl", "VisionPatchEmbed", "Golden-VL")]),
+)[0]
 
 
 def _patch(patch_id: str) -> Patch:

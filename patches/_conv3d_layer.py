@@ -1,4 +1,4 @@
-"""When vllm's ``Conv3dLayer`` runs a matmul in eager mode, read from ``conv.py`` itself.
+"""When vllm's and sglang's ``Conv3dLayer`` runs a matmul, read from ``conv.py`` itself.
 
 From vllm 0.11.1 the Qwen-VL patch embeds build ``Conv3dLayer``
 (``vllm/model_executor/layers/conv.py``). Its ``forward_cuda``, which ROCm runs too (there is
@@ -14,10 +14,14 @@ file and evaluated with vllm's own comparisons (``vllm/utils/torch_utils.py``):
 ``is_torch_equal(t)`` is ``parse(t) <= v < parse(t + ".1")``, so ``2.9.0+rocm6.4`` passes;
 ``is_torch_equal_or_newer(t)`` is ``v >= parse(t)``, so ``2.10.0.dev…`` passes and
 ``2.9.0.dev…`` or ``2.9.0a0+git…`` (pre-releases) do not.
+
+sglang's ``Conv3dLayer`` (0.5.10 on) has no gate: its ``forward_cuda`` reaches
+``self._forward_mulmat`` whenever kernel == stride.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import libcst as cst
@@ -26,50 +30,36 @@ from packaging.version import InvalidVersion, Version
 from rocmfix.rewrite import call_name, dotted, find_class, find_method, nodes
 
 CONV_PY = "vllm/model_executor/layers/conv.py"
+# What libcst raises for a file it cannot read.
+UNREADABLE = (cst.ParserSyntaxError, UnicodeDecodeError, LookupError)
 
 
 @dataclass(frozen=True)
 class Gate:
-    """``kind``: ``equal`` (any of ``versions``), ``newer`` (>= the one version), ``always``,
-    ``never`` (no matmul branch), ``unknown`` (a shape rocmfix does not know: ``code`` says
-    what it is), ``missing`` (no ``Conv3dLayer.forward_cuda`` in conv.py), ``absent`` (no
-    conv.py at all)."""
+    """What vllm's eager-mode gate admits, as ``describe`` says; ``test`` decides a torch
+    version (it may raise InvalidVersion), None where rocmfix cannot tell."""
 
-    kind: str
-    versions: tuple[str, ...] = ()
-    code: str = ""
-
-    def describe(self) -> str:
-        if self.kind == "equal":
-            return "torch " + " or ".join(self.versions) + " (is_torch_equal)"
-        if self.kind == "newer":
-            return f"torch >= {self.versions[0]} (is_torch_equal_or_newer)"
-        if self.kind == "always":
-            return "every torch (no version gate)"
-        if self.kind == "never":
-            return "no torch: forward_cuda always calls F.conv3d"
-        if self.kind == "missing":
-            return "conv.py has no Conv3dLayer.forward_cuda"
-        if self.kind == "absent":
-            return "no torch: this vllm has no layers/conv.py"
-        return f"a gate rocmfix does not know: {self.code}"
+    describe: str
+    test: Callable[[str], bool] | None = None
 
     def admits(self, torch: str) -> bool | None:
         """Whether eager mode runs the matmul with this torch; None when it cannot tell."""
-        if self.kind == "always":
-            return True
-        if self.kind == "never":
-            return False
-        if self.kind not in ("equal", "newer"):
-            return None
         try:
-            have = Version(torch)
-            wanted = [Version(v) for v in self.versions]
+            return None if self.test is None else self.test(torch)
         except InvalidVersion:
             return None
-        if self.kind == "newer":
-            return have >= wanted[0]
-        return any(v <= have < Version(f"{v}.1") for v in wanted)
+
+
+def forward_cuda(source: bytes) -> tuple[cst.Module, cst.FunctionDef | None]:
+    """conv.py, with its ``Conv3dLayer.forward_cuda`` (what ROCm runs too: there is no
+    ``forward_hip``), None where it has none; raises :data:`UNREADABLE`."""
+    module = cst.parse_module(source)
+    cls = find_class(module, "Conv3dLayer")
+    return module, (find_method(cls, "forward_cuda") if cls is not None else None)
+
+
+def runs_mulmat(forward: cst.FunctionDef) -> bool:
+    return any(call_name(c) == "self._forward_mulmat" for c in nodes(forward, cst.Call))
 
 
 def _version_call(node: cst.BaseExpression, name: str) -> str | None:
@@ -94,14 +84,26 @@ def _equal_any(node: cst.BaseExpression) -> tuple[str, ...] | None:
     return (one,) if one is not None else None
 
 
+def _unknown(code: str) -> Gate:
+    return Gate(f"a gate rocmfix does not know: {code}")
+
+
 def _torch_gate(node: cst.BaseExpression, module: cst.Module) -> Gate:
     newer = _version_call(node, "is_torch_equal_or_newer")
     if newer is not None:
-        return Gate("newer", (newer,))
+        return Gate(
+            f"torch >= {newer} (is_torch_equal_or_newer)",
+            lambda torch: Version(torch) >= Version(newer),
+        )
     equal = _equal_any(node)
     if equal is not None:
-        return Gate("equal", equal)
-    return Gate("unknown", code=module.code_for_node(node))
+
+        def admits(torch: str) -> bool:
+            have, wanted = Version(torch), [Version(v) for v in equal]
+            return any(v <= have < Version(f"{v}.1") for v in wanted)
+
+        return Gate("torch " + " or ".join(equal) + " (is_torch_equal)", admits)
+    return _unknown(module.code_for_node(node))
 
 
 def _conjuncts(node: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -110,20 +112,20 @@ def _conjuncts(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [node]
 
 
+ALWAYS = Gate("every torch (no version gate)", lambda torch: True)
+
+
 def read_gate(source: bytes | None) -> Gate:
     if source is None:
-        return Gate("absent")
+        return Gate("no torch: this vllm has no layers/conv.py")
     try:
-        module = cst.parse_module(source)
-    except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError) as exc:
-        return Gate("unknown", code=f"conv.py does not parse ({' '.join(str(exc).split())[:80]})")
-    cls = find_class(module, "Conv3dLayer")
-    forward = find_method(cls, "forward_cuda") if cls is not None else None
+        module, forward = forward_cuda(source)
+    except UNREADABLE as exc:
+        return _unknown(f"conv.py does not parse ({' '.join(str(exc).split())[:80]})")
     if forward is None:
-        return Gate("missing")
-    mulmat = [c for c in nodes(forward, cst.Call) if call_name(c) == "self._forward_mulmat"]
-    if not mulmat:
-        return Gate("never")
+        return Gate("conv.py has no Conv3dLayer.forward_cuda")
+    if not runs_mulmat(forward):
+        return Gate("no torch: forward_cuda always calls F.conv3d", lambda torch: False)
     gates = [
         node
         for node in nodes(forward, cst.If)
@@ -131,13 +133,13 @@ def read_gate(source: bytes | None) -> Gate:
     ]
     if len(gates) != 1:
         if not gates and not nodes(forward, cst.If):
-            return Gate("always")
-        return Gate("unknown", code=f"{len(gates)} `if self.enable_linear ...` branches")
+            return ALWAYS
+        return _unknown(f"{len(gates)} `if self.enable_linear ...` branches")
     torch_terms = [c for c in _conjuncts(gates[0].test) if dotted(c) != "self.enable_linear"]
     if not torch_terms:
-        return Gate("always")
+        return ALWAYS
     if len(torch_terms) != 1:
-        return Gate("unknown", code=module.code_for_node(gates[0].test))
+        return _unknown(module.code_for_node(gates[0].test))
     term = torch_terms[0]
     if isinstance(term, cst.BooleanOperation) and term.lpar:
         term = term.with_changes(lpar=[], rpar=[])
