@@ -210,7 +210,7 @@ def apply(
             "--scheme",
             metavar="SCHEME",
             help=f"How the kernel patches run their op: {SCHEMES} (`rocmfix list` describes "
-            "each; direct is a slow parity oracle, for tests); a patch that does not offer it "
+            "each); a patch that does not offer it "
             f"keeps its own default ({DEFAULT_SCHEMES}).",
         ),
     ] = None,

@@ -462,7 +462,7 @@ def _graph_launch(
     """The resolved config of a call the kernel takes in the graph, else None: the checks of
     :func:`_conv` on what a fake tensor knows (sizes may be symbolic: a comparison guards)."""
     if x.device.type != "cuda" or INTERPRETING:
-        # The interpreter's kernels are no JITFunctions: wrap_triton cannot trace them, so a
+        # The interpreter's kernels are not compiled ones: wrap_triton cannot trace them, so a
         # CPU graph (and any graph under TRITON_INTERPRET=1) holds F.conv2d.
         return None
     if (

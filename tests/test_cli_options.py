@@ -122,7 +122,7 @@ def test_help_names_every_target_and_keeps_choices_whole() -> None:
     assert "transformers" in " ".join(_help(columns=100).split())
     for command, choices in (
         ("kernels", ("gfx1100", "gfx1201", "gfx90a", "gfx942", "gfx950", "sm_90")),
-        ("apply", ("gemm", "direct", "linear")),
+        ("apply", ("gemm", "linear", "triton")),
         ("env", ("bash", "zsh", "fish", "powershell", "huggingface", "modelscope", "local")),
     ):
         shown = _help(command)
@@ -162,20 +162,6 @@ def test_a_program_that_is_not_python_gets_a_hint_and_no_probe_code(program: str
     assert done.returncode == 1
     assert "hint: give --python the interpreter" in done.stderr
     assert "import importlib" not in done.stderr and "sys.path" not in done.stderr
-
-
-@pytest.mark.network
-def test_direct_scheme_warns_that_it_is_the_slow_oracle(vllm_env: Any) -> None:
-    from test_environment_checks import fake_distribution
-
-    env = vllm_env("0.10.1.1", torch="2.9.1+rocm6.4", hip="6.4.43482")
-    fake_distribution(env.site, "pytorch-triton-rocm", "3.5.0")
-    done = env.cli("apply", "--dry-run", "--scheme", "direct", "--only", "vllm-qwen2-vl")
-    assert done.returncode == 0, done.stderr
-    assert "would be applied (direct)" in done.stderr
-    assert "warning: the direct scheme is the slow parity oracle" in done.stderr
-    plain = env.cli("apply", "--dry-run", "--only", "vllm-qwen2-vl")
-    assert "parity oracle" not in plain.stderr
 
 
 @pytest.mark.network

@@ -20,9 +20,6 @@ def diff(result: RunResult) -> None:
     sys.stdout.buffer.flush()
 
 
-_WRITES = (Action.APPLY, Action.REAPPLY, Action.UNCHANGED)
-
-
 def run_summary(result: RunResult) -> None:
     """What the run did (or would do) first, then what it left alone, grouped by reason;
     in a terminal the lines wrap at its width, never inside a word."""
@@ -92,16 +89,6 @@ def run_summary(result: RunResult) -> None:
             counts = Counter(o.patch.distribution for o in group)
             label = f"{len(group)} patches ({', '.join(f'{d} {n}' for d, n in counts.items())})"
         console.print(wrap(f"{label}: {action.value}{scheme}: {reason}", "", "    "), style="dim")
-    if any(o.scheme == "direct" for o in result.outcomes if o.action in _WRITES):
-        console.print(
-            wrap(
-                "warning: the direct scheme is the slow parity oracle (one program per output "
-                "element), for tests; MinerU runs far faster with gemm or linear",
-                "",
-                "    ",
-            ),
-            style="yellow",
-        )
     count = len(result.changes)
     if result.dry_run:
         console.print(f"{count} file(s) would change; nothing was written.")
