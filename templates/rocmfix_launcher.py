@@ -52,7 +52,7 @@ class Launcher:
     device guard, as torch's own ops switch device for their inputs.
     """
 
-    __slots__ = ("compiled", "device", "grid", "kernel", "kwargs", "runner", "tail")
+    __slots__ = ("compiled", "device", "grid", "hooks", "kernel", "kwargs", "runner", "tail")
 
     def __init__(
         self,
@@ -68,6 +68,7 @@ class Launcher:
         self.compiled: Any = None  # the kernel Triton compiled, once adopted
         self.runner: Any = None  # compiled[grid]
         self.tail: tuple[Any, ...] = ()  # the keywords' values, in parameter order
+        self.hooks: Any = ()  # the kernel's pre-run hooks (a live list), where it has them
 
     def __call__(self, *args: Any) -> None:
         runner = self.runner
@@ -75,7 +76,7 @@ class Launcher:
             runner is not None
             and not _public_only
             and torch.cuda.current_device() == self.device
-            and not self.kernel.pre_run_hooks
+            and not self.hooks
         ):
             try:
                 runner(*args, *self.tail)
@@ -101,14 +102,11 @@ class Launcher:
         the positional ``args`` (a default left out is not known here: no runner)."""
         kernel = self.kernel
         names = list(getattr(kernel, "arg_names", ()))[len(args) :]
-        if (
-            rt.interpreted(kernel)
-            or getattr(kernel, "pre_run_hooks", None) is None
-            or any(name not in self.kwargs for name in names)
-        ):
+        if rt.interpreted(kernel) or any(name not in self.kwargs for name in names):
             return
         with torch.cuda.device(self.device):
             compiled = kernel.warmup(*args, grid=self.grid, **self.kwargs)
         if compiled is not None:
             self.tail = tuple(self.kwargs[name] for name in names)
+            self.hooks = getattr(kernel, "pre_run_hooks", ())
             self.compiled, self.runner = compiled, compiled[self.grid]
