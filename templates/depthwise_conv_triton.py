@@ -64,6 +64,9 @@ _dw_kernel = dk.KERNEL
 # re-checks its sources on every call. A key that failed once runs the modules from then on.
 _plans: ks.BoundedCache[tuple[Any, ...], tuple[Any, ...]] = ks.BoundedCache(256)
 _broken: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
+# _conv_geometry's answer (or False) by the layouts of x and the weight and the layer's type
+# and settings, all it reads: the eager path's checks once a layout, not once a call.
+_geometries: ks.BoundedCache[tuple[Any, ...], Any] = ks.BoundedCache(256)
 # Autocast (the stock conv in its dtype) and a torch.jit trace take the stock modules.
 _autocast, _tracing = ks.any_autocast, torch._C._get_tracing_state
 
@@ -72,8 +75,8 @@ def clear_config_cache() -> None:
     """Forget the tuned file, env config, arch queries, launch plans and folds (tune, tests,
     and code that writes a live model's weights through ``.data``, which moves no version)."""
     CONFIG.clear()
-    _plans.clear()
-    _broken.clear()
+    for cache in (_plans, _broken, _geometries):
+        cache.clear()
     ks.clear_folds()
 
 
@@ -172,10 +175,12 @@ def _launch(
     stride: tuple[int, int],
     padding: tuple[int, int],
     act: int,
+    layouts: tuple[Any, ...] = (),
 ) -> torch.Tensor:
     """The kernel's output for one call the caller checked, launched through the plan of its
-    key (made on the key's first call: config resolved, Launcher made)."""
-    key = (rl.layout_key(x), rl.layout_key(weight), stride, padding, act,
+    key (made on the key's first call: config resolved, Launcher made). ``layouts`` starts
+    with x's and the weight's rl.layout_key where the caller has them."""
+    key = (*(layouts or (rl.layout_key(x), rl.layout_key(weight))), stride, padding, act,
            None if scale is None else rl.layout_key(scale),
            None if shift is None else rl.layout_key(shift))  # fmt: skip
     plan = _plans.get(key)
@@ -196,7 +201,7 @@ def _launch(
         _plans.put(key, (launcher, args[5:], tuple(out.shape)))
         return out
     launcher, rest, out_shape = plan
-    out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+    out = x.new_empty(out_shape)
     # The kernel reads [C, KH*KW], a contiguous weight's own layout (the key fixes which).
     wk = weight if weight.is_contiguous() else weight.contiguous()
     launcher(x, wk, wk if scale is None else scale, wk if shift is None else shift, out, *rest)
@@ -216,15 +221,21 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
         return None  # the stock modules, which have a backward
     if _autocast() or ks.layer_hooked(layer, bn, act):
         return None
-    geometry = _conv_geometry(x, layer)
+    layouts = (rl.layout_key(x), rl.layout_key(weight), type(layer), layer.stride,
+               layer.padding, layer.dilation, layer.groups, layer.padding_mode)  # fmt: skip
+    geometry: Any = _geometries.get(layouts)
     if geometry is None:
+        geometry = _conv_geometry(x, layer) or False
+        _geometries.put(layouts, geometry)
+    if not geometry:
         return None
     epilogue = _epilogue(layer, bn, act)
     if epilogue is None:
         return None
     scale, shift, code, bn_done, act_done = epilogue
+    stride, padding = geometry
     try:
-        out = _launch(x, weight, scale, shift, *geometry, code)
+        out = _launch(x, weight, scale, shift, stride, padding, code, layouts)
     except _Broken:
         return None
     if not bn_done and bn is not None:
