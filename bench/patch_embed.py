@@ -41,16 +41,13 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "templates"
-SCHEMES = ("gemm", "direct", "linear")
+SCHEMES = ("gemm", "linear")
 C, T, P, N = 3, 2, 14, 1280
 K = C * T * P * P
 BENCH_M = (1024, 5476, 16384, 56700)
 SWEEP_M = (5476, 16384, 56700)
-DIRECT_MAX_M = 56700
-DIRECT_CHECK_MAX_M = 1000
 PROVE_M = 5476
 SWEEP_BUDGET_S = 200
-PROVE_DIRECT_M = 1000
 
 # Bounded grid for --sweep. "tma" rows use the sm_90 descriptor kernel, the others the
 # portable pointer kernel (peeled K tail, aligned row strides).
@@ -263,10 +260,6 @@ def check_correctness(mods: dict[str, ModuleType], dev: torch.device, quick: boo
                     else:
                         fn = partial(gemm.patchify_gemm, x, w.reshape(n, k), b, config=cfg)
                     cases.append((f"gemm {label}", fn))
-                if m <= DIRECT_CHECK_MAX_M:
-                    cases.append(
-                        ("direct", partial(mods["direct"].triton_conv3d_patchify, x5, w, b))
-                    )
                 cases.append(("linear", partial(mods["linear"].triton_conv3d_patchify, x5, w, b)))
                 for label, fn in cases:
                     poison_allocator(m * n * x.element_size(), dev)
@@ -512,8 +505,6 @@ def bench_one_m(
     for label, cfg in extra_cfgs:
         impls.append((f"gemm {label}", lambda i, cfg=cfg: gemm.patchify_gemm(xs[i], w2, None, cfg)))
     impls.append(("linear", lambda i: mods["linear"].triton_conv3d_patchify(five(i), w5)))
-    if m <= DIRECT_MAX_M:
-        impls.append(("direct", lambda i: mods["direct"].triton_conv3d_patchify(five(i), w5)))
     lin_ms = lin_gms = None
     for label, fn in impls:
         try:
@@ -521,7 +512,7 @@ def bench_one_m(
                 out = fn(0)
                 torch.cuda.synchronize()
                 err = rel_err(out.reshape(m, N), ref)
-                slow = label == "direct" or label.startswith("nn.Conv3d")
+                slow = label.startswith("nn.Conv3d")
                 ms = bench_ms(partial(fn, 0), warmup=25, rep=300 if slow else 100)
                 gms = rotating_graph_ms(fn, 1 if slow else sets, calls=2 if slow else 8)
         except Exception as exc:  # noqa: BLE001
@@ -596,7 +587,7 @@ def prove(mods: dict[str, ModuleType], dev: torch.device) -> dict[str, Any]:
             x = x.view(L, -1, T, P, P)
             return self.fn(x, self.proj.weight, self.proj.bias)
 
-    for scheme in ("gemm", "direct"):
+    for scheme in ("gemm",):
         try:
             torch._dynamo.reset()
             module = PatchEmbed(mods[scheme].triton_conv3d_patchify)
@@ -624,13 +615,11 @@ def prove(mods: dict[str, ModuleType], dev: torch.device) -> dict[str, Any]:
     graph_cases: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "gemm": lambda xs: gemm.triton_conv3d_patchify(xs.view(-1, C, T, P, P), w5, b),
         "gemm_ptr": lambda xs: gemm.patchify_gemm(xs, w5.reshape(N, K), b, gemm_ptr),
-        "direct": lambda xs: mods["direct"].triton_conv3d_patchify(xs.view(-1, C, T, P, P), w5, b),
         "linear": lambda xs: mods["linear"].triton_conv3d_patchify(xs.view(-1, C, T, P, P), w5, b),
     }
     for label, fn in graph_cases.items():
         try:
-            mg = PROVE_DIRECT_M if label == "direct" else m
-            static_x = torch.randn(mg, K, device=dev, dtype=torch.bfloat16)
+            static_x = torch.randn(m, K, device=dev, dtype=torch.bfloat16)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):

@@ -96,7 +96,7 @@ def graph(
 ) -> torch.Tensor:
     """``act(conv(x) * scale + shift)``, NCHW-contiguous: the kernel's launch for CUDA/HIP
     tensors (the entry's traced path checked the geometry), :func:`reference` elsewhere (the
-    interpreter's kernel is no JITFunction: ``wrap_triton`` cannot trace it)."""
+    interpreter's kernel is not compiled: ``wrap_triton`` cannot trace it)."""
     if dk.KERNEL is None or rt.INTERPRETING or x.device.type != "cuda":
         return reference(x, weight, scale, shift, stride, padding, act).contiguous()
     st, pad = (int(stride[0]), int(stride[1])), (int(padding[0]), int(padding[1]))

@@ -23,7 +23,6 @@ custom op come from the shared ``rocmfix_*`` modules; all are dropped beside thi
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 from typing import Any
 
@@ -59,46 +58,25 @@ conv, _pair = dop.conv, ks.pair
 # The kernel itself (None without Triton), where rocmfix's profiler looks for it.
 _dw_kernel = dk.KERNEL
 
-# The launch of each key (the layout, the modules and their settings) planned so far: the
-# replays read _replays; this is the record tests and benches count plans by.
-_plans: ks.BoundedCache[tuple[Any, ...], rl.Launcher] = ks.BoundedCache(256)
+# The launch of each key: everything Triton specialises on (rl.layout_key of each tensor,
+# the conv's stride and padding, the fused activation), and nothing derived from a tensor's
+# values, so a plan cannot go stale. What is (the folded BatchNorm) is ks.fold_bn's, which
+# re-checks its sources on every call. A key that failed once runs the modules from then on.
+_plans: ks.BoundedCache[tuple[Any, ...], tuple[Any, ...]] = ks.BoundedCache(256)
 _broken: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
-# id(conv) -> its last call's Replay. It holds the layer's weight, so an id is not reused
-# while its entry stands. A plain dict: a dict's get costs 36 ns where BoundedCache.get's
-# recency update makes it 218 (CPython 3.12). Writes take rt.LOCK; a model with more layers
-# than it holds starts it afresh.
-_replays: dict[int, tuple[Any, ...]] = {}
-_REPLAYS_SIZE = 256
-# What the replay calls every time, bound once (a module attribute read each is ~20 ns).
-_is_compiling = rop.is_compiling
-_grad_enabled = torch.is_grad_enabled
+# _conv_geometry's answer (or False) by the layouts of x and the weight and the layer's type
+# and settings, all it reads: the eager path's checks once a layout, not once a call.
+_geometries: ks.BoundedCache[tuple[Any, ...], Any] = ks.BoundedCache(256)
 # Autocast (the stock conv in its dtype) and a torch.jit trace take the stock modules.
 _autocast, _tracing = ks.any_autocast, torch._C._get_tracing_state
-_empty_like = torch.empty_like
-_CONTIGUOUS = torch.contiguous_format
-_modules = torch.nn.modules.module
-_GELU = torch.nn.GELU
-
-
-def _forget() -> None:
-    """What an optimizer step makes stale (ks.training_seen): the replays and the op's plans."""
-    with rt.LOCK:
-        _replays.clear()
-    _op_plans.clear()
-
-
-# Every optimizer step in the process calls it (ks.training_seen).
-ks.derived(_forget)
 
 
 def clear_config_cache() -> None:
-    """Forget the tuned file, env config, arch queries and launch plans (tune, tests)."""
+    """Forget the tuned file, env config, arch queries, launch plans and folds (tune, tests,
+    and code that writes a live model's weights through ``.data``, which moves no version)."""
     CONFIG.clear()
-    _plans.clear()
-    _op_plans.clear()
-    _broken.clear()
-    with rt.LOCK:
-        _replays.clear()
+    for cache in (_plans, _broken, _geometries):
+        cache.clear()
     ks.clear_folds()
 
 
@@ -189,139 +167,77 @@ def _epilogue(layer: Any, bn: Any, act: Any) -> tuple[Any, Any, int, bool, bool]
     return plain[0], plain[1], code if fuse_act and code is not None else 0, bn is None, fuse_act
 
 
-def _allocation(x: torch.Tensor, out_shape: tuple[int, ...]) -> int:
-    """How a replay allocates the (NCHW-contiguous) output, cheapest first (CPython 3.11, torch
-    2.14 on a CPU: 0.9, 1.1 and 1.5 us, bench/dw_host.py): 0 ``empty_like(x)`` for a
-    contiguous input of the output's shape (it keeps that layout), 1 ``empty_like`` in the
-    contiguous format for any other input of that shape, 2 ``new_empty``."""
-    if tuple(x.shape) != out_shape:
-        return 2
-    return 0 if x.is_contiguous() else 1
-
-
-# A layer's replay, in the order the replay checks it: the BatchNorm and activation; the
-# input's layout and address modulo 16; the conv's settings, weight (at wptr) and bias; a
-# folded BatchNorm's tensors and eps; (tensor, address, version) of what was folded and of
-# the BatchNorm's batch count (its train-mode forward moves no statistic's version); the
-# output's allocation (_allocation) and shape; launch(*head, stream, *between, the kernel's
-# arguments spread or one tuple) (Launcher.replay_launch), with wk, scale, shift as ints
-# where ``addresses`` (keep holds the tensors). Stored as a plain tuple: one unpacks in 0.13
-# us, a namedtuple in 0.33 (CPython 3.11's fast path is for exact tuples); replay_of names it.
-Replay = collections.namedtuple(
-    "Replay",
-    "bn act shape strides dtype device align settings weight wptr wshape wstrides bias folded "
-    "stamps alloc "
-    "out_shape launcher launch head between spread addresses wk scale shift rest tail "
-    "bn_done act_done gelu grads keep",
-)
-
-
-def replay_of(layer: Any) -> Replay | None:
-    """``layer``'s replay, named (tests, benches)."""
-    return Replay._make(_replays[id(layer)]) if id(layer) in _replays else None
-
-
-# How replays launch (read at plan time): the launcher's C ``launch`` where rl.direct_launch
-# reads its layout; tensors as addresses (Triton's C launch queries the driver for a tensor).
-DIRECT, ADDRESSES = True, True
-
-
-def _plan(
+def _launch(
     x: torch.Tensor,
-    layer: Any,
-    bn: Any,
-    act: Any,
-    launcher: rl.Launcher,
-    args: tuple[Any, ...],
-    out_shape: tuple[int, ...],
-    epilogue: tuple[Any, Any, int, bool, bool],
-) -> Replay | None:
-    """What :func:`depthwise_conv2d` replays for ``layer``'s next calls, with everything the
-    launch was made from: None where a tensor has no version (inference tensors)."""
-    _scale, _shift, _code, bn_done, act_done = epilogue
-    params = layer._parameters
-    weight, bias = params["weight"], params.get("bias")
-    folded = None
-    sources = [bias]  # what the scale and shift were computed from: copies
-    if bn_done and bn is not None:
-        buffers, affine = bn._buffers, bn._parameters
-        folded = (buffers.get("running_mean"), buffers.get("running_var"),
-                  affine.get("weight"), affine.get("bias"), bn.eps)  # fmt: skip
-        sources += (*folded[:4], buffers.get("num_batches_tracked"))
-    try:
-        # The weight's version too: a copy of it (a non-contiguous weight) goes stale when it
-        # is updated in place, and a view (the live values) when its shape or strides change
-        # in place (`transpose_`).
-        sources.append(weight)
-        stamps = tuple((t, t.data_ptr(), t._version) for t in sources if t is not None)
-        wptr = weight.data_ptr()
-    except RuntimeError:
-        return None
-    launch, head, between, spread = launcher.replay_launch(args, direct=DIRECT)
-    wk, scale, shift = args[1:4]
-    addresses = launch is not None and (ADDRESSES or not spread)  # a tuple: addresses
-    if addresses:
-        wk, scale, shift = wk.data_ptr(), scale.data_ptr(), shift.data_ptr()
-    return Replay(
-        bn, act, x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15,
-        (layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_mode),
-        weight, wptr, weight.shape, weight.stride(), bias, folded, stamps,
-        _allocation(x, out_shape), out_shape,
-        launcher, launch, head, between, spread, addresses, wk, scale, shift,
-        args[5:] + launcher.tail, args[5:], bn_done, act_done,
-        act_done and type(act) is _GELU,
-        tuple(t for t in (weight, *sources) if t is not None), tuple(args[1:4]),
-    )  # fmt: skip
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    act: int,
+    layouts: tuple[Any, ...] = (),
+) -> torch.Tensor:
+    """The kernel's output for one call the caller checked, launched through the plan of its
+    key (made on the key's first call: config resolved, Launcher made). ``layouts`` starts
+    with x's and the weight's rl.layout_key where the caller has them."""
+    key = (*(layouts or (rl.layout_key(x), rl.layout_key(weight))), stride, padding, act,
+           None if scale is None else rl.layout_key(scale),
+           None if shift is None else rl.layout_key(shift))  # fmt: skip
+    plan = _plans.get(key)
+    if plan is None:
+        if _broken.get(key):
+            raise _Broken
+        kh, kw = int(weight.shape[2]), int(weight.shape[3])
+        cfg = resolve_config(x.device, kh, kw, stride[0], x.dtype, layout_class(x))
+        kernel, grid, args, kwargs, out = prepare_launch(
+            x, weight, stride, padding, cfg, scale, shift, act
+        )
+        launcher = rl.Launcher(kernel, grid, kwargs, rl.device_index(x))
+        try:
+            launcher(*args)
+        except Exception:
+            _broken.put(key, True)
+            raise
+        _plans.put(key, (launcher, args[5:], tuple(out.shape)))
+        return out
+    launcher, rest, out_shape = plan
+    out = x.new_empty(out_shape)
+    # The kernel reads [C, KH*KW], a contiguous weight's own layout (the key fixes which).
+    wk = weight if weight.is_contiguous() else weight.contiguous()
+    launcher(x, wk, wk if scale is None else scale, wk if shift is None else shift, out, *rest)
+    return out
+
+
+class _Broken(Exception):
+    """A key whose launch failed once: the caller runs the stock modules, without a warning."""
 
 
 def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
-    """A layer's first call (or the first since what it was planned for changed): checks,
-    plans, launches, and keeps the plan for the replay in :func:`depthwise_conv2d`."""
+    """``act(bn(layer(x)))`` through the kernel, or None where the modules must run."""
     weight = layer._parameters.get("weight") if isinstance(layer, torch.nn.Module) else None
     if weight is None:
         return None
     if ks.training(x, weight, layer._parameters.get("bias"), bn=bn):
         return None  # the stock modules, which have a backward
-    if _autocast():
+    if _autocast() or ks.layer_hooked(layer, bn, act):
         return None
-    # Everything a launch depends on but the tensors: their layout, the modules and their
-    # settings. A layer that failed once at a key runs its modules from then on.
-    key = (rl.layout_key(x), id(layer), layer.stride, layer.padding, layer.dilation,
-           layer.groups, id(bn), id(act), getattr(bn, "eps", None))  # fmt: skip
-    if _broken.get(key) or ks.layer_hooked(layer, bn, act):
-        return None
-    geometry = _conv_geometry(x, layer)
+    layouts = (rl.layout_key(x), rl.layout_key(weight), type(layer), layer.stride,
+               layer.padding, layer.dilation, layer.groups, layer.padding_mode)  # fmt: skip
+    geometry: Any = _geometries.get(layouts)
     if geometry is None:
+        geometry = _conv_geometry(x, layer) or False
+        _geometries.put(layouts, geometry)
+    if not geometry:
         return None
     epilogue = _epilogue(layer, bn, act)
     if epilogue is None:
         return None
     scale, shift, code, bn_done, act_done = epilogue
     stride, padding = geometry
-    kh, kw = int(weight.shape[2]), int(weight.shape[3])
-    cfg = resolve_config(x.device, kh, kw, stride[0], x.dtype, layout_class(x))
-    kernel, grid, args, kwargs, out = prepare_launch(
-        x, weight.detach(), stride, padding, cfg, scale, shift, code
-    )
-    # A launcher adopted for this layer at this key before (a layer whose input alternates
-    # between layouts replans at each change), where everything else Triton specialises on
-    # is the same: the weight's and the fold's layouts and alignment, the constexprs, the grid.
-    launch_key = (*key, *(rl.layout_key(t) for t in args[1:4]), tuple(kwargs.items()), grid)
-    launcher = _plans.get(launch_key)
-    if launcher is None:
-        launcher = rl.Launcher(kernel, grid, kwargs, rl.device_index(x))
     try:
-        launcher(*args)
-    except Exception:
-        _broken.put(key, True)
-        raise
-    plan = _plan(x, layer, bn, act, launcher, args, tuple(out.shape), epilogue)
-    if plan is not None:
-        _plans.put(launch_key, launcher)
-        with rt.LOCK:
-            if len(_replays) >= _REPLAYS_SIZE:
-                _replays.clear()
-            _replays[id(layer)] = tuple(plan)
+        out = _launch(x, weight, scale, shift, stride, padding, code, layouts)
+    except _Broken:
+        return None
     if not bn_done and bn is not None:
         out = bn(out)
     if not act_done and act is not None:
@@ -370,96 +286,6 @@ def depthwise_conv2d(
     ``Hardswish``/``Identity`` without hooks in its store; any other module is called on its
     output. Everything else runs the modules themselves, as does any error (warned once).
     """
-    # The replay, first and inline: every call but a layer's first lands here, where the
-    # F.conv2d it replaces pays one C++ dispatch. It checks, at one attribute read or C call
-    # each, what the launch was planned for (Replay, in order; the weight at the same
-    # address: the kernel reads it through a view), no hooks on the conv, the folded
-    # BatchNorm and fused activation or global ones, a folded BatchNorm's eval mode.
-    # Anything else goes to _eager, which plans anew or runs the modules.
-    if not _is_compiling():
-        plan = _replays.get(id(conv))
-        if plan is not None:
-            (bn0, act0, shape, strides, dtype, device, align, settings, weight, wptr, wshape,
-             wstrides, bias, folded, stamps, alloc, out_shape, launcher, launch, head, between,
-             spread, addresses, wk, scale, shift, rest, tail, bn_done, act_done, gelu, grads,
-             keep) = plan  # fmt: skip
-            try:
-                xp = x.data_ptr()
-                params = conv._parameters
-                fresh = (
-                    _tracing() is None  # first: a trace would warn on the shape's compare
-                    and bn is bn0
-                    and act is act0
-                    and x.shape == shape
-                    and x.stride() == strides
-                    and x.dtype is dtype
-                    and x.get_device() == device
-                    and xp & 15 == align
-                    and (conv.stride, conv.padding, conv.dilation, conv.groups,
-                         conv.padding_mode) == settings
-                    and params["weight"] is weight
-                    and weight.data_ptr() == wptr
-                    # `.data = w.data.transpose(2, 3)`: another view at the same address
-                    and weight.shape == wshape
-                    and weight.stride() == wstrides
-                    and params.get("bias") is bias
-                    and not (conv._forward_hooks or conv._forward_pre_hooks)
-                    and not (_modules._global_forward_hooks or _modules._global_forward_pre_hooks)
-                    and not (_grad_enabled()
-                             and (x.requires_grad or any(t.requires_grad for t in grads)))
-                    and not _autocast()
-                )  # fmt: skip
-                if fresh and folded is not None:
-                    buffers, affine = bn._buffers, bn._parameters  # type: ignore[union-attr]
-                    fresh = (
-                        buffers.get("running_mean") is folded[0]
-                        and buffers.get("running_var") is folded[1]
-                        and affine.get("weight") is folded[2]
-                        and affine.get("bias") is folded[3]
-                        and bn.eps == folded[4]  # type: ignore[union-attr]
-                        and not bn.training  # type: ignore[union-attr]
-                        and not (bn._forward_hooks or bn._forward_pre_hooks)  # type: ignore[union-attr]
-                    )
-                if fresh and act_done and act is not None:
-                    fresh = not (act._forward_hooks or act._forward_pre_hooks)  # type: ignore[attr-defined]
-                    if gelu and act.approximate != "none":  # type: ignore[attr-defined]
-                        fresh = False
-                if fresh:
-                    for t, ptr, version in stamps:
-                        if t._version != version or t.data_ptr() != ptr:
-                            fresh = False
-                            break
-                if fresh:
-                    if alloc == 0:
-                        out = _empty_like(x)
-                    elif alloc == 1:
-                        out = _empty_like(x, memory_format=_CONTIGUOUS)
-                    else:
-                        out = x.new_empty(out_shape)
-                    stream = None if launch is None else launcher.stream()
-                    # Each form spelled out: a tuple built and spread costs 0.1 us more.
-                    if stream is None:
-                        launcher(x, *keep, out, *tail)
-                    elif not addresses:
-                        launch(*head, stream, *between, x, wk, scale, shift, out, *rest)
-                    elif spread:
-                        launch(*head, stream, *between, xp, wk, scale, shift, out.data_ptr(),
-                               *rest)  # fmt: skip
-                    else:
-                        launch(*head, stream, *between,
-                               (xp, wk, scale, shift, out.data_ptr(), *rest))  # fmt: skip
-                    if not bn_done and bn is not None:
-                        out = bn(out)
-                    if not act_done and act is not None:
-                        out = act(out)
-                    return out
-            except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
-                with rt.LOCK:
-                    _replays.pop(id(conv), None)  # the next call plans anew, or marks it broken
-                y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
-                if isinstance(x, torch.Tensor):  # not a tracer's proxy (torch.fx)
-                    _failed(exc)
-                return y
     if not isinstance(x, torch.Tensor):
         return ks.stock(x, conv, bn, act)  # torch.fx's symbolic trace records the modules
     if triton is None:
@@ -469,7 +295,7 @@ def depthwise_conv2d(
         return ks.stock(x, conv, bn, act)
     if not (x.is_cuda or INTERPRETING):
         return ks.stock(x, conv, bn, act)
-    if _is_compiling():
+    if rop.is_compiling():
         traced = _traced(x, conv, bn, act)
         return ks.stock(x, conv, bn, act) if traced is None else traced
     if _tracing() is not None:
@@ -477,7 +303,7 @@ def depthwise_conv2d(
     try:
         done = _eager(x, conv, bn, act)
     except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
-        y = ks.stock(x, conv, bn, act)
+        y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
         _failed(exc)
         return y
     return ks.stock(x, conv, bn, act) if done is None else done
@@ -496,50 +322,6 @@ def _failed(exc: Exception) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-# The op's launches under torch.compile, by everything a launch depends on but the addresses:
-# a compiled model calls the op with the same weight and layouts every forward, so every call
-# but the first launches straight away. conv() resolves the config and builds a Launcher on
-# each call: 150 us a node on an H100 host, which made PP-OCRv6 det compiled 1.5x stock with
-# 0.85x its GPU time (bench/compile_gpu.py, 2026-11-25). A plan holds its weight, so the id is
-# not reused while it stands; the weight's address and version see an in-place update.
-_op_plans: ks.BoundedCache[tuple[Any, ...], tuple[Any, ...]] = ks.BoundedCache(256)
-
-
-def _tensor_key(t: torch.Tensor | None) -> tuple[Any, ...] | None:
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
-
-
-def _op_conv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    shift: torch.Tensor | None,
-    stride: tuple[int, int],
-    padding: tuple[int, int],
-    act: int,
-) -> torch.Tensor:
-    if weight.is_inference():  # no version to see an update by: planned anew
-        return conv(x, weight, stride, padding, scale=scale, shift=shift, act=act)
-    key = (rl.layout_key(x), id(weight), weight.data_ptr(), weight._version, weight.shape,
-           weight.stride(), stride, padding, act, _tensor_key(scale),
-           _tensor_key(shift))  # fmt: skip
-    plan = _op_plans.get(key)
-    if plan is None:
-        kh, kw = int(weight.shape[2]), int(weight.shape[3])
-        cfg = resolve_config(x.device, kh, kw, stride[0], x.dtype, layout_class(x))
-        kernel, grid, args, kwargs, out = prepare_launch(
-            x, weight, stride, padding, cfg, scale, shift, act
-        )
-        launcher = rl.Launcher(kernel, grid, kwargs, rl.device_index(x))
-        launcher(*args)
-        _op_plans.put(key, (launcher, weight, args[1], args[5:], tuple(out.shape)))
-        return out
-    launcher, _weight, wk, tail, out_shape = plan
-    out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    launcher(x, wk, wk if scale is None else scale, wk if shift is None else shift, out, *tail)
-    return out
-
-
 def _impl(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -552,14 +334,12 @@ def _impl(
     if dk.KERNEL is not None and (x.is_cuda or INTERPRETING):
         try:
             st, pad = (int(stride[0]), int(stride[1])), (int(padding[0]), int(padding[1]))
-            return _op_conv(x, weight, scale, shift, st, pad, act)
+            return _launch(x, weight, scale, shift, st, pad, act)
+        except _Broken:
+            pass  # warned when it broke
         except Exception as exc:  # noqa: BLE001
             y = _reference(x, weight, scale, shift, stride, padding, act)
-            ks.warn_once(
-                "depthwise-op:" + type(exc).__name__,
-                f"rocmfix: the depthwise conv kernel failed ({type(exc).__name__}: {exc}); "
-                "running F.conv2d",
-            )
+            _failed(exc)
             return y
     return _reference(x, weight, scale, shift, stride, padding, act)
 

@@ -69,18 +69,13 @@ def clear_config_cache() -> None:
     and folded BatchNorms (for ``rocmfix tune``, tests, and code that writes a live model's
     weights through ``.data``, which moves no version)."""
     CONFIG.clear()
-    _forget()
+    _PLANS.clear()
+    dk.clear_packs()
     ks.clear_folds()
 
 
-def _forget() -> None:
-    """What an optimizer step makes stale (ks.training_seen): the plans and packed weights."""
-    _PLANS.clear()
-    dk.clear_packs()
-
-
-# Every optimizer step in the process calls it (ks.training_seen).
-ks.derived(_forget)
+# What an optimizer step makes stale (ks.training_seen): the packed weights.
+ks.derived(dk.clear_packs)
 
 
 def _triton_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -212,7 +207,7 @@ def _conv(
         if plan is not None and not (
             torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         ):
-            return _replay(x, plan, epilogue), epilogue is not None
+            return _replay(x, weight, plan, epilogue), epilogue is not None
     if isinstance(dilation, (tuple, list)):
         if len(set(dilation)) != 1:
             return F.conv2d(x, weight, None, 1, padding, dilation), False
@@ -267,38 +262,28 @@ def _conv(
         x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
     )
     # Every tensor's alignment is fixed by the key (the input is keyed; its channels-last copy,
-    # the output and the epilogue's scale and shift are fresh allocations), as the Launcher
-    # needs.
+    # the packed weight, the output and the epilogue's scale and shift are fresh allocations),
+    # as the Launcher needs.
     launcher = rl.Launcher(kernel, grid, kwargs, device)
     launcher(*args)
     if key is not None:
-        # args[1] is the packed weight; the plan also holds `weight`, so its id() and
-        # data_ptr() in the key stay its own.
-        _PLANS.put(key, (launcher, args[0] is not x, args[1], args[5:], weight, out.shape))
+        pack = (kwargs["C_PAD"], kwargs["CO_PAD"], x.dtype, kwargs["W_KMAJOR"])
+        _PLANS.put(key, (launcher, args[0] is not x, pack, args[5:], out.shape))
     return out, epilogue is not None
 
 
 def _plan_key(
     x: torch.Tensor, weight: torch.Tensor, dilation: Any, padding: Any, epilogue: Epilogue | None
 ) -> tuple[Any, ...] | None:
-    """Everything a call's launch depends on but its tensors' addresses, or None for a call
-    that is not cached (an inference-tensor weight has no version to see updates by, a
-    list is no key)."""
-    if weight.is_inference():  # asking its version would raise, slowly
-        return None
-    version = weight._version
+    """Everything a call's launch depends on but its tensors' addresses and values, or None
+    for a call that is not cached (a list is no key)."""
     if type(dilation) is not int or not (
         type(padding) is int or (type(padding) is tuple and all(type(v) is int for v in padding))
     ):
         return None
     return (
         rl.layout_key(x),
-        id(weight),
-        weight.data_ptr(),
-        version,
-        weight.shape,
-        weight.stride(),
-        weight.dtype,
+        rl.layout_key(weight),
         dilation,
         padding,
         # TF32 or IEEE is read from torch per call, as cuDNN reads it (fp32 only).
@@ -309,8 +294,11 @@ def _plan_key(
     )
 
 
-def _replay(x: torch.Tensor, plan: tuple[Any, ...], epilogue: Epilogue | None) -> torch.Tensor:
-    launcher, to_cl, packed, tail, _weight, out_shape = plan
+def _replay(
+    x: torch.Tensor, weight: torch.Tensor, plan: tuple[Any, ...], epilogue: Epilogue | None
+) -> torch.Tensor:
+    launcher, to_cl, pack, tail, out_shape = plan
+    packed = dk._packed_weight(weight, *pack)  # cached by the weight's address and version
     if launcher.kernel is dk.TMA_KERNEL:
         dk._ensure_allocator()  # per thread: a plan made in one thread may run in another
     xin = x.contiguous(memory_format=torch.channels_last) if to_cl else x
@@ -462,7 +450,7 @@ def _graph_launch(
     """The resolved config of a call the kernel takes in the graph, else None: the checks of
     :func:`_conv` on what a fake tensor knows (sizes may be symbolic: a comparison guards)."""
     if x.device.type != "cuda" or INTERPRETING:
-        # The interpreter's kernels are no JITFunctions: wrap_triton cannot trace them, so a
+        # The interpreter's kernels are not compiled ones: wrap_triton cannot trace them, so a
         # CPU graph (and any graph under TRITON_INTERPRET=1) holds F.conv2d.
         return None
     if (

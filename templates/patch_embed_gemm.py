@@ -21,7 +21,6 @@ precision class: ``"f16"`` for bf16/fp16 inputs, ``"fp32"`` for fp32). The share
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -63,8 +62,8 @@ _w_desc_cache: ks.BoundedCache[tuple[Any, ...], Any] = ks.BoundedCache(8)
 _packed_cache: ks.BoundedCache[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = (
     ks.BoundedCache(8)
 )
-# Prepared calls, by everything that fixes a call's launch but the addresses of x, bias and the
-# output (see _call_key). Vision towers see a new M per image, so a few entries per model.
+# Prepared calls, by everything that fixes a call's launch but the tensors' addresses and
+# values (see _call_key). Vision towers see a new M per image, so a few entries per model.
 _calls: ks.BoundedCache[tuple[Any, ...], _Call] = ks.BoundedCache(64)
 PACK_ROW_BYTES = 128
 
@@ -73,12 +72,13 @@ def clear_config_cache() -> None:
     """Forget the parsed tuned file, env config, arch queries, plans and packed weights."""
     CONFIG.clear()
     _plan_cache.clear()
+    _calls.clear()
     _forget()
 
 
 def _forget() -> None:
-    """What an optimizer step makes stale: packed weights, calls, descriptors (ks.derived)."""
-    for cache in (_w_desc_cache, _packed_cache, _calls):
+    """What an optimizer step makes stale: packed weights, descriptors (ks.derived)."""
+    for cache in (_w_desc_cache, _packed_cache):
         cache.clear()
 
 
@@ -104,12 +104,8 @@ device_arch = kc.device_arch
 INTERPRETER_SM_COUNT = 4
 
 
-try:
-    from triton.runtime.errors import OutOfResources as _OutOfResources
-
-    _OUT_OF_RESOURCES: tuple[type[BaseException], ...] = (_OutOfResources,)
-except Exception:  # noqa: BLE001
-    _OUT_OF_RESOURCES = ()
+# What a tile config too big for this GPU raises (see _run).
+_OUT_OF_RESOURCES = (triton.runtime.errors.OutOfResources,) if rt.HAS_TRITON else ()
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,12 +122,7 @@ def _row_align(t: torch.Tensor, stride: int) -> int:
 
 
 class _Plan:
-    """A resolved config turned into launch arguments once, off the per-call path.
-
-    Triton's own launch costs ~30-40 us of host time per call on an H200 host; everything the
-    wrapper adds on top is visible in eager mode, so the per-call work is kept to shape checks,
-    two descriptors and the launch.
-    """
+    """A resolved config turned into launch settings once per device and dtype."""
 
     def __init__(self, cfg: Mapping[str, Any], device: torch.device) -> None:
         self.bm, self.bn, self.bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
@@ -230,86 +221,83 @@ def _launch(
     return launcher, args
 
 
-if TensorDescriptor is not None and not hasattr(TensorDescriptor, "__slots__"):
-
-    def _rebase(desc: Any, base: torch.Tensor) -> Any:
-        # A descriptor is a record read at launch (base address, shape, strides, block):
-        # copying the first call's record skips from_tensor's checks, which that call made
-        # and the call key holds (shape, strides, 16-byte alignment).
-        clone = object.__new__(TensorDescriptor)
-        clone.__dict__.update(desc.__dict__)
-        clone.base = base
-        return clone
-
-else:
-
-    def _rebase(desc: Any, base: torch.Tensor) -> Any:
-        return dataclasses.replace(desc, base=base)
+def _rebase(desc: Any, base: torch.Tensor) -> Any:
+    # A descriptor is a record read at launch (base address, shape, strides, block): copying
+    # the first call's record skips from_tensor's checks, which that call made and the call
+    # key holds (shape, strides, 16-byte alignment).
+    clone = copy.copy(desc)
+    clone.base = base
+    return clone
 
 
 class _Call:
-    """A call's launch made once: the Launcher that Triton's first call adopted, the weight as
-    the kernel reads it (packed) and every argument after the per-call tensors. For the
-    descriptor kernel, the first call's x and output descriptors, rebased each call."""
+    """A call's launch made once per layout: the Launcher that Triton's first call adopted and
+    every argument after the per-call tensors; for the descriptor kernel, the first call's x
+    and output descriptors, rebased each call. The weight is read per call, packed
+    (_packed_weight's cache sees its address and version)."""
 
-    __slots__ = ("a_desc", "c_desc", "device", "dtype", "launcher", "shape", "source", "tail",
-                 "weight")  # fmt: skip
+    __slots__ = ("a_desc", "block", "c_desc", "device", "dtype", "launcher", "pack", "shape",
+                 "tail", "w_stride")  # fmt: skip
 
     def __init__(
-        self, launcher: rl.Launcher, args: tuple[Any, ...], source: torch.Tensor, out: torch.Tensor
-    ) -> None:
+        self, launcher: rl.Launcher, args: tuple[Any, ...], plan: _Plan, w: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:  # fmt: skip
         self.launcher = launcher
         tma = launcher.kernel is _gemm_tma_kernel
         self.a_desc = args[0] if tma else None
         self.c_desc = args[2] if tma else None
-        self.weight = args[1]
+        self.block = (plan.bn, plan.bk)
+        self.pack, self.w_stride = plan.pack, w.stride(0)
         self.tail = args[4:]
-        # Holds the caller's weight, so its address (in the key) is not reused while this lives.
-        self.source = source
         self.shape, self.dtype, self.device = out.shape, out.dtype, out.device
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        w = weight.flatten(1)
+        if self.pack:
+            w = _packed_weight(w)
+        if w.stride(0) != self.w_stride:
+            return None  # unpacked in a capture (see _packed_weight): the full path
         out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        b = out if bias is None else bias
         if self.a_desc is None:
-            self.launcher(x, self.weight, out if bias is None else bias, out, *self.tail)
+            self.launcher(x, w, b, out, *self.tail)
         else:
-            a_desc, c_desc = _rebase(self.a_desc, x), _rebase(self.c_desc, out)
-            self.launcher(a_desc, self.weight, c_desc, out if bias is None else bias, *self.tail)
+            w_desc = _weight_descriptor(w, *self.block)
+            self.launcher(_rebase(self.a_desc, x), w_desc, _rebase(self.c_desc, out), b,
+                          *self.tail)  # fmt: skip
         return out
 
 
 def _call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
-    """Everything Triton specialises on and prepare_launch reads, but addresses: shapes,
-    strides, dtypes, device, 16-byte alignment; the weight by address and version (an
-    in-place update makes a new key, and a new packed copy)."""
-    # An inference tensor has no counter (asking raises, slowly), and it is used unpacked.
-    version = None if weight.is_inference() else weight._version
+    """Everything Triton specialises on and prepare_launch reads: the tensors' layouts."""
     return (
         rl.layout_key(x),
-        weight.data_ptr(),
-        version,
-        weight.shape,
-        weight.stride(),
-        weight.dtype,
-        None if bias is None else (bias.data_ptr() % 16, bias.shape, bias.stride(), bias.dtype),
+        rl.layout_key(weight),
+        None if bias is None else rl.layout_key(bias),
     )
 
 
 def _cached_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x.flatten(1) @ weight.flatten(1).T (+ bias)`` on a GPU, its launch prepared once per
-    key. Eager callers pay Triton's and torch's per-call costs on the host (bench/eager_host.py):
-    a repeat call is one key, one torch.empty and the compiled kernel's own launch; even the
-    two flatten views are left out, since the kernel reads x's rows by address and stride."""
+    key. Eager callers pay Triton's and torch's per-call costs on the host: a repeat call is
+    one key, the packed weight's lookup, one torch.empty and the compiled kernel's runner;
+    x's flatten view is left out, since the kernel reads its rows by address and stride."""
     key = _call_key(x, weight, bias)
     hit = _calls.get(key)
     if hit is not None:
-        return hit(x, bias)
+        out = hit(x, weight, bias)
+        if out is not None:
+            return out
     a = x.flatten(1)
     w = weight.flatten(1)
-    out, used = _run(a, w, bias, _plan_for(a.device, a.dtype), None)
+    plan = _plan_for(a.device, a.dtype)
+    out, used = _run(a, w, bias, plan, None)
     if (
         used is not None
-        # Views, not copies: a later call passes x and reads the weight through this entry.
+        # Views, not copies: a later call passes x itself and flattens the weight again.
         and a.data_ptr() == x.data_ptr()
         and w.data_ptr() == weight.data_ptr()
         # Anything converted or copied per call stays on this path.
@@ -319,7 +307,8 @@ def _cached_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
     ):
         launcher, args = used
-        _calls.put(key, _Call(launcher, args, weight, out))
+        packed = _packed_weight(w) if plan.pack and w.numel() > 0 else w
+        _calls.put(key, _Call(launcher, args, plan, packed, out))
     return out
 
 
@@ -465,9 +454,7 @@ def prepare(
     """What one call of ``patchify_gemm`` would launch, from the same config resolution and
     preparation (the weight packed, the output made), without launching: rocmfix's
     ahead-of-time compile check compiles it for GPUs it does not have."""
-    cfg = resolve_config(a.device, a.dtype)
-    cfg.update(CONFIG.validate(config or {}))
-    plan = _Plan(cfg, a.device)
+    plan = _explicit_plan(a, config or {})
     if plan.pack and w.numel() > 0:
         w = _packed_weight(w)
     out = torch.empty((a.shape[0], w.shape[0]), dtype=a.dtype, device=a.device)
@@ -498,13 +485,15 @@ def patchify_gemm(
     """
     if not rt.HAS_TRITON:
         raise RuntimeError("triton is not importable")
-    if config is None:
-        plan = _plan_for(a.device, a.dtype)
-    else:
-        cfg = resolve_config(a.device, a.dtype)
-        cfg.update(CONFIG.validate(config))
-        plan = _Plan(cfg, a.device)
+    plan = _plan_for(a.device, a.dtype) if config is None else _explicit_plan(a, config)
     return _run(a, w, bias, plan, out, keep=False)[0]
+
+
+def _explicit_plan(a: torch.Tensor, config: Mapping[str, Any]) -> _Plan:
+    """The resolved config for ``a`` with ``config``'s fields over it (tune, doctor)."""
+    cfg = resolve_config(a.device, a.dtype)
+    cfg.update(CONFIG.validate(config))
+    return _Plan(cfg, a.device)
 
 
 def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -22,8 +22,8 @@ from . import rocmfix_triton as rt
 
 def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether the graph launches the kernel for these (fake) tensors: a CUDA/HIP device and
-    one dtype, as the eager path launches it. Not under the interpreter, whose kernel is no
-    JITFunction ``wrap_triton`` can trace."""
+    one dtype, as the eager path launches it. Not under the interpreter, whose kernel is not
+    one ``wrap_triton`` can trace."""
     return (
         pk.PTR_KERNEL is not None
         and not rt.INTERPRETING

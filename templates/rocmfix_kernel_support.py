@@ -4,8 +4,6 @@ rocmfix drops this file, under this name, beside the kernel modules that import 
 depthwise and transposed convs); ``rocmfix revert`` removes it with them. Standard library
 and torch only.
 
-- :func:`interpreted`: whether a ``@triton.jit`` function runs in Triton's CPU interpreter
-  (``TRITON_INTERPRET=1`` when it was decorated);
 - :class:`BoundedCache`: the one cache type, a least-recently-used map of fixed size;
 - :func:`fold_bn`: an eval-mode ``BatchNorm2d`` (and the conv's bias) as a per-channel scale
   and shift, recomputed only when one of its tensors changes;
@@ -55,11 +53,6 @@ def warn_once(key: str, message: str) -> None:
         with contextlib.suppress(Exception), warnings.catch_warnings():
             warnings.simplefilter("always", RuntimeWarning)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def interpreted(kernel: Any) -> bool:
-    """Whether ``kernel`` (a ``@triton.jit`` function) runs in Triton's CPU interpreter."""
-    return type(kernel).__name__ == "InterpretedFunction"
 
 
 class BoundedCache(Generic[K, V]):

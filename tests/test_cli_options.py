@@ -122,7 +122,7 @@ def test_help_names_every_target_and_keeps_choices_whole() -> None:
     assert "transformers" in " ".join(_help(columns=100).split())
     for command, choices in (
         ("kernels", ("gfx1100", "gfx1201", "gfx90a", "gfx942", "gfx950", "sm_90")),
-        ("apply", ("gemm", "direct", "linear")),
+        ("apply", ("gemm", "linear", "triton")),
         ("env", ("bash", "zsh", "fish", "powershell", "huggingface", "modelscope", "local")),
     ):
         shown = _help(command)

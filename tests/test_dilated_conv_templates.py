@@ -221,12 +221,12 @@ def test_triton_plan_cache(tri: ModuleType, monkeypatch: pytest.MonkeyPatch) -> 
             if step == 2:
                 w.mul_(0.5)
             _check(tri.dilated_conv2d(x, w, 2, 2), _ref(x, w.detach(), 2, 2), torch.float32)
-        assert len(tri._PLANS) == 3  # the weight update (new version) and the new shape
+        assert len(tri._PLANS) == 2  # one a layout: the new shape (the update repacks)
         # The environment is read when a key is first seen, and again after a clear.
         monkeypatch.setenv("ROCMFIX_DILATED_CONV_CONFIG", json.dumps({**TEST_CFG, "nhwc": 0}))
         x = torch.randn(2, 8, 7, 9)
         _check(tri.dilated_conv2d(x, w, 2, 2), _ref(x, w.detach(), 2, 2), torch.float32)
-        assert len(tri._PLANS) == 3
+        assert len(tri._PLANS) == 2
         assert all(plan[0].kwargs["NHWC"] for plan in tri._PLANS.values())
         tri.clear_config_cache()
         assert not tri._PLANS
@@ -335,8 +335,8 @@ def test_bn_recording_gradients_is_called_not_folded(
 def test_inference_tensor_weight_runs_uncached(
     tri: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A weight made under inference_mode has no version counter: each call launches afresh
-    (no plan could see an in-place update), and an update is seen."""
+    """A weight made under inference_mode has no version counter: each call packs it afresh
+    (no cached pack could see an in-place update), and an update is seen."""
     monkeypatch.setenv("ROCMFIX_DILATED_CONV_CONFIG", json.dumps(TEST_CFG))
     tri.clear_config_cache()
     with torch.inference_mode():
@@ -344,7 +344,7 @@ def test_inference_tensor_weight_runs_uncached(
         first = tri.dilated_conv2d(x, w, 2, 2)
         w.mul_(-2.0)
         second = tri.dilated_conv2d(x, w, 2, 2)
-    assert not tri._PLANS
+    assert not tri.dk._PACKS
     _check(second, -2.0 * first.double(), torch.float32)
 
 

@@ -45,9 +45,10 @@ def pe() -> ModuleType:
 
 
 def _planned(tri: ModuleType, conv: torch.nn.Conv2d, x: torch.Tensor) -> None:
+    tri.clear_config_cache()
     with torch.no_grad():
         torch.testing.assert_close(tri.depthwise_conv2d(x, conv), conv(x))
-    assert tri.replay_of(conv) is not None, "the kernel never ran"
+    assert len(tri._plans), "the kernel never ran"
 
 
 def test_autocast_runs_the_stock_layer_in_its_dtype(tri: ModuleType) -> None:

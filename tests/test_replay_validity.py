@@ -63,7 +63,7 @@ def _replaying(tri: ModuleType, x: torch.Tensor, conv: Any, bn: Any, act: Any) -
             got = tri.depthwise_conv2d(x, conv, bn, act)
             torch.testing.assert_close(got, act(bn(conv(x))) if bn is not None else
                                        (act(conv(x)) if act is not None else conv(x)))  # fmt: skip
-    assert tri.replay_of(conv) is not None, "the kernel never ran"
+    assert len(tri._plans), "the kernel never ran"
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ def test_a_training_step_with_a_fused_optimizer_between_evals_is_seen(tri: Modul
     with torch.no_grad():
         block(x)
         block(x)
-    assert tri.replay_of(block.conv) is not None, "the kernel never ran"
+    assert len(tri._plans), "the kernel never ran"
     opt = torch.optim.AdamW(block.parameters(), lr=0.5, fused=True)
     block.train()
     loss = block(torch.randn(4, 4, 8, 6) * 3.0 + 2.0).square().mean()
@@ -337,7 +337,7 @@ def test_a_fine_tuned_batchnorm_after_a_frozen_conv_is_seen(tri: ModuleType) -> 
     with torch.no_grad():
         block(x)
         block(x)
-    assert tri.replay_of(block.conv) is not None, "the kernel never ran"
+    assert len(tri._plans), "the kernel never ran"
     opt = torch.optim.AdamW(block.bn.parameters(), lr=0.5, fused=True)
     block(torch.randn(4, 4, 8, 6)).square().mean().backward()
     opt.step()
@@ -369,7 +369,7 @@ def test_an_inference_call_between_the_training_forward_and_the_fused_step(
     with torch.no_grad():
         block(x)
         block(x)
-    assert tri.replay_of(block.conv) is not None, "the kernel never ran"
+    assert len(tri._plans), "the kernel never ran"
     loss.backward()
     opt.step()
     with torch.no_grad():
@@ -388,7 +388,7 @@ def test_training_under_torch_compile_then_eager_inference(tri: ModuleType) -> N
     with torch.no_grad():
         block(x)
         block(x)
-    assert tri.replay_of(block.conv) is not None, "the kernel never ran"
+    assert len(tri._plans), "the kernel never ran"
     compiled = torch.compile(block, backend="aot_eager")
     opt = torch.optim.AdamW(block.parameters(), lr=0.5, fused=True)
     for _ in range(2):
@@ -427,23 +427,22 @@ def test_compiled_fine_tuning_with_a_frozen_conv_weight_does_not_fail(
 def test_a_training_layer_does_not_replan_every_frozen_layer_each_step(tri: ModuleType) -> None:
     """Fine-tuning a head over a frozen backbone: the frozen layer's calls need no autograd
     and run the kernel; the head's training calls must not make it plan anew at every
-    forward (performance only: counted plans). An optimizer step does, once a step."""
+    forward (performance only: counted plans, which are by layout: one in four steps)."""
     tri.clear_config_cache()
     frozen, head = _Block(tri).eval(), _Block(tri).eval()
     frozen.requires_grad_(False)
     planned: list[Any] = []
-    real = tri._eager
+    real = tri.prepare_launch
 
-    def counting(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> Any:
-        if layer is frozen.conv:
-            planned.append(layer)
-        return real(x, layer, bn, act)
+    def counting(*args: Any) -> Any:
+        planned.append(args[0])
+        return real(*args)
 
-    tri._eager = counting
+    tri.prepare_launch = counting
     try:
         x = torch.randn(2, 4, 8, 6)
         for _ in range(4):
             head(frozen(x)).sum().backward()
     finally:
-        tri._eager = real
+        tri.prepare_launch = real
     assert len(planned) == 1, f"the frozen layer planned {len(planned)} times in 4 steps"

@@ -131,14 +131,6 @@ OP = Op(
             needs_triton=True,
         ),
         Scheme(
-            "direct",
-            "Triton, one program per output element: a slow parity oracle",
-            "Triton",
-            "patch_embed_direct.py",
-            TRITON_SUPPORT,
-            needs_triton=True,
-        ),
-        Scheme(
             "linear",
             "F.linear: the vendor BLAS (hipBLASLt/rocBLAS), no Triton",
             "F.linear",

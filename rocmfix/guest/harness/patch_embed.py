@@ -59,10 +59,8 @@ def launch(
     k = shape["c"] * shape["t"] * shape["p"] * shape["p"]
     a = torch.zeros(shape["m"], k, dtype=kind)
     w = torch.zeros(shape["n"], k, dtype=kind)
-    extra = {"config": config} if config else {}  # the direct kernel has no config
-    kernel, _grid, args, kwargs = module.prepare(a, w, None, **extra)
-    has_dot = hasattr(module, "precision_class")  # the direct kernel has no dot at all
-    return kernel, args, kwargs, (module.precision_class(kind) if has_dot else None)
+    kernel, _grid, args, kwargs = module.prepare(a, w, None, config=config)
+    return kernel, args, kwargs, module.precision_class(kind)
 
 
 class Kernel(base.Kernel):
