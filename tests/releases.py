@@ -271,9 +271,9 @@ def _pip(python: Path, wheels: tuple[Path, ...]) -> None:
     )
 
 
-# Each set of wheels pip installed in this process: the venv it went into and the files the
-# install added there. Removed when the process that imported this module exits.
-_installed: dict[tuple[Path, ...], tuple[Path, list[str]]] = {}
+# Each set of wheels pip installed in this process, by umask: the venv it went into and the
+# files the install added there. Removed when the process that imported this module exits.
+_installed: dict[tuple[int, tuple[Path, ...]], tuple[Path, list[str]]] = {}
 _installed_lock = threading.Lock()
 _INSTALLED_ROOT = Path(tempfile.mkdtemp(prefix="rocmfix-pip-"))
 _OWNER = os.getpid()
@@ -289,14 +289,22 @@ def _files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _pip_once(wheels: tuple[Path, ...]) -> tuple[Path, list[str]]:
+    """Where pip installed ``wheels`` (under this umask) in this process, and what it added."""
     with _installed_lock:
-        if wheels not in _installed:
+        key = (_umask(), wheels)
+        if key not in _installed:
             python = make_venv(Path(tempfile.mkdtemp(dir=_INSTALLED_ROOT)) / "venv")
             before = _files(python.parent.parent)
             _pip(python, wheels)
-            _installed[wheels] = python, sorted(_files(python.parent.parent) - before)
-        return _installed[wheels]
+            _installed[key] = python, sorted(_files(python.parent.parent) - before)
+        return _installed[key]
 
 
 def _shebang(python: Path) -> bytes | None:
