@@ -314,10 +314,10 @@ def _shebang(python: Path) -> bytes | None:
     return line if python.is_absolute() and b" " not in line and len(line) <= 127 else None
 
 
-def _record_row(root: Path, record: str, name: str, data: bytes) -> bytes:
-    path = os.path.relpath(root / name, (root / record).parent.parent)
+def _record_row(path: str, data: bytes) -> str:
+    """A RECORD line as pip writes it (without its line end)."""
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{path},sha256={digest},{len(data)}".encode()
+    return f"{path},sha256={digest},{len(data)}"
 
 
 def _as_pip_writes(python: Path, source: Path, added: list[str]) -> dict[str, bytes] | None:
@@ -347,12 +347,15 @@ def _as_pip_writes(python: Path, source: Path, added: list[str]) -> dict[str, by
         if not old.startswith(old_line):
             return None
         files[name] = new_line + old[len(old_line) :]
-        rows = {r: _record_row(old_root, r, name, old) for r in records}
-        listed = [r for r in records if files[r].count(rows[r]) == 1]
+        # RECORD names a script relative to its site-packages: ../../../bin/NAME
+        rows = {r: os.path.relpath(name, Path(r).parent.parent) for r in records}
+        listed = [r for r in records if files[r].count(_record_row(rows[r], old).encode()) == 1]
         if len(listed) != 1:
             return None
-        new_row = _record_row(root, listed[0], name, files[name])
-        files[listed[0]] = files[listed[0]].replace(rows[listed[0]], new_row)
+        record, path = listed[0], rows[listed[0]]
+        files[record] = files[record].replace(
+            _record_row(path, old).encode(), _record_row(path, files[name]).encode()
+        )
     return files
 
 
@@ -389,10 +392,8 @@ def partial_install(python: Path, project: str, version: str, members: list[str]
     info_dir = site / meta[0].split("/")[0]
     (info_dir / "INSTALLER").write_bytes(b"pip\n")
     # pip lists INSTALLER in RECORD too, so that uninstalling removes it.
-    installer = f"{info_dir.name}/INSTALLER"
-    digest = base64.urlsafe_b64encode(hashlib.sha256(b"pip\n").digest()).rstrip(b"=").decode()
     with (info_dir / "RECORD").open("a") as record:
-        record.write(f"{installer},sha256={digest},4\n")
+        record.write(_record_row(f"{info_dir.name}/INSTALLER", b"pip\n") + "\n")
     return site
 
 
