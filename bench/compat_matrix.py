@@ -30,8 +30,8 @@ Each MinerU release from 2.0.0 gets a row of which targets its code runs (read w
 
 ``--sample`` checks a deterministic subset that meets every code shape and every patch once:
 the first release of each code era (``*_ERAS``) of vllm, transformers, sglang, lmdeploy and
-mineru and the newest, every doclayout-yolo release, seven mineru-vl-utils releases with the
-0.1.13/0.1.14 boundary and the newest; tests/test_compat.py runs it in CI. Without
+mineru (the newest for the last era), every doclayout-yolo release, seven mineru-vl-utils
+releases with the 0.1.13/0.1.14 boundary and the newest; tests/test_compat.py runs it in CI. Without
 ``--no-faults`` the full run also kills apply and revert at every write point
 (tests/faults.py) on a vllm release and records the counts. Exit status: 0 when no release
 failed, 1 otherwise.
@@ -95,7 +95,7 @@ PARTIAL = ("vllm", "transformers", "sglang", "lmdeploy")
 # Where the vllm patch-embed code changes shape or its surroundings change (see
 # /work/shared/notes/targets.md; 0.11.0: qwen3_vl.py arrives, an nn.Conv3d with a bias, the
 # one release before Conv3dLayer): the sample takes the first release of each era, and the
-# newest.
+# newest for the last.
 VLLM_ERAS = ("0.8.0", "0.9.0", "0.11.0", "0.11.1", "0.14.0", "0.19.0", "0.28.0")
 # transformers: Qwen2-VL arrives, Qwen2.5-VL, the Qwen3-VL/GLM-4V files, the 5.x line.
 TRANSFORMERS_ERAS = ("4.45.0", "4.49.0", "4.57.0", "5.0.0")
@@ -153,8 +153,8 @@ def all_releases(project: str) -> list[str]:
 
 
 def _eras(every: list[str], eras: Sequence[str]) -> list[str]:
-    """The first release of each era (each code shape once), and the newest."""
-    bounds = [Version(v) for v in eras] + [Version("9999")]
+    """Each code shape once: the first release of each era, and for the last era the newest."""
+    bounds = [Version(v) for v in eras]
     picked = {every[-1]}
     for low, high in itertools.pairwise(bounds):
         era = [v for v in every if low <= Version(v) < high]
