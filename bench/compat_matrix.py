@@ -28,11 +28,13 @@ Each MinerU release from 2.0.0 gets a row of which targets its code runs (read w
     python bench/compat_matrix.py [--sample] [--jobs N] [--output docs/compatibility.md]
                                   [--no-faults] [--only PROJECT]
 
-``--sample`` checks a deterministic subset (the first and last vllm release of each code era,
-every doclayout-yolo release, a dozen mineru-vl-utils releases with the 0.1.13/0.1.14
-boundary and the newest); tests/test_compat.py runs it in CI. Without ``--no-faults`` the full
-run also kills apply and revert at every write point (tests/faults.py) on a vllm release and
-records the counts. Exit status: 0 when no release failed, 1 otherwise.
+``--sample`` checks a deterministic subset that meets every code shape and every patch once:
+the first release of each code era (``*_ERAS``) of vllm, transformers, sglang, lmdeploy and
+mineru (the newest for the last era), every doclayout-yolo release, seven mineru-vl-utils
+releases with the 0.1.13/0.1.14 boundary and the newest; tests/test_compat.py runs it in CI. Without
+``--no-faults`` the full run also kills apply and revert at every write point
+(tests/faults.py) on a vllm release and records the counts. Exit status: 0 when no release
+failed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -91,17 +93,22 @@ OLDEST = {
 # are read out of the wheel.
 PARTIAL = ("vllm", "transformers", "sglang", "lmdeploy")
 # Where the vllm patch-embed code changes shape or its surroundings change (see
-# /work/shared/notes/targets.md): the sample takes the first and last release of each era.
-VLLM_ERAS = ("0.8.0", "0.9.0", "0.11.1", "0.14.0", "0.19.0", "0.28.0")
+# /work/shared/notes/targets.md; 0.11.0: qwen3_vl.py arrives, an nn.Conv3d with a bias, the
+# one release before Conv3dLayer): the sample takes the first release of each era, and the
+# newest for the last.
+VLLM_ERAS = ("0.8.0", "0.9.0", "0.11.0", "0.11.1", "0.14.0", "0.19.0", "0.28.0")
 # transformers: Qwen2-VL arrives, Qwen2.5-VL, the Qwen3-VL/GLM-4V files, the 5.x line.
 TRANSFORMERS_ERAS = ("4.45.0", "4.49.0", "4.57.0", "5.0.0")
 # sglang: nn.Conv3d up to 0.5.9, Conv3dLayer from 0.5.10. lmdeploy: the PyTorch engine's
 # Qwen-VL files, 0.17.0 the release MinerU 4 runs.
 SGLANG_ERAS = ("0.4.0", "0.5.0", "0.5.9", "0.5.10")
 LMDEPLOY_ERAS = ("0.6.0", "0.10.0", "0.17.0")
-MINERU_SAMPLE = ("2.0.0", "2.5.4", "2.7.6", "3.0.0")
+# mineru: where the set of target files changes: paddleocr2pytorch's files, the vllm client
+# (2.5), pytorchocr under model/utils (2.6), PP-DocLayoutV2 for DocLayout-YOLO (3.0),
+# rec_lcnetv4 (3.4), model/_internal (4.0).
+MINERU_ERAS = ("2.0.0", "2.5.0", "2.6.0", "3.0.0", "3.4.0", "4.0.0")
 MINERU_BOUNDARY = ("0.1.0", "0.1.1", "0.1.13", "0.1.14")
-MINERU_SAMPLE_SIZE = 12
+MINERU_SAMPLE_SIZE = 7
 TABLES_ONNXRUNTIME = ("onnxruntime-migraphx", "1.27.1")
 # ``unmeasured``: a patch whose verdict follows doctor's measurement, with none stored.
 OK_VERDICTS = {"applicable", "not-needed", "unsupported", "unmeasured"}
@@ -146,14 +153,12 @@ def all_releases(project: str) -> list[str]:
 
 
 def _eras(every: list[str], eras: Sequence[str]) -> list[str]:
-    """The first and last release of each era."""
-    bounds = [Version(v) for v in eras] + [Version("9999")]
-    picked: list[str] = []
+    """Each code shape once: the first release of each era, and for the last era the newest."""
+    bounds = [Version(v) for v in eras]
+    picked = {every[-1]}
     for low, high in itertools.pairwise(bounds):
         era = [v for v in every if low <= Version(v) < high]
-        for v in (era[:1] + era[-1:]) if era else []:
-            if v not in picked:
-                picked.append(v)
+        picked |= set(era[:1])
     return sorted(picked, key=Version)
 
 
@@ -171,7 +176,7 @@ def sample_releases(project: str) -> list[str]:
     if project == "lmdeploy":
         return _eras(every, LMDEPLOY_ERAS)
     if project == "mineru":
-        return sorted({v for v in MINERU_SAMPLE if v in every} | {every[-1]}, key=Version)
+        return _eras(every, MINERU_ERAS)
     fixed = sorted({every.index(v) for v in MINERU_BOUNDARY if v in every} | {0, len(every) - 1})
     # The rest spread over the stretches between the fixed ones: each extra release goes to
     # the stretch whose pieces are longest, then each stretch is cut evenly.

@@ -8,6 +8,7 @@ read, with HTTP range requests, the way pip's lazy wheel does.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import hashlib
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import zipfile
@@ -250,8 +252,7 @@ def site_packages(python: Path) -> Path:
     return Path(out)
 
 
-def pip_install(python: Path, *wheels: Path) -> None:
-    """Install wheels with pip itself, so dist-info, RECORD and INSTALLER are pip's own."""
+def _pip(python: Path, wheels: tuple[Path, ...]) -> None:
     subprocess.run(
         [
             sys.executable,
@@ -270,6 +271,114 @@ def pip_install(python: Path, *wheels: Path) -> None:
     )
 
 
+# Each set of wheels pip installed in this process, by umask: the venv it went into and the
+# files the install added there. Removed when the process that imported this module exits.
+_installed: dict[tuple[int, tuple[Path, ...]], tuple[Path, list[str]]] = {}
+_installed_lock = threading.Lock()
+_INSTALLED_ROOT = Path(tempfile.mkdtemp(prefix="rocmfix-pip-"))
+_OWNER = os.getpid()
+
+
+@atexit.register
+def _remove_installed() -> None:
+    if os.getpid() == _OWNER:
+        shutil.rmtree(_INSTALLED_ROOT, ignore_errors=True)
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _pip_once(wheels: tuple[Path, ...]) -> tuple[Path, list[str]]:
+    """Where pip installed ``wheels`` (under this umask) in this process, and what it added."""
+    with _installed_lock:
+        key = (_umask(), wheels)
+        if key not in _installed:
+            python = make_venv(Path(tempfile.mkdtemp(dir=_INSTALLED_ROOT)) / "venv")
+            before = _files(python.parent.parent)
+            _pip(python, wheels)
+            _installed[key] = python, sorted(_files(python.parent.parent) - before)
+        return _installed[key]
+
+
+def _shebang(python: Path) -> bytes | None:
+    """The first line pip writes into a console script for ``python`` where that is a plain
+    ``#!`` line (distlib's rule: no space, at most 127 bytes)."""
+    line = b"#!" + os.fsencode(python) + b"\n"
+    return line if python.is_absolute() and b" " not in line and len(line) <= 127 else None
+
+
+def _record_row(path: str, data: bytes) -> str:
+    """A RECORD line as pip writes it (without its line end)."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{path},sha256={digest},{len(data)}"
+
+
+def _as_pip_writes(python: Path, source: Path, added: list[str]) -> dict[str, bytes] | None:
+    """The files pip writes installing what it installed beside ``source`` into the venv of
+    ``python``; None where only pip can say (another venv layout, a distribution or file of
+    the set already there, a script line pip makes differently)."""
+    root, old_root = python.parent.parent, source.parent.parent
+    old_line, new_line = _shebang(source), _shebang(python)
+    records = [name for name in added if name.endswith(".dist-info/RECORD")]
+    dists = {Path(r).parent.name.split("-")[0].lower() for r in records}
+    if (
+        old_line is None
+        or new_line is None
+        or not (root / "pyvenv.cfg").is_file()
+        or os.path.realpath(python) != os.path.realpath(source)
+        or any(os.path.lexists(root / name) for name in added)
+        or any(
+            info.name.split("-")[0].lower() in dists
+            for record in records
+            for info in (root / record).parent.parent.glob("*.dist-info")
+        )
+    ):
+        return None
+    files = {name: (old_root / name).read_bytes() for name in added}
+    for name in (n for n in added if n.startswith("bin/")):
+        old = files[name]
+        if not old.startswith(old_line):
+            return None
+        files[name] = new_line + old[len(old_line) :]
+        # RECORD names a script relative to its site-packages: ../../../bin/NAME
+        rows = {r: os.path.relpath(name, Path(r).parent.parent) for r in records}
+        listed = [r for r in records if files[r].count(_record_row(rows[r], old).encode()) == 1]
+        if len(listed) != 1:
+            return None
+        record, path = listed[0], rows[listed[0]]
+        files[record] = files[record].replace(
+            _record_row(path, old).encode(), _record_row(path, files[name]).encode()
+        )
+    return files
+
+
+def pip_install(python: Path, *wheels: Path) -> None:
+    """Install wheels as pip does, so dist-info, RECORD and INSTALLER are pip's own.
+
+    pip runs once per set of wheels in a process; installing the same set into another venv
+    of this interpreter writes what pip wrote there, each console script's ``#!`` line (and
+    its hash in RECORD) made for the new venv, as pip makes it: tests/test_releases.py checks
+    that against pip's own install, byte for byte and mode for mode. Where that cannot stand
+    for pip (see _as_pip_writes), pip itself installs."""
+    source, added = _pip_once(tuple(wheels))
+    files = _as_pip_writes(python, source, added)
+    if files is None:
+        _pip(python, tuple(wheels))
+        return
+    root = python.parent.parent
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+        shutil.copymode(source.parent.parent / name, root / name)
+
+
 def partial_install(python: Path, project: str, version: str, members: list[str]) -> Path:
     """Install only ``members`` of a huge wheel, with its real METADATA, WHEEL and RECORD,
     as pip would have laid them out. Returns site-packages."""
@@ -283,10 +392,8 @@ def partial_install(python: Path, project: str, version: str, members: list[str]
     info_dir = site / meta[0].split("/")[0]
     (info_dir / "INSTALLER").write_bytes(b"pip\n")
     # pip lists INSTALLER in RECORD too, so that uninstalling removes it.
-    installer = f"{info_dir.name}/INSTALLER"
-    digest = base64.urlsafe_b64encode(hashlib.sha256(b"pip\n").digest()).rstrip(b"=").decode()
     with (info_dir / "RECORD").open("a") as record:
-        record.write(f"{installer},sha256={digest},4\n")
+        record.write(_record_row(f"{info_dir.name}/INSTALLER", b"pip\n") + "\n")
     return site
 
 

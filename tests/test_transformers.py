@@ -24,7 +24,7 @@ from conftest import ROOT, TRANSFORMERS_MODELS, InstalledEnv, files_under
 pytestmark = pytest.mark.network
 
 # The first release with Qwen2-VL, the last 4.x and the newest the suite pins; the compat
-# sample (test_compat) round-trips the first and last release of every era besides.
+# sample (test_compat) round-trips the first release of every era besides.
 VERSIONS = ["4.45.0", "4.57.6", "5.24.0"]
 PATCHES = {p.id: p for p in all_patches() if p.distribution == "transformers"}
 # The Conv3d patch embeds (Qwen-VL, GLM-4V): the other transformers patches (HGNetV2's
