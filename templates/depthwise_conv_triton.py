@@ -61,12 +61,11 @@ _dw_kernel = dk.KERNEL
 # The launch of each key: everything Triton specialises on (rl.layout_key of each tensor,
 # the conv's stride and padding, the fused activation), and nothing derived from a tensor's
 # values, so a plan cannot go stale. What is (the folded BatchNorm) is ks.fold_bn's, which
-# re-checks its sources on every call. A key that failed once runs the modules from then on.
+# re-checks its sources on every call. The eager key holds the layer's type and settings in
+# place of the stride and padding: all _conv_geometry reads, so it runs once a key.
 _plans: ks.BoundedCache[tuple[Any, ...], tuple[Any, ...]] = ks.BoundedCache(256)
+# The keys that run the modules: a geometry the kernel does not compute, or a failed launch.
 _broken: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
-# _conv_geometry's answer (or False) by the layouts of x and the weight and the layer's type
-# and settings, all it reads: the eager path's checks once a layout, not once a call.
-_geometries: ks.BoundedCache[tuple[Any, ...], Any] = ks.BoundedCache(256)
 # Autocast (the stock conv in its dtype) and a torch.jit trace take the stock modules.
 _autocast, _tracing = ks.any_autocast, torch._C._get_tracing_state
 
@@ -75,7 +74,7 @@ def clear_config_cache() -> None:
     """Forget the tuned file, env config, arch queries, launch plans and folds (tune, tests,
     and code that writes a live model's weights through ``.data``, which moves no version)."""
     CONFIG.clear()
-    for cache in (_plans, _broken, _geometries):
+    for cache in (_plans, _broken):
         cache.clear()
     ks.clear_folds()
 
@@ -149,17 +148,17 @@ def _conv_geometry(x: torch.Tensor, layer: Any) -> tuple[tuple[int, int], tuple[
     return stride, padding
 
 
-def _epilogue(layer: Any, bn: Any, act: Any) -> tuple[Any, Any, int, bool, bool] | None:
+def _epilogue(bias: Any, bn: Any, act: Any) -> tuple[Any, Any, int, bool, bool] | None:
     """(scale, shift, act code, bn fused, act fused), or None where even the conv's bias
     cannot be applied (it records gradients)."""
     code = ks.act_code(act)
     if bn is not None:
-        folded = ks.fold_bn(bn, layer.bias)
+        folded = ks.fold_bn(bn, bias)
         if folded is not None:
             if code is None:
                 return folded[0], folded[1], 0, True, False
             return folded[0], folded[1], code, True, True
-    plain = ks.fold_bn(None, layer.bias)
+    plain = ks.fold_bn(None, bias)
     if plain is None:
         return None
     # A BatchNorm called as a module comes between the conv and the activation.
@@ -175,18 +174,26 @@ def _launch(
     stride: tuple[int, int],
     padding: tuple[int, int],
     act: int,
-    layouts: tuple[Any, ...] = (),
+    key: tuple[Any, ...] | None = None,
+    layer: Any = None,
 ) -> torch.Tensor:
     """The kernel's output for one call the caller checked, launched through the plan of its
-    key (made on the key's first call: config resolved, Launcher made). ``layouts`` starts
-    with x's and the weight's rl.layout_key where the caller has them."""
-    key = (*(layouts or (rl.layout_key(x), rl.layout_key(weight))), stride, padding, act,
-           None if scale is None else rl.layout_key(scale),
-           None if shift is None else rl.layout_key(shift))  # fmt: skip
+    key (made on the key's first call: config resolved, Launcher made). The eager entry
+    passes its key and ``layer``, whose geometry (stride, padding) is checked once a key."""
+    if key is None:
+        key = (rl.layout_key(x), rl.layout_key(weight), stride, padding, act,
+               None if scale is None else rl.layout_key(scale),
+               None if shift is None else rl.layout_key(shift))  # fmt: skip
     plan = _plans.get(key)
     if plan is None:
         if _broken.get(key):
             raise _Broken
+        if layer is not None:
+            geometry = _conv_geometry(x, layer)
+            if geometry is None:
+                _broken.put(key, True)
+                raise _Broken
+            stride, padding = geometry
         kh, kw = int(weight.shape[2]), int(weight.shape[3])
         cfg = resolve_config(x.device, kh, kw, stride[0], x.dtype, layout_class(x))
         kernel, grid, args, kwargs, out = prepare_launch(
@@ -209,7 +216,7 @@ def _launch(
 
 
 class _Broken(Exception):
-    """A key whose launch failed once: the caller runs the stock modules, without a warning."""
+    """A key that runs the stock modules (see _broken), without a warning."""
 
 
 def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
@@ -217,25 +224,21 @@ def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | Non
     weight = layer._parameters.get("weight") if isinstance(layer, torch.nn.Module) else None
     if weight is None:
         return None
-    if ks.training(x, weight, layer._parameters.get("bias"), bn=bn):
+    bias = layer._parameters.get("bias")
+    if ks.training(x, weight, bias, bn=bn):
         return None  # the stock modules, which have a backward
     if _autocast() or ks.layer_hooked(layer, bn, act):
         return None
-    layouts = (rl.layout_key(x), rl.layout_key(weight), type(layer), layer.stride,
-               layer.padding, layer.dilation, layer.groups, layer.padding_mode)  # fmt: skip
-    geometry: Any = _geometries.get(layouts)
-    if geometry is None:
-        geometry = _conv_geometry(x, layer) or False
-        _geometries.put(layouts, geometry)
-    if not geometry:
-        return None
-    epilogue = _epilogue(layer, bn, act)
+    epilogue = _epilogue(bias, bn, act)
     if epilogue is None:
         return None
     scale, shift, code, bn_done, act_done = epilogue
-    stride, padding = geometry
+    key = (rl.layout_key(x), rl.layout_key(weight), type(layer), layer.stride, layer.padding,
+           layer.dilation, layer.groups, layer.padding_mode, code,
+           None if scale is None else rl.layout_key(scale),
+           None if shift is None else rl.layout_key(shift))  # fmt: skip
     try:
-        out = _launch(x, weight, scale, shift, stride, padding, code, layouts)
+        out = _launch(x, weight, scale, shift, (1, 1), (0, 0), code, key, layer)
     except _Broken:
         return None
     if not bn_done and bn is not None:

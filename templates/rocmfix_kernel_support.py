@@ -201,18 +201,20 @@ def fold_bn(bn: Any, bias: torch.Tensor | None, *, versioned: bool = False) -> F
     )
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return None
+    held = (*tensors, buffers.get("num_batches_tracked"))
+    # eps, then each tensor's id, address and version, compared in one C call: the entry holds
+    # the tensors it stamped, so a live tensor with a held one's id is that tensor.
+    state: list[Any] = [bn.eps]
     try:
-        state = tuple(
-            (t, t.data_ptr(), t._version) if t is not None else None
-            for t in (*tensors, buffers.get("num_batches_tracked"))
-        )
+        for t in held:
+            state += (0, 0, 0) if t is None else (id(t), t.data_ptr(), t._version)
     except RuntimeError:  # inference tensors
         return None if versioned else _fold(tensors, bn.eps)
     key = (id(bn), id(bias))
     seen = _folds.get(key)
-    if seen is None or seen[0] != bn.eps or not _same(seen[1], state):
+    if seen is None or seen[0] != state:
         scale, shift = _fold(tensors, bn.eps)
-        seen = (bn.eps, state, scale, shift)
+        seen = (state, held, scale, shift)
         _folds.put(key, seen)
     return seen[2], seen[3]
 
@@ -295,16 +297,6 @@ def training_seen() -> None:
 
 
 derived(clear_folds)
-
-
-def _same(seen: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
-    # The cache holds the tensors it folded, so `is` cannot match a new tensor that reuses a
-    # freed one's id.
-    return all(
-        (a is None and b is None)
-        or (a is not None and b is not None and a[0] is b[0] and a[1:] == b[1:])
-        for a, b in zip(seen, now)
-    )
 
 
 def _fold(tensors: tuple[Any, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
