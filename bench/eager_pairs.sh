@@ -4,7 +4,8 @@
 # then `rocmfix apply --force` rewrites the machine's own (the kernel routes, no graphs), the
 # paired fresh-process runs, then `rocmfix revert`.
 # Needs $WHL (default .whl) with libcst-*.whl and mineru/mineru-4.0.12-py3-none-any.whl;
-# results land in $OUT (eager_pairs.json, eager_pairs.txt). PAIRS (10), REPS (40), MODELS.
+# results land in $OUT/ROUTE (eager_pairs.json, eager_pairs.txt). PAIRS (10), REPS (40), MODELS,
+# ROUTES (below).
 set -u
 W=${WHL:-.whl}
 OUT=${OUT:-/tmp/out}
@@ -23,11 +24,20 @@ python3 -m pip install -q --no-index --no-deps --no-compile "$MW" \
 SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 TF=$(python3 -c 'import transformers, os; print(os.path.dirname(transformers.__file__))')
 mkdir -p /tmp/stock && cp -a "$SITE/mineru" "$TF" /tmp/stock/
-IDS="--only transformers-hgnet-v2 --only mineru-ocr-lcnetv4 --only mineru-ocr-hgnetv2"
-IDS="$IDS --only mineru-ocr-replkfpn --only mineru-ocr-lightsvtr --only mineru-ocr-db-head"
-# shellcheck disable=SC2086
-python3 -m rocmfix apply --force --scheme triton $IDS --python "$PY" 2>&1 | tail -8
-timeout "${LIMIT:-560}" python3 bench/eager_pairs.py --stock /tmp/stock --out "$OUT" \
-    --pairs "${PAIRS:-10}" --reps "${REPS:-40}" --models "${MODELS:-det,rec,layout,formula}" \
-    2>&1 | tee "$OUT/eager_pairs.txt" | tail -12
-python3 -m rocmfix revert --python "$PY" 2>&1 | tail -2
+ALL="transformers-hgnet-v2 mineru-ocr-lcnetv4 mineru-ocr-hgnetv2 mineru-ocr-replkfpn"
+ALL="$ALL mineru-ocr-lightsvtr mineru-ocr-db-head"
+# ROUTES: which route each run applies alone, e.g. "all mineru-ocr-lcnetv4 mineru-ocr-db-head"
+# ("all": every one of $ALL); the results of each land in $OUT/ROUTE.
+for route in ${ROUTES:-all}; do
+    ids=$route
+    [ "$route" = all ] && ids=$ALL
+    echo "== $route"
+    # shellcheck disable=SC2086
+    python3 -m rocmfix apply --force --scheme triton $(printf -- '--only %s ' $ids) \
+        --python "$PY" 2>&1 | tail -3
+    mkdir -p "$OUT/$route"
+    timeout "${LIMIT:-560}" python3 bench/eager_pairs.py --stock /tmp/stock --out "$OUT/$route" \
+        --pairs "${PAIRS:-10}" --reps "${REPS:-40}" --models "${MODELS:-det,rec,layout,formula}" \
+        2>&1 | tee "$OUT/$route/eager_pairs.txt" | tail -6
+    python3 -m rocmfix revert --python "$PY" 2>&1 | tail -1
+done
