@@ -303,7 +303,7 @@ def import_mineru(root: str) -> None:
         sys.modules[name] = module
 
 
-def _random(net: Any) -> Any:
+def randomized(net: Any) -> Any:
     """Seed-0 weights made to look trained where it matters for speed: batch norms with
     spread-out statistics (a fresh one is the identity)."""
     import torch
@@ -334,7 +334,7 @@ def _ocr_args(root: str, device: str, weights_dir: str) -> Any:
         paths[model] = path
         if not os.path.exists(path):
             torch.manual_seed(0)
-            torch.save(_random(base.BaseModel(copy.deepcopy(arch[name]))).state_dict(), path)
+            torch.save(randomized(base.BaseModel(copy.deepcopy(arch[name]))).state_dict(), path)
     args = utility.init_args().parse_args([])
     args.det_model_path, args.rec_model_path = paths["det"], paths["rec"]
     args.cls_model_path = paths["cls"]
@@ -378,9 +378,9 @@ def page_models(root: str, device: str, work: str, formula: str = FORMULA[0]) ->
         "rec": importlib.import_module(OCR + ".infer.predict_rec").TextRecognizer(args),
     }
     layout = importlib.import_module("mineru.model.layout.pp_doclayoutv2")
-    assert layout.__file__.startswith(root) and layout.PPDocLayoutV2Config.__module__.startswith(
-        "transformers"
-    )
+    # This side's own files: a stock transformers has no rocmfix rewrite to route.
+    assert layout.__file__.startswith(root), layout.__file__
+    assert sys.modules["transformers"].__file__.startswith(root), "transformers from elsewhere"
     folder = os.path.join(work, "pp_doclayout_v2")
     if not os.path.exists(os.path.join(folder, "config.json")):
         config = layout.PPDocLayoutV2Config()
@@ -390,7 +390,7 @@ def page_models(root: str, device: str, work: str, formula: str = FORMULA[0]) ->
         config.class_thresholds = list(layout.DEFAULT_CLASS_THRESHOLDS)
         config.class_order = list(layout.DEFAULT_CLASS_ORDER)
         torch.manual_seed(0)
-        _random(layout.PPDocLayoutV2ForObjectDetection(config)).save_pretrained(folder)
+        randomized(layout.PPDocLayoutV2ForObjectDetection(config)).save_pretrained(folder)
     models["layout"] = layout.PPDocLayoutV2LayoutModel(folder, device=device)
     mfr = importlib.import_module("mineru.model.mfr.pp_formulanet.predict_formula")
     _formula_files(root, work, formula)
@@ -412,7 +412,7 @@ def _formula_files(root: str, work: str, name: str) -> None:
         with open(os.path.join(resources, "pp_formulanet_arch_config.yaml")) as f:
             arch = yaml.safe_load(f)[name]["Architecture"]
         torch.manual_seed(0)
-        torch.save(_random(base.BaseModel(arch)).state_dict(), weights)
+        torch.save(randomized(base.BaseModel(arch)).state_dict(), weights)
     special = ["<s>", "<pad>", "</s>", "<unk>"]
     vocab = {t: i for i, t in enumerate(special + [f"x{i}" for i in range(4, 50000)])}
     tokenizer = json.loads(Tokenizer(WordLevel(vocab, unk_token="<unk>")).to_str())

@@ -59,14 +59,14 @@ for id in mineru-ocr-det mineru-ocr-rec mineru-ocr-cls mineru-layout mineru-form
 if [ -n "${INSTALL_ONLY:-}" ]; then return 0; fi
 python3 -m rocmfix apply $ONLY --python "$PY" 2>&1 | tail -10
 echo "== pages, stock against patched, $(date -u +%T)"
-timeout "${LIMIT:-330}" python3 bench/page_gpu.py --stock /tmp/stock --patched "$SITE" \
+timeout "${LIMIT:-310}" python3 bench/page_gpu.py --stock /tmp/stock --patched "$SITE" \
     --out "$OUT" --pairs "${PAIRS:-3}" --passes "${PASSES:-4}" --pages-each "${PAGES_EACH:-1}" \
-    --seconds "${SECONDS_PAIRS:-180}" --process-seconds "${PROCESS_SECONDS:-40}" \
+    --seconds "${SECONDS_PAIRS:-200}" --process-seconds "${PROCESS_SECONDS:-40}" \
     --work /tmp/page_work 2>&1 | grep --line-buffered -v -e 'it/s]' -e Predict -e DEBUG \
     | tee "$OUT/page.txt"
 echo "== graph memory over pages, $(date -u +%T)"
-[ -n "${NO_MEMORY:-}" ] || timeout "${MEMORY_LIMIT:-45}" python3 bench/page_gpu.py --memory \
-    --patched "$SITE" --out "$OUT" --pages "${PAGES:-200}" --seconds 25 \
+[ -n "${NO_MEMORY:-}" ] || timeout "${MEMORY_LIMIT:-40}" python3 bench/page_gpu.py --memory \
+    --patched "$SITE" --out "$OUT" --pages "${PAGES:-200}" --seconds 20 \
     --work /tmp/page_work 2>&1 | grep --line-buffered -v -e 'it/s]' -e Predict -e DEBUG \
     | tail -30
 echo "== done, $(date -u +%T)"
