@@ -275,7 +275,19 @@ def line_crops(page: Page, mineru_image: Any) -> list[np.ndarray]:
 # -- MinerU's own predictors -----------------------------------------------------------------
 
 OCR = "mineru.model._internal.pytorchocr"
-ARCH = {"det": "ch_PP-OCRv6_tiny_det_infer", "rec": "ch_PP-OCRv6_small_rec_infer"}
+# MinerU 4.0's arch table has no orientation classifier (it builds its OCR with
+# ``use_angle_cls`` off and ships no cls weights); this is PaddleOCR's mobile v2.0 classifier,
+# the one older MinerU releases shipped.
+CLS_NAME = "ch_ptocr_mobile_v2.0_cls_infer"
+CLS_ARCH = {
+    "model_type": "cls",
+    "algorithm": "CLS",
+    "Transform": None,
+    "Backbone": {"name": "MobileNetV3", "scale": 0.35, "model_name": "small"},
+    "Neck": None,
+    "Head": {"name": "ClsHead", "class_dim": 2},
+}
+ARCH = {"det": "ch_PP-OCRv6_tiny_det_infer", "rec": "ch_PP-OCRv6_small_rec_infer", "cls": CLS_NAME}
 
 
 def import_mineru(root: str) -> None:
@@ -291,10 +303,22 @@ def import_mineru(root: str) -> None:
         sys.modules[name] = module
 
 
-def predictors(root: str, device: str, weights_dir: str) -> tuple[Any, Any]:
-    """MinerU's ``TextDetector`` and ``TextRecognizer``, made the way ``PytorchPaddleOCR``
-    makes them (its default args, ``rec_batch_num=6``), from weight files written here with
-    random values (seed 0) under the names MinerU's arch table knows."""
+def randomized(net: Any) -> Any:
+    """Seed-0 weights made to look trained where it matters for speed: batch norms with
+    spread-out statistics (a fresh one is the identity)."""
+    import torch
+
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+    return net
+
+
+def _ocr_args(root: str, device: str, weights_dir: str) -> Any:
+    """``PytorchPaddleOCR``'s arguments (its defaults, ``rec_batch_num=6``), with det, rec and
+    cls weight files written here (random, seed 0) under the names MinerU's arch table knows
+    (cls: :data:`CLS_ARCH`, which :func:`page_models` adds to that table)."""
     import torch
     import yaml
 
@@ -303,25 +327,104 @@ def predictors(root: str, device: str, weights_dir: str) -> tuple[Any, Any]:
     base = importlib.import_module(OCR + ".modeling.architectures.base_model")
     resources = importlib.import_module("mineru.model.ocr.resources")
     with open(utility.DEFAULT_CFG_PATH, encoding="utf-8") as f:
-        arch = yaml.safe_load(f)
+        arch = {**yaml.safe_load(f), CLS_NAME: CLS_ARCH}
     paths = {}
     for model, name in ARCH.items():
         path = os.path.join(weights_dir, name + ".pth")
         paths[model] = path
-        if os.path.exists(path):
-            continue
-        torch.manual_seed(0)
-        net = base.BaseModel(copy.deepcopy(arch[name]))
-        for m in net.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.2, 0.2)
-                m.running_var.uniform_(0.5, 1.5)
-        torch.save(net.state_dict(), path)
+        if not os.path.exists(path):
+            torch.manual_seed(0)
+            torch.save(randomized(base.BaseModel(copy.deepcopy(arch[name]))).state_dict(), path)
     args = utility.init_args().parse_args([])
     args.det_model_path, args.rec_model_path = paths["det"], paths["rec"]
+    args.cls_model_path = paths["cls"]
     args.rec_char_dict_path = str(resources.PPOCRV6_DICT_PATH)
     args.rec_batch_num = 6
     args.device = device
+    return args
+
+
+def predictors(root: str, device: str, weights_dir: str) -> tuple[Any, Any]:
+    """MinerU's ``TextDetector`` and ``TextRecognizer``, made the way ``PytorchPaddleOCR``
+    makes them, from weight files written here with random values (seed 0)."""
+    args = _ocr_args(root, device, weights_dir)
     det = importlib.import_module(OCR + ".infer.predict_det").TextDetector(args)
     rec = importlib.import_module(OCR + ".infer.predict_rec").TextRecognizer(args)
     return det, rec
+
+
+FORMULA = ("PP-FormulaNet_plus-M", "PP-FormulaNet_plus-S")
+
+
+def page_models(root: str, device: str, work: str, formula: str = FORMULA[0]) -> dict[str, Any]:
+    """MinerU 4.0's own predictors for a page, from ``root`` (its ``mineru`` and
+    ``transformers``), weights random (seed 0; files written under ``work`` once):
+    ``PPDocLayoutV2LayoutModel`` (transformers' default PP-DocLayoutV2 config, MinerU's 25
+    labels and thresholds), ``TextDetector``, ``TextClassifier`` (:data:`CLS_ARCH`),
+    ``TextRecognizer`` and ``FormulaRecognizer`` (``formula``: its arch from MinerU's table, a
+    word-level tokenizer of the decoder's 50,000 ids standing in for the real one)."""
+    import torch
+
+    sys.path.insert(0, root)  # this side's transformers
+    args = _ocr_args(root, device, work)
+    utility = importlib.import_module(OCR + ".infer.pytorchocr_utility")
+    table = utility.get_arch_config
+    utility.get_arch_config = lambda path: (
+        copy.deepcopy(CLS_ARCH) if Path(path).stem == CLS_NAME else table(path)
+    )
+    models = {
+        "det": importlib.import_module(OCR + ".infer.predict_det").TextDetector(args),
+        "cls": importlib.import_module(OCR + ".infer.predict_cls").TextClassifier(args),
+        "rec": importlib.import_module(OCR + ".infer.predict_rec").TextRecognizer(args),
+    }
+    layout = importlib.import_module("mineru.model.layout.pp_doclayoutv2")
+    # This side's own files: a stock transformers has no rocmfix rewrite to route.
+    assert layout.__file__.startswith(root), layout.__file__
+    assert sys.modules["transformers"].__file__.startswith(root), "transformers from elsewhere"
+    folder = os.path.join(work, "pp_doclayout_v2")
+    if not os.path.exists(os.path.join(folder, "config.json")):
+        config = layout.PPDocLayoutV2Config()
+        config.num_labels = len(layout.PP_DOCLAYOUT_V2_LABELS)
+        config.id2label = dict(enumerate(layout.PP_DOCLAYOUT_V2_LABELS))
+        config.label2id = {v: k for k, v in config.id2label.items()}
+        config.class_thresholds = list(layout.DEFAULT_CLASS_THRESHOLDS)
+        config.class_order = list(layout.DEFAULT_CLASS_ORDER)
+        torch.manual_seed(0)
+        randomized(layout.PPDocLayoutV2ForObjectDetection(config)).save_pretrained(folder)
+    models["layout"] = layout.PPDocLayoutV2LayoutModel(folder, device=device)
+    mfr = importlib.import_module("mineru.model.mfr.pp_formulanet.predict_formula")
+    _formula_files(root, work, formula)
+    models["formula"] = mfr.FormulaRecognizer(work, device=device, model_name=formula)
+    return models
+
+
+def _formula_files(root: str, work: str, name: str) -> None:
+    """``{name}.pth`` (random, seed 0) and ``{name}_inference.yml`` (its tokenizer)."""
+    import torch
+    import yaml
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    weights = os.path.join(work, name + ".pth")
+    if not os.path.exists(weights):
+        base = importlib.import_module(OCR + ".modeling.architectures.base_model")
+        resources = os.path.join(root, *OCR.split("."), "utils", "resources")
+        with open(os.path.join(resources, "pp_formulanet_arch_config.yaml")) as f:
+            arch = yaml.safe_load(f)[name]["Architecture"]
+        torch.manual_seed(0)
+        torch.save(randomized(base.BaseModel(arch)).state_dict(), weights)
+    special = ["<s>", "<pad>", "</s>", "<unk>"]
+    vocab = {t: i for i, t in enumerate(special + [f"x{i}" for i in range(4, 50000)])}
+    tokenizer = json.loads(Tokenizer(WordLevel(vocab, unk_token="<unk>")).to_str())
+    decode = {"PostProcess": {"character_dict": {"fast_tokenizer_file": tokenizer}}}
+    with open(os.path.join(work, name + "_inference.yml"), "w") as f:
+        yaml.safe_dump(decode, f)
+
+
+def formula_boxes(page: Page, every: int = 8) -> list[dict[str, Any]]:
+    """What the layout model would hand MinerU's formula recognizer for ``page``: every
+    ``every``-th text line as an inline formula (random weights find none of their own)."""
+    return [
+        {"label": "inline_formula", "bbox": [int(v) for v in box], "score": 0.9}
+        for box in page.lines[every // 2 :: every]
+    ]

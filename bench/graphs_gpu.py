@@ -67,9 +67,11 @@ import types
 from pathlib import Path
 from typing import Any
 
-OCR = "mineru.model._internal.pytorchocr"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _pages import ARCH, OCR, randomized
+
 DEVICE = "cuda"
-ARCH = {"det": "ch_PP-OCRv6_tiny_det_infer", "rec": "ch_PP-OCRv6_small_rec_infer"}
 # (name, model, input shape, dtype): what MinerU 4.0 feeds det and rec on a GPU.
 CONFIGS = {
     "det-960x672": ("det", (1, 3, 960, 672), "float32"),
@@ -113,23 +115,11 @@ def build(root: str, model: str, dtype: Any) -> Any:
     with open(resources) as f:
         arch = yaml.safe_load(f)
     torch.manual_seed(0)
-    net = base.BaseModel(copy.deepcopy(arch[ARCH[model]]))
+    net = randomized(base.BaseModel(copy.deepcopy(arch[ARCH[model]])))
     for m in net.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 1.5)
         if hasattr(m, "rep"):
             m.rep()
     return net.eval().to(DEVICE, dtype)
-
-
-def _randomize(net: Any) -> None:
-    import torch
-
-    for m in net.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 1.5)
 
 
 def layout(root: str, side: str) -> tuple[Any, Any, Any, Any]:
@@ -151,7 +141,7 @@ def layout(root: str, side: str) -> tuple[Any, Any, Any, Any]:
     config.class_order = list(range(25))
     torch.manual_seed(0)
     net = PPDocLayoutV2ForObjectDetection(config)
-    _randomize(net)
+    randomized(net)
     net = net.eval().to(DEVICE)
     if side == "stock":
         return net, lambda net, x: net(pixel_values=x), None, net
@@ -180,7 +170,7 @@ def formula(root: str, side: str, dtype: Any) -> tuple[Any, Any, Any, Any]:
         arch = yaml.safe_load(f)["PP-FormulaNet_plus-M"]["Architecture"]
     torch.manual_seed(0)
     encoder = base.BaseModel(copy.deepcopy(arch)).backbone
-    _randomize(encoder)
+    randomized(encoder)
     encoder = encoder.eval().to(DEVICE, dtype)
     if routed is None:
         return encoder, lambda net, x: net(x), None, encoder

@@ -5,8 +5,8 @@
 #      5.17.0 there: `transformers-eager-mask-graphs` takes out its mask helper's host copy);
 #   2. PP-FormulaNet_plus-M's encoder replayed against stock;
 #   3. 200 synthetic pages through det and rec: graph memory after every page (--memory);
-#   4. the page benchmark (MinerU's own OCR predictors), stock against patched in alternating
-#      fresh processes, with the runner's capture policy (MIN_SEEN 3, PAYBACK 4);
+#   4. one pair of the page benchmark (MinerU's own layout, formula, det, cls and rec
+#      predictors), stock against patched, 4 passes a process (bench/page_gpu.sh runs more);
 # then `rocmfix revert`. Each part has its own time limit and prints as it goes.
 # mineru 4.0.12 goes in twice with --no-deps: as it ships (/tmp/stock, beside a copy of the
 # machine's transformers) and into the machine's python, where `rocmfix apply` rewrites the
@@ -20,12 +20,6 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/layout" "$OUT/formula"
 INSTALL_ONLY=1
 . bench/page_gpu.sh
-python3 -c 'import transformers as t; print("transformers", t.__version__)'
-cp -a "$(python3 -c 'import os, transformers; print(os.path.dirname(transformers.__file__))')" \
-    /tmp/stock/ || exit 1
-ONLY=""
-for id in mineru-ocr-det mineru-ocr-rec mineru-ocr-cls mineru-layout mineru-formula-encoder \
-    transformers-pp-doclayout-v2 transformers-eager-mask; do ONLY="$ONLY --only $id-graphs"; done
 python3 -m rocmfix apply $ONLY --python "$PY" 2>&1 | tail -10
 G="python3 bench/graphs_gpu.py --stock /tmp/stock --patched $SITE --reps 20"
 echo "== 0. rocmfix doctor's Graphs line, $(date -u +%T)"
@@ -39,6 +33,7 @@ echo "== 3. graph memory, 200 synthetic pages, $(date -u +%T)"
 timeout 50 $G --out "$OUT" --memory --pages 200 --seconds 35 2>&1
 echo "== 4. pages, stock against patched, $(date -u +%T)"
 timeout 130 python3 bench/page_gpu.py --stock /tmp/stock --patched "$SITE" --out "$OUT" \
-    --pairs 2 --pages-each 1 --seconds 45 --work /tmp/page_work 2>&1
+    --pairs 1 --process-seconds 30 --work /tmp/page_work 2>&1 \
+    | grep --line-buffered -v -e 'it/s]' -e 'Predict' -e 'DEBUG'
 echo "== done, $(date -u +%T)"
 python3 -m rocmfix revert --python "$PY" 2>&1 | tail -2

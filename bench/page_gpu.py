@@ -1,44 +1,63 @@
-"""Pages through MinerU 4.0's own OCR predictors, stock files against the files `rocmfix apply`
+"""A page through MinerU 4.0's own predictors, stock files against the files `rocmfix apply`
 rewrote for graphs, in alternating fresh processes, with MinerU's CPU work timed apart from
-the forwards (issue 41, item 4).
+the forwards (issue 41, item 4 and its page target).
 
-    python bench/page_gpu.py --stock STOCK_SITE --patched PATCHED_SITE --out DIR [--pairs 5]
+    python bench/page_gpu.py --stock STOCK_SITE --patched PATCHED_SITE --out DIR [--pairs 3]
     python bench/page_gpu.py --memory --patched PATCHED_SITE --out DIR [--pages 200]
 
-STOCK_SITE and PATCHED_SITE each hold mineru 4.0.x; the patched one has
-``mineru-ocr-{det,rec,cls}-graphs`` applied (bench/page_gpu.sh does both). Each process builds
-MinerU's ``TextDetector`` and ``TextRecognizer`` (its own classes, made as
-``PytorchPaddleOCR`` makes them, weights random with seed 0: both sides hold the same models;
-bench/_pages.py) and runs the page mix of bench/_pages.py (fpdf2 documents, rendered at 200
-DPI) the way MinerU 4.0's OCR stage does, one document's window at a time: every block crop
-through ``TextDetector.batch_predict`` (batches of up to 16 of one shape), then every line
-crop through ``TextRecognizer.__call__`` (sorted, batches of 6). The models have random
-weights, so the line crops come from the PDF's text layer, not from det's boxes.
+STOCK_SITE and PATCHED_SITE each hold mineru 4.0.x and transformers (5.3+); the patched one
+has the seven graph patches applied (``mineru-ocr-{det,rec,cls}-graphs``,
+``mineru-layout-graphs``, ``mineru-formula-encoder-graphs``,
+``transformers-pp-doclayout-v2-graphs``, ``transformers-eager-mask-graphs``; bench/page_gpu.sh
+does both). Each process builds MinerU's own predictor classes from that site's code, weights
+random with seed 0 (both sides hold the same models; bench/_pages.py writes the weight files
+the constructors read into ``--work`` once): ``PPDocLayoutV2LayoutModel``,
+``FormulaRecognizer`` (PP-FormulaNet_plus-M), ``TextDetector``, ``TextClassifier`` and
+``TextRecognizer``. It runs the page mix of bench/_pages.py (fpdf2 documents rendered at 200
+DPI) in MinerU 4.0's order, one document's window at a time, with MinerU's batch sizes at a
+batch ratio of 2: the page images through layout's ``batch_predict`` (batches of 2); every
+8th text line as an inline formula through the formula recognizer's ``batch_predict``
+(batches of up to 32, every crop resized to 384x384); every block crop through det's
+``batch_predict`` (up to 16 of one shape); every line crop through cls (as ``TextSystem``
+runs it where ``use_angle_cls`` is on: MinerU 4.0.12 builds its OCR with it off and ships no
+cls weights, so cls is PaddleOCR's mobile v2.0 classifier here) and then rec (sorted, batches
+of 6). Models with random weights find nothing real, so the crops come from the PDF's text
+layer, not from layout's or det's boxes.
 
 What is timed, on the host with ``time.perf_counter``:
 
-- forward: each model call, between two ``torch.cuda.synchronize()`` (``self.net`` on the
-  stock side; the patched file's ``_rocmfix_graph_forward`` on the patched side, so the
-  runner's own work is in it);
-- CPU pre-processing: det's ``_preprocess_det_image`` (resize, normalise), rec's
-  ``resize_norm_img`` (resize, pad); the crops (``get_rotate_crop_image_for_text_rec`` per
-  line, a block pasted on white per block, as ``crop_img`` does);
-- CPU post-processing: det's ``_build_det_preds`` (the copy to the host) and
-  ``_postprocess_det_batch`` (DB boxes), rec's ``postprocess_op`` (CTC decoding);
-- other: the rest of the pass (grouping, sorting, copies to the device).
+- forward, per model: each model call between two ``torch.cuda.synchronize()`` (``self.net``,
+  ``self.model`` or the formula net's ``self.backbone`` on the stock side; the patched file's
+  ``_rocmfix_graph_forward`` on the patched side, so the runner's own work is in it). The GPU
+  part of a page is the sum over the five models (the formula encoder, not its decoder);
+- the formula decoder (the net's ``head``): autoregressive, a forward a token, eager on both
+  sides (graphs capture the encoder only); its tokens are bounded by ``--tokens`` (random
+  weights rarely end a sequence: MinerU's bound is 2560) and it is reported apart;
+- CPU pre-processing: layout's ``_preprocess_single_image``, the formula ``pre_tfs``, det's
+  ``_preprocess_det_image``, cls's and rec's ``resize_norm_img``, and the crops (a line as
+  ``get_rotate_crop_image_for_text_rec`` crops it, a block pasted on white as ``crop_img``
+  does);
+- CPU post-processing: layout's box decoding and filters (``_post_process_object_detection``,
+  ``_parse_prediction``, ``_apply_paddlex_filter_boxes``, ``_apply_layout_post_process``; on
+  random weights its box count is not a trained model's), the formula ``post_op``, det's
+  ``_build_det_preds`` and ``_postprocess_det_batch``, cls's and rec's ``postprocess_op``;
+- other: the rest of the pass (grouping, sorting, copies to and from the device, tqdm).
 
-The mix is run twice per process: pass 1 is a fresh process's first document set (captures
-happen in it); pass 2 the same pages again (every shape seen before). ``--pairs`` pairs,
-stock first in even pairs. Under ``torch.inference_mode()`` as MinerU calls the models.
+``--passes`` passes over the same pages per process (default 4): pass 1 is a fresh process's
+first document set, later passes give the same shapes again, as a long document or a batch of
+similar ones does (the runner captures a shape at its 3rd sighting, while its graphs pay back).
+Pass 1 and the later passes are reported apart. ``--pairs`` pairs, stock first in even pairs.
+Each part is bounded: no pair starts past ``--seconds``, no pass past ``--process-seconds`` in
+its process; progress goes to stderr as it comes.
 
 ``--memory``: one patched process, ``--pages`` pages (the mix over and over, each line box
-moved by up to 3 px so rec's widths keep changing as a detector's would), one page per
-window; after each page ``torch.cuda.memory_reserved``, ``memory_allocated`` and the runner's
-``held_bytes`` and graph count for det and rec. Flat held bytes after the first pages is the
-cap at work.
+moved by up to 3 px so rec's widths keep changing as a detector's would), one page a window;
+after each page ``torch.cuda.memory_reserved``, ``memory_allocated`` and each model's graphs
+and held bytes. Flat held bytes after the first pages is the caps at work.
 
-``--device cpu --pages-each 1`` runs the plumbing where there is no GPU (the runner passes CPU
-inputs through). Results go to DIR/page.json or DIR/page_memory.json; a table is printed.
+``--device cpu --pages 1 --formula PP-FormulaNet_plus-S`` runs the plumbing where there is no
+GPU (the runner passes CPU inputs through; tests/test_bench_page.py). Results go to
+DIR/page.json or DIR/page_memory.json; a table is printed.
 """
 
 from __future__ import annotations
@@ -62,7 +81,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _pages
 
 WINDOW = 64
-DET_BATCH = 16
+BATCH_RATIO = 2  # MinerU's batch sizes: layout min(8, 1x), formulas 16x, det 8x this
+# MinerU's order in a window (mineru/backend/analysis/pdf/window.py, ocr.py): layout, formulas,
+# then OCR (det on block crops; cls where `use_angle_cls` is on; rec on line crops).
+MODELS = ("layout", "formula", "det", "cls", "rec")
+# Where each predictor keeps its model and what the patched file routes through the runner.
+NET = {"layout": "model", "det": "net", "cls": "net", "rec": "net"}
+# MinerU's CPU work per model (the predictor's own methods; pre_tfs and the crops apart).
+PRE = {"layout": ("_preprocess_single_image",), "det": ("_preprocess_det_image",),
+       "cls": ("resize_norm_img",), "rec": ("resize_norm_img",)}  # fmt: skip
+POST = {
+    "layout": ("_post_process_object_detection", "_parse_prediction",
+               "_apply_paddlex_filter_boxes", "_apply_layout_post_process"),
+    "det": ("_build_det_preds", "_postprocess_det_batch"),
+    "cls": ("postprocess_op",),
+    "rec": ("postprocess_op",),
+    "formula": ("post_op",),
+}  # fmt: skip
 
 
 class Clock:
@@ -93,26 +128,54 @@ class Clock:
         return timed
 
 
-def setup(root: str, device: str, weights: str, clock: Clock, side: str) -> tuple[Any, Any, Any]:
-    det, rec = _pages.predictors(root, device, weights)
-    image = importlib.import_module("mineru.model.ocr.image")
-    for model, predictor in (("det", det), ("rec", rec)):
+def setup(args: argparse.Namespace, root: str, clock: Clock, side: str) -> dict[str, Any]:
+    """The five predictors, each model call and each piece of MinerU's CPU work timed."""
+    models = _pages.page_models(root, args.device, args.work, args.formula)
+    # Each patched folder holds its own copy of the runner, each with its own graphs: per
+    # model, that copy and the module it keys them by.
+    runners: dict[str, tuple[Any, Any]] = {}
+    for name, attr in NET.items():
+        predictor = models[name]
         module = sys.modules[type(predictor).__module__]
         graphed = getattr(module, "_rocmfix_graph_forward", None)
         if side == "patched":
-            assert graphed is not None, f"the patched predict_{model}.py did not import its runner"
-            module._rocmfix_graph_forward = clock.wrap(f"{model} forward", graphed, sync=True)
+            assert graphed is not None, f"the patched {module.__name__} did not import its runner"
+            runners[name] = (sys.modules[graphed.__module__], getattr(predictor, attr))
+            module._rocmfix_graph_forward = clock.wrap(f"{name} forward", graphed, sync=True)
         else:
-            assert graphed is None, f"the stock predict_{model}.py holds rocmfix's rewrite"
-            # An instance attribute over the module: MinerU calls self.net(inp).
-            predictor.net = _Timed(predictor.net, clock.wrap(f"{model} forward", predictor.net,
-                                                             sync=True))  # fmt: skip
-    det._preprocess_det_image = clock.wrap("det pre", det._preprocess_det_image)
-    det._build_det_preds = clock.wrap("det post", det._build_det_preds)
-    det._postprocess_det_batch = clock.wrap("det post", det._postprocess_det_batch)
-    rec.resize_norm_img = clock.wrap("rec pre", rec.resize_norm_img)
-    rec.postprocess_op = clock.wrap("rec post", rec.postprocess_op)
-    return det, rec, image
+            assert graphed is None, f"the stock {module.__name__} holds rocmfix's rewrite"
+            # An instance attribute over the class's: MinerU calls self.net(inp).
+            net = getattr(predictor, attr)
+            setattr(predictor, attr, _Timed(net, clock.wrap(f"{name} forward", net, sync=True)))
+    formula = models["formula"]
+    # The encoder is what the patched BaseModel.forward routes (`self.backbone(x)`); its
+    # decoder generates token by token, eager on both sides: timed apart, bounded by --tokens.
+    encoder, head = formula.net.backbone, formula.net.head
+    base = sys.modules[_pages.OCR + ".modeling.architectures.base_model"]
+    routed = getattr(base, "_rocmfix_graph_forward", None)
+    assert (routed is not None) == (side == "patched"), f"{side} base_model.py"
+    if routed is None:
+        encoder.forward = clock.wrap("formula forward", encoder.forward, sync=True)
+    else:
+        # Every BaseModel's backbone goes through this name (det's, rec's and cls's eager
+        # forwards too, inside their own timed calls): only the formula encoder is its part.
+        runners["formula"] = (sys.modules[routed.__module__], encoder)
+        timed = clock.wrap("formula forward", routed, sync=True)
+        base._rocmfix_graph_forward = lambda model, *a, **k: (
+            timed if model is encoder else routed
+        )(model, *a, **k)
+    head.forward = clock.wrap("formula decoder", head.forward, sync=True)
+    head.max_seq_len = args.tokens
+    for name, methods in PRE.items():
+        for method in methods:
+            setattr(models[name], method, clock.wrap(f"{name} pre", getattr(models[name], method)))
+    for name, methods in POST.items():
+        for method in methods:
+            setattr(models[name], method, clock.wrap(f"{name} post", getattr(models[name], method)))
+    formula.pre_tfs = {k: clock.wrap("formula pre", v) for k, v in formula.pre_tfs.items()}
+    models["image"] = importlib.import_module("mineru.model.ocr.image")
+    models["runners"] = runners
+    return models
 
 
 class _Timed:
@@ -129,21 +192,27 @@ class _Timed:
         return getattr(self._net, name)
 
 
-def run_pages(pages: list[_pages.Page], det: Any, rec: Any, image: Any, clock: Clock,
+def run_pages(pages: list[_pages.Page], models: dict[str, Any], clock: Clock,
               window: int = WINDOW) -> float:  # fmt: skip
-    """MinerU's OCR stage over ``pages``, ``window`` pages at a time; the wall time."""
+    """MinerU's page stages over ``pages``, ``window`` pages at a time; the wall time. Each
+    predictor sets its own grad mode, as in MinerU (layout ``no_grad``, the rest
+    ``inference_mode``)."""
     import torch
 
     start = time.perf_counter()
-    with torch.inference_mode():
-        for first in range(0, len(pages), window):
-            group = pages[first : first + window]
-            t = time.perf_counter()
-            blocks = [c for p in group for c in _pages.block_crops(p)]
-            lines = [c for p in group for c in _pages.line_crops(p, image)]
-            clock.add("crops", time.perf_counter() - t)
-            det.batch_predict(blocks, min(len(blocks), DET_BATCH))
-            rec(lines)
+    for first in range(0, len(pages), window):
+        group = pages[first : first + window]
+        t = time.perf_counter()
+        images = [p.image for p in group]
+        formulas = [_pages.formula_boxes(p) for p in group]
+        blocks = [c for p in group for c in _pages.block_crops(p)]
+        lines = [c for p in group for c in _pages.line_crops(p, models["image"])]
+        clock.add("crops", time.perf_counter() - t)
+        models["layout"].batch_predict(images, batch_size=min(8, BATCH_RATIO))
+        models["formula"].batch_predict(formulas, images, batch_size=16 * BATCH_RATIO)
+        models["det"].batch_predict(blocks, min(len(blocks), 8 * BATCH_RATIO))
+        lines = models["cls"](lines)[0]
+        models["rec"](lines)
     if clock.cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - start
@@ -153,137 +222,164 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     root = args.stock if args.side == "stock" else args.patched
-    pages = _pages.load_pages(_pages.write_pdfs(Path(args.work), pages_each=args.pages_each))
-    passes = []
+    pdfs = _pages.write_pdfs(Path(args.work), pages_each=args.pages_each)
+    pages = _pages.load_pages([p for p in pdfs if args.doc in p.stem], limit=args.pages)
     clock = Clock(args.device)
-    det, rec, image = setup(root, args.device, args.work, clock, args.side)
-    for _ in range(2):
+    began = time.perf_counter()
+    models = setup(args, root, clock, args.side)
+    out: dict[str, Any] = {"side": args.side, "pages": len(pages), "passes": [],
+                           "setup_s": time.perf_counter() - began}  # fmt: skip
+    for index in range(args.passes):
+        if index > 0 and time.perf_counter() - began > args.process_seconds:
+            print(f"  {args.side}: pass {index + 1} not started: past "
+                  f"{args.process_seconds} s", file=sys.stderr, flush=True)  # fmt: skip
+            break
         clock.parts, clock.calls = {}, {}
-        wall = run_pages(pages, det, rec, image, clock)
-        passes.append({"wall": wall, "parts": dict(clock.parts), "calls": dict(clock.calls)})
-    out: dict[str, Any] = {"side": args.side, "pages": len(pages), "passes": passes}
+        wall = run_pages(pages, models, clock)
+        out["passes"].append({"wall": wall, "parts": dict(clock.parts), "calls": dict(clock.calls)})
+        print(f"  {args.side} pass {index + 1}: {wall:.2f} s, {len(pages)} pages",
+              file=sys.stderr, flush=True)  # fmt: skip
     if args.side == "patched":
-        runner = _runner(det)
-        out["stats"] = {m: runner.stats(p.net) for m, p in (("det", det), ("rec", rec))}
+        out["stats"] = graph_stats(models)
     if args.device.startswith("cuda"):
         out["reserved_mib"] = torch.cuda.memory_reserved() / 2**20
     return out
 
 
-def _runner(det: Any) -> Any:
-    """The dropped runner module the patched predictors imported."""
-    for name, module in sys.modules.items():
-        if name.endswith("rocmfix_graphs") and hasattr(module, "stats"):
-            return module
-    raise RuntimeError("no rocmfix_graphs module loaded")
+def graph_stats(models: dict[str, Any]) -> dict[str, Any]:
+    """Each model's runner counts, graphs and the memory they hold."""
+    found = {}
+    for name, (runner, net) in models["runners"].items():
+        found[name] = {**runner.stats(net), "held_mib": runner.held_bytes(net) / 2**20}
+    return found
 
 
 def memory(args: argparse.Namespace) -> dict[str, Any]:
+    """``--pages`` pages (the mix over and over, each line box moved by up to 3 px) through
+    the patched predictors one page a window; the memory held after each."""
     import torch
 
     mix = _pages.load_pages(_pages.write_pdfs(Path(args.work), pages_each=2))
     clock = Clock(args.device)
-    det, rec, image = setup(args.patched, args.device, args.work, clock, "patched")
-    runner = _runner(det)
+    models = setup(args, args.patched, clock, "patched")
+    cuda = args.device.startswith("cuda")
     rng = random.Random(2)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    began = time.perf_counter()
     for i in range(args.pages):
+        if time.perf_counter() - began > args.seconds:
+            print(f"stopped at page {i}: past {args.seconds} s", flush=True)
+            break
         page = mix[i % len(mix)]
-        moved = _pages.Page(
-            page.name,
-            page.image,
-            [tuple(v + rng.uniform(-3, 3) for v in box) for box in page.lines],  # type: ignore[misc]
-            page.blocks,
-        )
-        wall = run_pages([moved], det, rec, image, clock, window=1)
-        cuda = args.device.startswith("cuda")
-        rows.append(
-            {
-                "page": i + 1,
-                "ms": wall * 1e3,
-                "reserved_mib": torch.cuda.memory_reserved() / 2**20 if cuda else 0.0,
-                "allocated_mib": torch.cuda.memory_allocated() / 2**20 if cuda else 0.0,
-                **{
-                    f"{m} held_mib": runner.held_bytes(p.net) / 2**20
-                    for m, p in (("det", det), ("rec", rec))
-                },
-                **{
-                    f"{m} graphs": runner.stats(p.net)["graphs"]
-                    for m, p in (("det", det), ("rec", rec))
-                },
-            }
-        )
-    stats = {m: runner.stats(p.net) for m, p in (("det", det), ("rec", rec))}
-    return {"pages": rows, "stats": stats}
+        moved = [tuple(v + rng.uniform(-3, 3) for v in box) for box in page.lines]
+        one = _pages.Page(page.name, page.image, moved, page.blocks)  # type: ignore[arg-type]
+        wall = run_pages([one], models, clock, window=1)
+        stats = graph_stats(models)
+        rows.append({"page": i + 1, "ms": wall * 1e3,
+                     "reserved_mib": torch.cuda.memory_reserved() / 2**20 if cuda else 0.0,
+                     "allocated_mib": torch.cuda.memory_allocated() / 2**20 if cuda else 0.0,
+                     **{f"{m} held_mib": st["held_mib"] for m, st in stats.items()},
+                     **{f"{m} graphs": st["graphs"] for m, st in stats.items()}})  # fmt: skip
+        if i < 3 or (i + 1) % 20 == 0:
+            print(json.dumps({k: round(v, 1) for k, v in rows[-1].items()}), flush=True)
+    return {"pages": rows, "stats": graph_stats(models)}
 
 
 def _run(args: argparse.Namespace, side: str) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--worker", side, "--stock", args.stock or "",
-               "--patched", args.patched, "--pages-each", str(args.pages_each),
-               "--device", args.device, "--work", args.work]  # fmt: skip
+    """One fresh process; its progress lines pass through (stderr), its result comes back."""
+    command = [sys.executable, __file__, "--worker", side]
+    for flag in ("stock", "patched", "pages_each", "pages", "doc", "passes", "device", "work",
+                 "formula", "tokens", "process_seconds"):  # fmt: skip
+        if getattr(args, flag) is not None:
+            command += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    limit = args.process_seconds + 240  # setup and the pass under way when the limit came
     try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=900)
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False,
+                              timeout=limit)  # fmt: skip
     except subprocess.TimeoutExpired:
-        return {"side": side, "error": "no result in 900 s"}
+        return {"side": side, "error": f"no result in {limit} s"}
     if done.returncode != 0:
-        return {"side": side, "error": done.stderr[-3000:]}
+        return {"side": side, "error": f"exit {done.returncode} (its stderr is above)"}
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-def split(run: dict[str, Any], index: int) -> dict[str, float]:
-    """ms per page: forward (GPU part), CPU pre, CPU post, other."""
-    one = run["passes"][index]
-    parts, n = one["parts"], run["pages"]
-    fwd = sum(v for k, v in parts.items() if k.endswith("forward"))
+def split(run: dict[str, Any], passes: slice) -> dict[str, float] | None:
+    """ms per page over ``passes``: the whole page, the GPU part (every model's forward: the
+    formula encoder's, not its decoder's), the decoder, MinerU's CPU pre- and post-processing
+    and the rest; then each model's forward, pre and post."""
+    chosen = run["passes"][passes]
+    if not chosen:
+        return None
+    n = run["pages"] * len(chosen)
+    parts: dict[str, float] = {}
+    for one in chosen:
+        for k, v in one["parts"].items():
+            parts[k] = parts.get(k, 0.0) + v
+    wall = sum(one["wall"] for one in chosen)
+    fwd = sum(v for k, v in parts.items() if k.endswith(" forward"))
     pre = sum(v for k, v in parts.items() if k.endswith(" pre") or k == "crops")
     post = sum(v for k, v in parts.items() if k.endswith(" post"))
-    wall = one["wall"]
-    return {
-        "page": wall / n * 1e3,
-        "forward": fwd / n * 1e3,
-        "cpu pre": pre / n * 1e3,
-        "cpu post": post / n * 1e3,
-        "other": (wall - fwd - pre - post) / n * 1e3,
-        "det forward": parts.get("det forward", 0.0) / n * 1e3,
-        "rec forward": parts.get("rec forward", 0.0) / n * 1e3,
-    }
+    dec = parts.get("formula decoder", 0.0)
+    found = {"page": wall, "gpu part": fwd, "decoder": dec, "cpu pre": pre, "cpu post": post,
+             "other": wall - fwd - dec - pre - post}  # fmt: skip
+    for model in MODELS:
+        for what in ("forward", "pre", "post"):
+            found[f"{model} {what}"] = parts.get(f"{model} {what}", 0.0)
+    return {k: v / n * 1e3 for k, v in found.items()}
 
 
 def report(runs: list[dict[str, Any]]) -> None:
-    ok = [r for r in runs if "passes" in r]
-    if not ok:
-        print("no run gave a result")
+    ok = [r for r in runs if r.get("passes")]
     for r in runs:
         if "error" in r:
-            print(f"pair {r['pair']} {r['side']}: failed\n{r['error']}")
-    for index, label in ((0, "pass 1 (fresh process)"), (1, "pass 2 (shapes seen before)")):
-        if not ok:
-            break
-        print(f"\n{label}: ms per page")
-        print(f"{'pair side':<14}" + "".join(f"{k:>12}" for k in split(ok[0], 0)))
-        for r in ok:
-            s = split(r, index)
-            print(f"{r['pair']:<4} {r['side']:<9}" + "".join(f"{v:>12.2f}" for v in s.values()))
-        pairs = sorted({r["pair"] for r in ok})
-        gpu, whole = [], []
-        for p in pairs:
-            side = {r["side"]: split(r, index) for r in ok if r["pair"] == p}
+            print(f"pair {r['pair']} {r['side']}: failed: {r['error']}")
+    if not ok:
+        print("no run gave a result")
+        return
+    heads = ("page", "gpu part", "decoder", "cpu pre", "cpu post", "other")
+    for passes, label in ((slice(0, 1), "pass 1 (a fresh process)"),
+                          (slice(1, None), "passes 2+ (the same documents again)")):  # fmt: skip
+        rows = [(r, split(r, passes)) for r in ok]
+        rows = [(r, s) for r, s in rows if s is not None]
+        if not rows:
+            continue
+        print(f"\n{label}: ms per page ({rows[0][0]['pages']} pages)")
+        print(f"{'pair side':<14}" + "".join(f"{k:>10}" for k in heads))
+        for r, s in rows:
+            print(f"{r['pair']:<4} {r['side']:<9}" + "".join(f"{s[k]:>10.2f}" for k in heads))
+        print("per model, median over processes (ms per page): forward / CPU pre / CPU post")
+        for model in MODELS:
+            cells = []
+            for side in ("stock", "patched"):
+                mine = [s for r, s in rows if r["side"] == side]
+                if mine:
+                    cells.append(f"{side} " + " / ".join(
+                        f"{statistics.median(s[f'{model} {w}'] for s in mine):.2f}"
+                        for w in ("forward", "pre", "post")))  # fmt: skip
+            print(f"  {model:<8} " + "   ".join(cells))
+        gpu, whole, bound = [], [], []
+        for pair in sorted({r["pair"] for r, _ in rows}):
+            side = {r["side"]: s for r, s in rows if r["pair"] == pair}
             if "stock" in side and "patched" in side:
-                gpu.append(side["stock"]["forward"] / side["patched"]["forward"])
-                whole.append(side["stock"]["page"] / side["patched"]["page"])
-        for r in ok:
-            if r["side"] == "patched" and index == 1:
-                print(f"pair {r['pair']} patched, runner: " + "; ".join(
-                    f"{m} {st['graphs']} graphs, {st['held_bytes'] / 2**20:.0f} MiB, {st['counts']}"
-                    for m, st in r.get("stats", {}).items()))  # fmt: skip
+                st, pa = side["stock"], side["patched"]
+                gpu.append(st["gpu part"] / pa["gpu part"])
+                whole.append(st["page"] / pa["page"])
+                # What the GPU part's speed-up alone leaves for the whole page, the rest
+                # (MinerU's CPU work, the decoder, the copies) as the stock process had it.
+                bound.append(st["page"] / (st["page"] - st["gpu part"] + pa["gpu part"]))
         if gpu:
-            print(
-                "stock/patched, per pair: forwards (the GPU part) "
-                f"{', '.join(f'{x:.2f}' for x in gpu)} "
-                f"(median {statistics.median(gpu):.2f}); whole page "
-                f"{', '.join(f'{x:.2f}' for x in whole)} (median {statistics.median(whole):.2f})"
-            )
+            print(f"stock/patched per pair: GPU part {_show(gpu)}")
+            print(f"  whole page {_show(whole)}; what the GPU part leaves it {_show(bound)}")
+    for r in ok:
+        if r["side"] == "patched":
+            print(f"pair {r['pair']} patched, runner at the end: " + "; ".join(
+                f"{m} {st['graphs']} graphs {st['held_mib']:.0f} MiB {st['counts']}"
+                for m, st in r.get("stats", {}).items()))  # fmt: skip
+
+
+def _show(ratios: list[float]) -> str:
+    return f"{', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f})"
 
 
 def main() -> None:
@@ -291,14 +387,21 @@ def main() -> None:
     parser.add_argument("--stock")
     parser.add_argument("--patched", required=True)
     parser.add_argument("--out", default=".")
-    parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--pages-each", type=int, default=8)
-    parser.add_argument("--pages", type=int, default=200)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--passes", type=int, default=4, help="over the same pages, per process")
+    parser.add_argument("--pages-each", type=int, default=1)
+    parser.add_argument("--pages", type=int, help="at most this many pages of the mix")
+    parser.add_argument("--doc", default="", help="only the mix's documents named so")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--work", default=tempfile.mkdtemp(prefix="page_gpu_"))
+    parser.add_argument("--formula", choices=_pages.FORMULA, default=_pages.FORMULA[0])
+    parser.add_argument("--tokens", type=int, default=32, help="the formula decoder's bound")
     parser.add_argument("--worker", choices=("stock", "patched"))
     parser.add_argument("--memory", action="store_true")
-    parser.add_argument("--seconds", type=float, default=1e9, help="start no pair past this")
+    parser.add_argument("--seconds", type=float, default=1e9,
+                        help="start no pair (--memory: page) past this")  # fmt: skip
+    parser.add_argument("--process-seconds", type=float, default=90,
+                        help="start no pass past this in a process")  # fmt: skip
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     if args.worker:
@@ -306,18 +409,9 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
     if args.memory:
+        args.pages = args.pages or 200
         found = memory(args)
         Path(args.out, "page_memory.json").write_text(json.dumps(found, indent=1))
-        rows = found["pages"]
-        head = f"{'page':>5} {'ms':>8} {'reserved':>9} {'allocated':>9}"
-        print(head + " det held/graphs rec held/graphs (MiB)")
-        for r in rows[:5] + rows[9::10]:
-            print(
-                f"{r['page']:>5} {r['ms']:>8.1f} {r['reserved_mib']:>9.0f} "
-                f"{r['allocated_mib']:>9.0f}"
-                f" {r['det held_mib']:>8.0f}/{r['det graphs']:<6} "
-                f"{r['rec held_mib']:>8.0f}/{r['rec graphs']}"
-            )
         print(json.dumps(found["stats"], indent=1))
         return
     if not args.stock:
@@ -329,9 +423,8 @@ def main() -> None:
             print(f"pair {pair} not started: past {args.seconds} s", flush=True)
             break
         for side in ("stock", "patched") if pair % 2 == 0 else ("patched", "stock"):
+            print(f"pair {pair} {side}, {time.perf_counter() - began:.0f} s in", flush=True)
             runs.append({"pair": pair, **_run(args, side)})
-            print(json.dumps({k: v for k, v in runs[-1].items() if k != "passes"})[:300],
-                  flush=True)  # fmt: skip
             Path(args.out, "page.json").write_text(json.dumps(runs, indent=1))
     report(runs)
 
