@@ -38,7 +38,8 @@ def test_a_page_through_the_five_predictors_on_the_cpu(tmp_path: Path) -> None:
     command = [sys.executable, str(ROOT / "bench" / "page_gpu.py"), "--worker", "stock",
                "--stock", str(site), "--patched", str(site), "--device", "cpu", "--doc",
                "slides", "--pages", "1", "--passes", "2", "--formula", "PP-FormulaNet_plus-S",
-               "--tokens", "2", "--work", str(tmp_path / "work")]  # fmt: skip
+               "--tokens", "2", "--process-seconds", "600",
+               "--work", str(tmp_path / "work")]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads(done.stdout.strip().splitlines()[-1])
