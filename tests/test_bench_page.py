@@ -72,7 +72,7 @@ def test_the_report_splits_the_page_and_pairs_the_sides(capsys: pytest.CaptureFi
     patched["stats"] = {}
     page_gpu.report([stock, patched])
     out = capsys.readouterr().out
-    assert "pass 1 (a fresh process)" in out and "passes 2+" in out
+    assert "pass 1 (a fresh process)" in out and "passes 2+" in out and "last pass alone" in out
     # GPU part 5 s against 1.25 s; the page 10 s against 6.25 s, all the GPU part leaves it.
     assert "GPU part 4.00 (median 4.00)" in out
     assert "whole page 1.60 (median 1.60); what the GPU part leaves it 1.60" in out
