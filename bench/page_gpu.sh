@@ -44,6 +44,7 @@ date -u
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
 MW=$W/mineru/mineru-4.0.12-py3-none-any.whl
+rm -rf /tmp/stock  # a run before this one left its copies there
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/stock "$MW" || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile "$MW" \
     || python3 -m pip install -q --no-index --no-deps --no-compile --break-system-packages "$MW" \

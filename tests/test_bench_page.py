@@ -38,7 +38,8 @@ def test_a_page_through_the_five_predictors_on_the_cpu(tmp_path: Path) -> None:
     command = [sys.executable, str(ROOT / "bench" / "page_gpu.py"), "--worker", "stock",
                "--stock", str(site), "--patched", str(site), "--device", "cpu", "--doc",
                "slides", "--pages", "1", "--passes", "2", "--formula", "PP-FormulaNet_plus-S",
-               "--tokens", "2", "--work", str(tmp_path / "work")]  # fmt: skip
+               "--tokens", "2", "--process-seconds", "600",
+               "--work", str(tmp_path / "work")]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads(done.stdout.strip().splitlines()[-1])
@@ -71,7 +72,7 @@ def test_the_report_splits_the_page_and_pairs_the_sides(capsys: pytest.CaptureFi
     patched["stats"] = {}
     page_gpu.report([stock, patched])
     out = capsys.readouterr().out
-    assert "pass 1 (a fresh process)" in out and "passes 2+" in out
+    assert "pass 1 (a fresh process)" in out and "passes 2+" in out and "last pass alone" in out
     # GPU part 5 s against 1.25 s; the page 10 s against 6.25 s, all the GPU part leaves it.
     assert "GPU part 4.00 (median 4.00)" in out
     assert "whole page 1.60 (median 1.60); what the GPU part leaves it 1.60" in out
