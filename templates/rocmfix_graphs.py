@@ -105,7 +105,9 @@ MAX_CAPTURES = 64
 # A graph not replayed in the last STALE_AFTER x MAX_GRAPHS calls of its model may be dropped
 # for a new shape once MAX_GRAPHS are kept.
 STALE_AFTER = 4
-MAX_BYTES = 1 << 30
+# A model's graph memory cap (MiB; ROCMFIX_GRAPHS_MAX_MIB): PP-DocLayoutV2 at MinerU's batch of
+# two 800x800 pages takes more than 1 GiB in one graph (docs/performance-graphs.md).
+MAX_BYTES = _count_from_env("ROCMFIX_GRAPHS_MAX_MIB", 1024) << 20
 PAD_BATCH = os.environ.get("ROCMFIX_GRAPHS_PAD_BATCH", "1").strip().lower() not in (
     "0", "false", "no", "off"
 )  # fmt: skip
@@ -497,8 +499,13 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
         raise _Fallback from exc
     state.held += held
     if state.held > MAX_BYTES:
-        # This graph goes (its captured inputs with it); what it took in the pool stays.
+        # This graph goes (its captured inputs with it); what it took in the pool stays for
+        # the graphs the model keeps, or, where it keeps none, goes back with the pool.
         state.held -= sum(t.numel() * t.element_size() for t in static)
+        if not state.graphs:
+            del graph
+            state.pools.pop(device, None)
+            state.held = 0
         state.full = True
         state.count("past the cap")
         _tell(model, "shape past the cap", f"graph memory {state.held >> 20} MiB")

@@ -108,9 +108,12 @@ def test_second_sighting_captures_and_later_calls_replay(
 
 
 def test_the_capture_policy_comes_from_the_environment() -> None:
-    unset: dict[str, str | None] = dict.fromkeys(("ROCMFIX_GRAPHS_AFTER", "ROCMFIX_GRAPHS_PAYBACK"))
-    runner = load_template("rocmfix_graphs", interpret=None, env=unset)
-    assert (runner.MIN_SEEN, runner.PAYBACK) == (3, 4)
+    names = ("ROCMFIX_GRAPHS_AFTER", "ROCMFIX_GRAPHS_PAYBACK", "ROCMFIX_GRAPHS_MAX_MIB")
+    runner = load_template("rocmfix_graphs", interpret=None, env=dict.fromkeys(names))
+    assert (runner.MIN_SEEN, runner.PAYBACK, runner.MAX_BYTES) == (3, 4, 1 << 30)
+    for mib, cap in (("2048", 2 << 30), ("1.5", 1 << 30), ("-3", 1 << 30)):
+        runner = load_template("rocmfix_graphs", interpret=None, env={names[2]: mib})
+        assert (mib, runner.MAX_BYTES) == (mib, cap)
     # Not a whole number >= 0: the default; no sighting before a capture is the first.
     for after, payback, want in (("5", "0", (5, 0)), ("-1", "2.5", (3, 4)),
                                  ("many", "", (3, 4)), ("0", " 7 ", (1, 7))):  # fmt: skip
@@ -306,13 +309,16 @@ def test_a_shape_past_the_caps_runs_eager(
                 assert _same(graphs.forward(net, x), net(x))
     assert fake.captures == 2 and graphs.stats(net)["counts"]["past the cap"] == 2
     assert len(said(told)) == 1 and "shape past the cap" in said(told)[0]
-    # The memory cap: a capture that takes the pool past it is dropped, and no more follow.
+    # The memory cap: a capture that takes the pool past it is dropped, and no more follow;
+    # a model left with no graph holds nothing (its pool goes too).
     monkeypatch.setattr(graphs, "MAX_BYTES", fake.per_capture // 2)
     other = Net().eval()
     with torch.inference_mode():
-        for _ in range(3):
-            graphs.forward(other, torch.randn(1, 3, 8, 8))
-    assert graphs.stats(other)["graphs"] == 0 and graphs.held_bytes(other) > graphs.MAX_BYTES
+        for w in (8, 8, 8, 16, 16, 16):
+            graphs.forward(other, torch.randn(1, 3, 8, w))
+    st = graphs.stats(other)
+    assert st["graphs"] == 0 and st["held_bytes"] == 0 and st["counts"]["past the cap"] >= 2
+    assert fake.captures == 3
 
 
 class Detections:
