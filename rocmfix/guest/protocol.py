@@ -20,8 +20,9 @@ from typing import Any, Literal, TypeVar, Union, get_args
 
 # Changed whenever a message changes shape: a worker from another rocmfix is refused, not
 # half understood. (2 was the untyped worker's ``hello["worker"]``; 4 added doctor's
-# ``Graphs`` and the profile's replay: ``OpSpec.replay``, ``Request.calls`` and ``backend``.)
-VERSION = 4
+# ``Graphs`` and the profile's replay: ``OpSpec.replay``, ``Request.calls`` and ``backend``;
+# 5 dropped tune's ``compile`` mode and ``Request.jobs``.)
+VERSION = 5
 
 
 class ProtocolError(ValueError):
@@ -240,22 +241,13 @@ class CompileItem(Message):
     id: str | None = None
 
 
-@dataclass(frozen=True)
-class CompileJob(Message):
-    """A tune candidate to compile into Triton's cache in a helper process."""
-
-    op: str
-    target: str
-    config: dict[str, Any]
-
-
 def _same_version(version: object, words: str) -> None:
     if version != VERSION or isinstance(version, bool):
         shown = version if isinstance(version, int) else "?"
         raise ProtocolError(words.format(shown, VERSION) + " (two rocmfix installs are mixed)")
 
 
-MODES = ("measure", "tune", "compile", "resolve", "check", "replay")
+MODES = ("measure", "tune", "resolve", "check", "replay")
 
 
 @dataclass(frozen=True)
@@ -269,10 +261,9 @@ class Request(Message):
     tuned_file: str
     version: int = VERSION
     skip: list[str] = field(default_factory=list)
-    # measure: the items to run; check: the compiles (none: the whole sweep); compile: jobs.
+    # measure: the items to run; check: the compiles (none: the whole sweep).
     items: list[MeasureItem] = field(default_factory=list)
     compiles: list[CompileItem] = field(default_factory=list)
-    jobs: list[CompileJob] = field(default_factory=list)
     # Seconds per timing (measure) or for the whole search (tune); None: the mode's default.
     budget_s: float | None = None
     interpret: bool = False

@@ -56,15 +56,9 @@ def main(argv: list[str]) -> int:
     try:
         ctx.load_templates()
         info = device_info(ctx)
-        if mode != "compile":
-            channel.send(
-                Hello(
-                    pid=os.getpid(),
-                    python=sys.executable,
-                    device=info,
-                    overrides=overrides,
-                )
-            )
+        channel.send(
+            Hello(pid=os.getpid(), python=sys.executable, device=info, overrides=overrides)
+        )
         if mode == "tune" and request.require_gpu and not gpu:
             channel.send(End())
             return 0
@@ -84,8 +78,6 @@ def _run(ctx: Context, mode: str, info: DeviceFacts) -> None:
         doctor.measure(ctx)
     elif mode == "tune":
         tune.tune(ctx, info)
-    elif mode == "compile":
-        tune.compile_jobs(ctx)
     elif mode == "resolve":
         tune.resolve(ctx)
     elif mode == "check":

@@ -98,8 +98,3 @@ class Kernel:
 
     def check(self, config: dict[str, Any]) -> float:
         raise NotImplementedError
-
-    @staticmethod
-    def compile_shape(shape: dict[str, Any]) -> dict[str, Any]:
-        """A smaller shape that compiles the same kernels (sizes are not specialised on)."""
-        return dict(shape)

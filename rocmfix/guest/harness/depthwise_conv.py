@@ -162,7 +162,3 @@ class Kernel(base.Kernel):
         out = self._kernel(config=dict(config))
         self.ctx.sync()
         return rel_err(out, self.ref)
-
-    @staticmethod
-    def compile_shape(shape: dict[str, Any]) -> dict[str, Any]:
-        return dict(shape, n=1, h=16, w=12)

@@ -160,7 +160,3 @@ class Kernel(base.Kernel):
             if not err <= worst:
                 worst = err
         return worst
-
-    @staticmethod
-    def compile_shape(shape: dict[str, Any]) -> dict[str, Any]:
-        return dict(shape, h=16, w=12, dilations=[max(shape["dilations"])])

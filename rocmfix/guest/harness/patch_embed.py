@@ -97,7 +97,3 @@ class Kernel(base.Kernel):
         out = self.module.patchify_gemm(self.a, self.w, None, config=config, out=self.out)
         self.ctx.sync()
         return rel_err(out, self.ref)
-
-    @staticmethod
-    def compile_shape(shape: dict[str, Any]) -> dict[str, Any]:
-        return dict(shape, m=256)
