@@ -135,16 +135,17 @@ class Op:
     native: str
     schemes: tuple[Scheme, ...]
     cases: tuple[Case, ...]
-    # The template's tunable kernel: its key in the tuned file and the template ``tune`` runs
-    # ("" for an op whose schemes are all vendor formulations: nothing to tune or compile).
-    kernel: str
-    kernel_template: str
-    tune: tuple[TuneTarget, ...]
-    grid: tuple[GridGroup, ...]
     # The module under rocmfix.guest.harness that builds this op's inputs and calls it.
     harness: str
     # How a table row or a progress line names one of this op's shapes.
     label: Callable[[TensorShape], str]
+    # The template's tunable kernel: its key in the tuned file and the template ``tune`` runs,
+    # its tune targets and grid (none for an op whose schemes are all vendor formulations or
+    # settings: nothing to tune or compile).
+    kernel: str = ""
+    kernel_template: str = ""
+    tune: tuple[TuneTarget, ...] = ()
+    grid: tuple[GridGroup, ...] = ()
     # The function of every scheme's template that the patched code calls.
     function: str = ""
     # The environment variable its kernel templates read a config override from (each

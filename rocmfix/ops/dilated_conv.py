@@ -8,17 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (
-    DTYPES,
-    TRITON_SUPPORT,
-    Case,
-    GridGroup,
-    Op,
-    Scheme,
-    TensorShape,
-    TuneTarget,
-    tile,
-)
+from . import base
+from .base import DTYPES, TRITON_SUPPORT, Case, GridGroup, Op, Scheme, TuneTarget, tile
 from .pointwise_conv import matches as pointwise
 
 
@@ -91,7 +82,7 @@ GRID = (
 )
 
 
-def label(s: TensorShape) -> str:
+def label(s: base.TensorShape) -> str:
     dilation = f"d={s['d']}" if "d" in s else "d=" + ",".join(map(str, s["dilations"]))
     size = f"{s['h']}x{s['w']}"
     return f"{s['c']}ch {s['k']}x{s['k']} {dilation} {size} {DTYPES.get(s['dtype'], s['dtype'])}"

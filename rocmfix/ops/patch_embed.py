@@ -8,17 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (
-    DTYPES,
-    TRITON_SUPPORT,
-    Case,
-    GridGroup,
-    Op,
-    Scheme,
-    TensorShape,
-    TuneTarget,
-    tile,
-)
+from . import base
+from .base import DTYPES, TRITON_SUPPORT, Case, GridGroup, Op, Scheme, TuneTarget, tile
 
 # MinerU2.5's vision tower on one page (Qwen2-VL: 3x2x14x14 patches -> 1280; the 1036x1036
 # layout thumbnail is 74 x 74 = 5476 patches), and a shape the CPU interpreter runs in seconds.
@@ -106,7 +97,7 @@ GRID = (
 )
 
 
-def label(s: TensorShape) -> str:
+def label(s: base.TensorShape) -> str:
     k = s["c"] * s["t"] * s["p"] * s["p"]
     return f"{s['m']}x{k}→{s['n']} {DTYPES.get(s['dtype'], s['dtype'])}"
 
