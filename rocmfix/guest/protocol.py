@@ -44,6 +44,9 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
 }
 _WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}
+# What a JSON value is, in words (bool before the numbers: it is an int to Python).
+_KINDS = ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (list, "a list"),
+          (dict, "an object"))  # fmt: skip
 # How an item, a candidate or a tune target ended: a closed set, checked where it arrives.
 # timeout, crashed and missing are written by the host for a worker it killed or lost.
 Status = Literal[
@@ -55,17 +58,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {"Status": get_args(Status)}
 def _kind(value: object) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    return next((word for kind, word in _KINDS if isinstance(value, kind)), type(value).__name__)
 
 
 def _value(value: object, annotation: str, where: str) -> Any:
