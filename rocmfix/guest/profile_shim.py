@@ -93,10 +93,8 @@ class _TorchFinder:
                 loader.exec_module = original
             _arm(module)
 
-        try:
+        with contextlib.suppress(Exception):  # a loader that takes no attribute: not armed
             loader.exec_module = exec_module
-        except Exception:  # noqa: BLE001
-            return spec
         return spec
 
 
