@@ -37,12 +37,9 @@ def select_archs(names: Sequence[str]) -> tuple[str, ...]:
 def _label(event: protocol.Checked, ops: Sequence[Op]) -> str:
     """The op's own words for the shape, in the dtype this row compiled."""
     for op in ops:
-        for target in op.tune:
-            if target.id == event.shape:
-                return op.label({**target.gpu, "dtype": event.dtype})
-        for case in op.cases:
-            if case.id == event.shape:
-                return op.label({**case.gpu, "dtype": event.dtype})
+        for shape in (*op.tune, *op.cases):
+            if shape.id == event.shape:
+                return op.label({**shape.gpu, "dtype": event.dtype})
     return event.shape
 
 
