@@ -266,24 +266,19 @@ def _compile_items(ops: Sequence[Op], answer: worker.Answer) -> list[protocol.Co
     return items
 
 
+# What a Measurement takes from the worker's Measured event: the fields they share.
+_MEASURED = {f.name for f in dataclasses.fields(Measurement)} & {
+    f.name for f in dataclasses.fields(protocol.Measured)
+}
+
+
 def _measurement(
     impl: str, event: protocol.Measured | None, compiled: KernelCheck | None = None
 ) -> Measurement:
     if event is None:
         return Measurement(impl=impl, status="missing", message="the worker never ran it")
-    return Measurement(
-        impl=impl,
-        status=event.status,
-        first_ms=event.first_ms,
-        ms=event.ms,
-        kernel_ms=event.kernel_ms,
-        rel_err=event.rel_err,
-        tolerance=event.tolerance,
-        config=event.config,
-        message=event.message,
-        limit_s=event.limit_s,
-        compiled=compiled,
-    )
+    said = {name: getattr(event, name) for name in _MEASURED}
+    return Measurement(impl=impl, compiled=compiled, **said)
 
 
 def build_report(
