@@ -65,9 +65,7 @@ EVENTS: list[protocol.Event] = [
         tolerance=1e-2,
         message="the worker died",
         traceback="Traceback ...",
-        elapsed_s=10.2,
         limit_s=10.0,
-        stderr="Segmentation fault",
     ),
     protocol.Graphs(
         status="failed",

@@ -361,9 +361,7 @@ class Measured(Event):
     tolerance: float | None = None
     message: str | None = None
     traceback: str | None = None
-    elapsed_s: float | None = None
     limit_s: float | None = None
-    stderr: str | None = None
 
 
 @dataclass(frozen=True)
