@@ -92,7 +92,6 @@ EVENTS: list[protocol.Event] = [
         tolerance=1e-2,
         method="user",
         candidates=[ROW, dataclasses.replace(ROW, role="grid", status="failed")],
-        current={"BLOCK_M": 32},
     ),
     protocol.Resolved(id="patch-embed", arch="gfx1100", key="k", config={"A": 1}, error="e"),
     protocol.Checked(

@@ -454,7 +454,6 @@ class Tuned(Event):
     tolerance: float | None = None
     method: str | None = None
     candidates: list[CandidateRow] = field(default_factory=list)
-    current: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -301,7 +301,6 @@ def tune(ctx: Context, info: DeviceFacts) -> None:
             for row in rows:
                 row.pop("_cfg", None)
             result["candidates"] = [CandidateRow(**row) for row in rows]
-            result["current"] = None if _same(current, shipped) else kernel.stored(current)
         except Unavailable as exc:
             result["status"] = "unavailable"
             result["message"] = str(exc)
