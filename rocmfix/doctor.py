@@ -10,6 +10,7 @@ prints.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,8 @@ from pathlib import Path
 from . import guest, kernels, measured, supervise, worker
 from .checks import NOT_CHECKABLE, TRAPS, Confirm, EnvWarning, torch_build
 from .environment import Environment
-from .errors import RefusedError, UsageError, printable
+from .errors import UsageError, printable
+from .fsops import TEST_HOOKS_ENV
 from .guest import protocol
 from .guest.protocol import item_id
 from .ops import OPS, Op
@@ -115,11 +117,7 @@ def run(
     env = status.environment
     if time_limit <= 0:
         raise UsageError("--time-limit must be more than 0 seconds")
-    if env.torch is None:
-        raise RefusedError(
-            f"torch is not installed in {env.python.executable}: there is nothing to measure",
-            hint="point --python at the interpreter that runs MinerU",
-        )
+    worker.needs_torch(env, "measure")
     status = dataclasses.replace(status, warnings=confirm_traps(env, status.warnings))
     items = _items(ops)
     body = worker.request("measure", ops, items=items, budget_s=0.5)
@@ -224,11 +222,24 @@ def _run_confirm(python: str, confirm: Confirm, limit_s: float) -> tuple[bool, s
     return True, said
 
 
+def _compile_arch(device: protocol.DeviceFacts) -> str | None:
+    """The GPU ahead-of-time compiles target for this device: its own arch, or, without a
+    GPU, only the one a test names (``aot_arch`` in the test hooks)."""
+    if device.kind == "gpu":
+        return device.arch
+    try:
+        hooks = json.loads(os.environ.get(TEST_HOOKS_ENV) or "{}")
+    except ValueError:
+        return None
+    arch = hooks.get("aot_arch") if isinstance(hooks, dict) else None
+    return str(arch) if arch else None
+
+
 def _compile_items(ops: Sequence[Op], answer: worker.Answer) -> list[protocol.CompileItem]:
     """Each Triton scheme's case as it ran (its config, its shape and dtype), to be compiled
     for the GPU it ran on: registers, spills and LDS are what the timings cannot show."""
     device = answer.device
-    arch = worker.compile_arch(device)
+    arch = _compile_arch(device)
     if arch is None:
         return []
     by_id = answer.by_id()
@@ -255,24 +266,19 @@ def _compile_items(ops: Sequence[Op], answer: worker.Answer) -> list[protocol.Co
     return items
 
 
+# What a Measurement takes from the worker's Measured event: the fields they share.
+_MEASURED = {f.name for f in dataclasses.fields(Measurement)} & {
+    f.name for f in dataclasses.fields(protocol.Measured)
+}
+
+
 def _measurement(
     impl: str, event: protocol.Measured | None, compiled: KernelCheck | None = None
 ) -> Measurement:
     if event is None:
         return Measurement(impl=impl, status="missing", message="the worker never ran it")
-    return Measurement(
-        impl=impl,
-        status=event.status,
-        first_ms=event.first_ms,
-        ms=event.ms,
-        kernel_ms=event.kernel_ms,
-        rel_err=event.rel_err,
-        tolerance=event.tolerance,
-        config=event.config,
-        message=event.message,
-        limit_s=event.limit_s,
-        compiled=compiled,
-    )
+    said = {name: getattr(event, name) for name in _MEASURED}
+    return Measurement(impl=impl, compiled=compiled, **said)
 
 
 def build_report(

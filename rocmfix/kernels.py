@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from . import worker
 from .environment import Environment
-from .errors import RefusedError, UsageError
+from .errors import UsageError
 from .guest import protocol
 from .guest.aot import TARGETS
 from .ops import OPS, Op
@@ -37,12 +37,9 @@ def select_archs(names: Sequence[str]) -> tuple[str, ...]:
 def _label(event: protocol.Checked, ops: Sequence[Op]) -> str:
     """The op's own words for the shape, in the dtype this row compiled."""
     for op in ops:
-        for target in op.tune:
-            if target.id == event.shape:
-                return op.label({**target.gpu, "dtype": event.dtype})
-        for case in op.cases:
-            if case.id == event.shape:
-                return op.label({**case.gpu, "dtype": event.dtype})
+        for shape in (*op.tune, *op.cases):
+            if shape.id == event.shape:
+                return op.label({**shape.gpu, "dtype": event.dtype})
     return event.shape
 
 
@@ -80,14 +77,6 @@ def _supervised(
     )
 
 
-def _needs_torch(env: Environment) -> None:
-    if env.torch is None:
-        raise RefusedError(
-            f"torch is not installed in {env.python.executable}: there is nothing to compile",
-            hint="point --python at the interpreter that runs MinerU",
-        )
-
-
 def run(
     env: Environment,
     *,
@@ -96,7 +85,7 @@ def run(
     progress: worker.Progress = lambda _done, _total, _label: None,
 ) -> KernelsReport:
     """Every Triton scheme's kernel at MinerU's shapes, in each dtype, for each of ``archs``."""
-    _needs_torch(env)
+    worker.needs_torch(env, "compile")
     body = worker.request("check", ops, archs=list(archs))
     answer = _supervised(env, body, _planned(ops, archs), progress)
     return KernelsReport(
@@ -113,7 +102,7 @@ def compile_items(
 ) -> dict[str, KernelCheck]:
     """Explicit compiles (``doctor``'s: the config each case ran, for the GPU it ran on), by
     item id; an item the worker gave no answer for is left out."""
-    _needs_torch(env)
+    worker.needs_torch(env, "compile")
     body = worker.request("check", ops, compiles=list(items))
     answer = _supervised(env, body, len(items), lambda _d, _t, _l: None)
     return {str(e.id): _check(e, ops) for e in answer.of(protocol.Checked)}

@@ -94,11 +94,7 @@ def run(
     """Search, store the winners, and read them back in a fresh process."""
     if budget_s <= 0:
         raise UsageError("--budget must be more than 0 seconds")
-    if env.torch is None:
-        raise RefusedError(
-            f"torch is not installed in {env.python.executable}: there is nothing to tune",
-            hint="point --python at the interpreter that runs MinerU",
-        )
+    worker.needs_torch(env, "tune")
     path = tuned_file.tuned_path()
     targets = [t.id for op in ops for t in op.tune]
     body = worker.request(

@@ -5,8 +5,6 @@ the errors for a worker that never started or answered out of protocol."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -15,26 +13,12 @@ from . import supervise, tuned_file
 from ._resources import data_dir
 from .environment import Environment
 from .errors import RefusedError
-from .fsops import TEST_HOOKS_ENV
 from .guest import protocol
 from .ops import Op
 
 # done, total, label: how doctor, tune and kernels report a long run while it goes.
 Progress = Callable[[int, int, str], None]
 _E = TypeVar("_E", bound=protocol.Event)
-
-
-def compile_arch(device: protocol.DeviceFacts) -> str | None:
-    """The GPU ahead-of-time compiles target for this device: its own arch, or, without a
-    GPU, only the one a test names (``aot_arch`` in the test hooks)."""
-    if device.kind == "gpu":
-        return device.arch
-    try:
-        hooks = json.loads(os.environ.get(TEST_HOOKS_ENV) or "{}")
-    except ValueError:
-        return None
-    arch = hooks.get("aot_arch") if isinstance(hooks, dict) else None
-    return str(arch) if arch else None
 
 
 def needs_torch(env: Environment, what: str) -> None:

@@ -176,6 +176,8 @@ def test_a_target_without_torch_is_refused(tmp_path: Path) -> None:
     assert "torch is not installed" in result.stderr
     tune = run_cli("tune", "--python", str(python))
     assert tune.returncode == 1 and "nothing to tune" in tune.stderr
+    kernels = run_cli("kernels", "--python", str(python))
+    assert kernels.returncode == 1 and "nothing to compile" in kernels.stderr
 
 
 def test_usage_errors_exit_2() -> None:

@@ -10,6 +10,7 @@ ran or are about to time).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import traceback
 from collections.abc import Iterator
@@ -41,16 +42,9 @@ def compile_item(ctx: Context, item: CompileItem) -> Checked:
     """One compile as an event: the compiler's numbers, or why there are none."""
     op = ctx.request.ops[item.op]
     template = op.schemes[item.scheme]
-    fields: dict[str, Any] = {
-        "template": template,
-        "op": item.op,
-        "scheme": item.scheme,
-        "shape": item.shape,
-        "dtype": item.dtype,
-        "arch": item.arch,
-        "config": item.config,
-        "id": item.id,
-    }
+    # The item it was (but its shape's sizes: ``shape`` names them), and the template.
+    fields: dict[str, Any] = dict(dataclasses.asdict(item), template=template)
+    del fields["gpu"]
     row = aot.describe(item.arch)
     if row is None:
         return Checked(ok=False, problems=[f"no compile target known for {item.arch}"], **fields)

@@ -93,10 +93,8 @@ class _TorchFinder:
                 loader.exec_module = original
             _arm(module)
 
-        try:
+        with contextlib.suppress(Exception):  # a loader that takes no attribute: not armed
             loader.exec_module = exec_module
-        except Exception:  # noqa: BLE001
-            return spec
         return spec
 
 
@@ -117,17 +115,14 @@ def _arm(torch: Any) -> None:
         _hooks(torch)
         atexit.register(_dump)
         _mp_exit()
-        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and _main_thread():
+        main = threading.current_thread() is threading.main_thread()
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and main:
             signal.signal(signal.SIGTERM, _on_term)
         os.register_at_fork(
             before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork
         )
     except Exception as exc:  # noqa: BLE001
         _note(f"profiling not armed: {exc!r}")
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
 
 
 def _start() -> None:

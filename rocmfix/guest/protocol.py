@@ -20,8 +20,9 @@ from typing import Any, Literal, TypeVar, Union, get_args
 
 # Changed whenever a message changes shape: a worker from another rocmfix is refused, not
 # half understood. (2 was the untyped worker's ``hello["worker"]``; 4 added doctor's
-# ``Graphs`` and the profile's replay: ``OpSpec.replay``, ``Request.calls`` and ``backend``.)
-VERSION = 4
+# ``Graphs`` and the profile's replay: ``OpSpec.replay``, ``Request.calls`` and ``backend``;
+# 5 dropped tune's ``compile`` mode and ``Request.jobs``.)
+VERSION = 5
 
 
 class ProtocolError(ValueError):
@@ -43,6 +44,9 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
 }
 _WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}
+# What a JSON value is, in words (bool before the numbers: it is an int to Python).
+_KINDS = ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (list, "a list"),
+          (dict, "an object"))  # fmt: skip
 # How an item, a candidate or a tune target ended: a closed set, checked where it arrives.
 # timeout, crashed and missing are written by the host for a worker it killed or lost.
 Status = Literal[
@@ -54,17 +58,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {"Status": get_args(Status)}
 def _kind(value: object) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    return next((word for kind, word in _KINDS if isinstance(value, kind)), type(value).__name__)
 
 
 def _value(value: object, annotation: str, where: str) -> Any:
@@ -240,22 +234,13 @@ class CompileItem(Message):
     id: str | None = None
 
 
-@dataclass(frozen=True)
-class CompileJob(Message):
-    """A tune candidate to compile into Triton's cache in a helper process."""
-
-    op: str
-    target: str
-    config: dict[str, Any]
-
-
 def _same_version(version: object, words: str) -> None:
     if version != VERSION or isinstance(version, bool):
         shown = version if isinstance(version, int) else "?"
         raise ProtocolError(words.format(shown, VERSION) + " (two rocmfix installs are mixed)")
 
 
-MODES = ("measure", "tune", "compile", "resolve", "check", "replay")
+MODES = ("measure", "tune", "resolve", "check", "replay")
 
 
 @dataclass(frozen=True)
@@ -269,10 +254,9 @@ class Request(Message):
     tuned_file: str
     version: int = VERSION
     skip: list[str] = field(default_factory=list)
-    # measure: the items to run; check: the compiles (none: the whole sweep); compile: jobs.
+    # measure: the items to run; check: the compiles (none: the whole sweep).
     items: list[MeasureItem] = field(default_factory=list)
     compiles: list[CompileItem] = field(default_factory=list)
-    jobs: list[CompileJob] = field(default_factory=list)
     # Seconds per timing (measure) or for the whole search (tune); None: the mode's default.
     budget_s: float | None = None
     interpret: bool = False
@@ -377,9 +361,7 @@ class Measured(Event):
     tolerance: float | None = None
     message: str | None = None
     traceback: str | None = None
-    elapsed_s: float | None = None
     limit_s: float | None = None
-    stderr: str | None = None
 
 
 @dataclass(frozen=True)
@@ -472,7 +454,6 @@ class Tuned(Event):
     tolerance: float | None = None
     method: str | None = None
     candidates: list[CandidateRow] = field(default_factory=list)
-    current: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
 """``rocmfix tune``'s search, in the target interpreter, the same way for every op.
 
 Modes: ``tune`` (per tune target: the shipped config, the currently tuned one and the op's grid,
-each checked against fp64 and timed), ``compile`` (precompiles candidates into Triton's cache
-from helper processes), ``resolve`` (what a fresh process's kernels read from the tuned file:
-tune's proof).
+each compiled ahead of time in a helper process, then checked against fp64 and timed),
+``resolve`` (what a fresh process's kernels read from the tuned file: tune's proof).
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from .protocol import (
     CandidateRow,
     Checked,
     CompileItem,
-    CompileJob,
     DeviceFacts,
     OpSpec,
     Plan,
@@ -154,39 +152,6 @@ def _time_calls(ctx: Context, calls: list[Callable[[], Any]], delay: float, how:
         return time_eager(ctx, run_all, 0.3)
 
 
-def _precompile(
-    ctx: Context, op: OpSpec, target: str, configs: list[dict[str, Any]], budget_s: float
-) -> None:
-    """Compile every candidate in helper processes first: Triton compiles one kernel at a
-    time per process, and a dozen configs in a row would spend most of the budget on it."""
-    if not ctx.gpu or len(configs) < 3:
-        return
-    helpers = max(1, min(len(configs), 8, (os.cpu_count() or 2) // 2))
-    procs = []
-    for index in range(helpers):
-        jobs = [CompileJob(op=op.name, target=target, config=cfg)
-                for cfg in configs[index::helpers]]  # fmt: skip
-        encoded = _encode(dataclasses.replace(ctx.request, mode="compile", jobs=jobs))
-        try:
-            procs.append(
-                subprocess.Popen(
-                    command(sys.executable, "worker", encoded),
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    cwd="/",
-                )
-            )
-        except OSError:
-            break
-    deadline = time.monotonic() + budget_s
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _encode(request: Request) -> str:
     return base64.b64encode(json.dumps(request.to_json()).encode("utf-8")).decode("ascii")
 
@@ -206,7 +171,9 @@ def screen(
 ) -> list[Checked | None]:  # fmt: skip
     """Each config compiled ahead of time for ``arch`` in a helper process (never the
     interpreter, whatever this one runs in): registers, spills and LDS, or None where the
-    helper gave no answer. A config that spills or overflows LDS is not worth timing."""
+    helper gave no answer. A config that spills or overflows LDS is not worth timing. On a GPU
+    the helper binds each launch as the JIT does, for this GPU, into the same Triton cache: the
+    timed candidates then load their kernels rather than compile them."""
     items = [
         CompileItem(
             op=op.name,
@@ -258,21 +225,6 @@ def _rejection(compiled: Checked | None) -> str | None:
     if limit and compiled.shared > limit:
         reasons.append(f"needs {compiled.shared} bytes of LDS of {limit}")
     return f"on {arch}: " + " and ".join(reasons) if reasons else None
-
-
-def compile_jobs(ctx: Context) -> None:
-    for job in ctx.request.jobs:
-        op = ctx.request.ops[job.op]
-        try:
-            cls = harness.module(op.harness).Kernel
-            shape = cls.compile_shape(op.tune[job.target].on(ctx.variant))
-            kernel = _kernel(ctx, op, shape)
-            with context.torch.no_grad():
-                for call in kernel.calls(dict(kernel.resolve(), **job.config)):
-                    call()
-            ctx.sync()
-        except Exception:  # noqa: BLE001 - the tune loop reports failures itself
-            pass
 
 
 def _targets(ctx: Context) -> list[tuple[OpSpec, str]]:
@@ -329,9 +281,6 @@ def tune(ctx: Context, info: DeviceFacts) -> None:
             if arch:
                 compiled = screen(ctx, op, target, configs, arch,
                                   max(30.0, deadline - time.monotonic()))  # fmt: skip
-            _precompile(ctx, op, target,
-                        [c for c, s in zip(configs[1:], compiled[1:]) if not _rejection(s)],
-                        max(30.0, deadline - time.monotonic()))  # fmt: skip
             how, kernel_how = "host", None
             if ctx.gpu:
                 # Ranked by what users get (eager calls through the patched entry point);
@@ -352,7 +301,6 @@ def tune(ctx: Context, info: DeviceFacts) -> None:
             for row in rows:
                 row.pop("_cfg", None)
             result["candidates"] = [CandidateRow(**row) for row in rows]
-            result["current"] = None if _same(current, shipped) else kernel.stored(current)
         except Unavailable as exc:
             result["status"] = "unavailable"
             result["message"] = str(exc)

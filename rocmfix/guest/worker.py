@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 
 from . import check, context, doctor, tune
 from .context import Channel, Context, device_info, one_line
@@ -56,19 +57,15 @@ def main(argv: list[str]) -> int:
     try:
         ctx.load_templates()
         info = device_info(ctx)
-        if mode != "compile":
-            channel.send(
-                Hello(
-                    pid=os.getpid(),
-                    python=sys.executable,
-                    device=info,
-                    overrides=overrides,
-                )
-            )
+        channel.send(
+            Hello(pid=os.getpid(), python=sys.executable, device=info, overrides=overrides)
+        )
         if mode == "tune" and request.require_gpu and not gpu:
             channel.send(End())
             return 0
-        _run(ctx, mode, info)
+        if mode == "replay":
+            call.use_backend(request.backend)
+        _MODES[mode](ctx, info)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
         channel.send(Fatal(message=one_line(exc), traceback=traceback.format_exc()))
         return 0
@@ -76,19 +73,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _run(ctx: Context, mode: str, info: DeviceFacts) -> None:
-    if mode == "measure":
-        doctor.measure(ctx)
-    elif mode == "replay":
-        call.use_backend(ctx.request.backend)
-        doctor.measure(ctx)
-    elif mode == "tune":
-        tune.tune(ctx, info)
-    elif mode == "compile":
-        tune.compile_jobs(ctx)
-    elif mode == "resolve":
-        tune.resolve(ctx)
-    elif mode == "check":
-        check.check(ctx)
-    else:
-        raise ValueError("unknown mode " + repr(mode))
+# Each mode's run (Request.parse has refused any other mode).
+_MODES: dict[str, Callable[[Context, DeviceFacts], None]] = {
+    "measure": lambda ctx, _info: doctor.measure(ctx),
+    "replay": lambda ctx, _info: doctor.measure(ctx),
+    "tune": tune.tune,
+    "resolve": lambda ctx, _info: tune.resolve(ctx),
+    "check": lambda ctx, _info: check.check(ctx),
+}

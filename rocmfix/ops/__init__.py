@@ -27,7 +27,6 @@ from .base import (
     Op,
     Scheme,
     Template,
-    TuneTarget,
 )
 
 __all__ = [
@@ -42,7 +41,6 @@ __all__ = [
     "Op",
     "Scheme",
     "Template",
-    "TuneTarget",
     "op",
 ]
 

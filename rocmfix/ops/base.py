@@ -94,8 +94,9 @@ class Scheme:
 
 @dataclass(frozen=True)
 class Case:
-    """A shape MinerU runs, measured by ``doctor``: on a GPU, and scaled down for Triton's CPU
-    interpreter."""
+    """A shape MinerU runs, on a GPU and scaled down for Triton's CPU interpreter: one
+    ``doctor`` measures (an op's cases), or one ``tune`` searches the kernel at (its tune
+    targets, ``id`` the registry's id of the target)."""
 
     id: str
     gpu: TensorShape
@@ -117,15 +118,6 @@ class GridGroup:
 
 
 @dataclass(frozen=True)
-class TuneTarget:
-    """One entry ``tune`` searches: a kernel at one of MinerU's shapes."""
-
-    id: str
-    gpu: TensorShape
-    cpu: TensorShape
-
-
-@dataclass(frozen=True)
 class Op:
     """An op and everything rocmfix knows about it, as data. A module of this package that
     defines ``OP`` is an op: the registry finds it there (see :mod:`rocmfix.ops`)."""
@@ -135,16 +127,17 @@ class Op:
     native: str
     schemes: tuple[Scheme, ...]
     cases: tuple[Case, ...]
-    # The template's tunable kernel: its key in the tuned file and the template ``tune`` runs
-    # ("" for an op whose schemes are all vendor formulations: nothing to tune or compile).
-    kernel: str
-    kernel_template: str
-    tune: tuple[TuneTarget, ...]
-    grid: tuple[GridGroup, ...]
     # The module under rocmfix.guest.harness that builds this op's inputs and calls it.
     harness: str
     # How a table row or a progress line names one of this op's shapes.
     label: Callable[[TensorShape], str]
+    # The template's tunable kernel: its key in the tuned file and the template ``tune`` runs,
+    # its tune targets and grid (none for an op whose schemes are all vendor formulations or
+    # settings: nothing to tune or compile).
+    kernel: str = ""
+    kernel_template: str = ""
+    tune: tuple[Case, ...] = ()
+    grid: tuple[GridGroup, ...] = ()
     # The function of every scheme's template that the patched code calls.
     function: str = ""
     # The environment variable its kernel templates read a config override from (each

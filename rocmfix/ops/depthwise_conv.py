@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import DTYPES, TRITON_SUPPORT, Case, GridGroup, Op, Scheme, TensorShape, TuneTarget
+from .base import DTYPES, TRITON_SUPPORT, Case, GridGroup, Op, Scheme, TensorShape
 from .pointwise_conv import matches as pointwise
 
 
@@ -80,11 +80,11 @@ CASES = (
 )
 
 
-def _target(gpu: dict[str, Any]) -> TuneTarget:
+def _target(gpu: dict[str, Any]) -> Case:
     k = f"k{gpu['kh']}" if gpu["kh"] == gpu["kw"] else f"k{gpu['kh']}x{gpu['kw']}"
     prec = "fp32" if gpu["dtype"] == "float32" else "f16"
     cpu = dict(gpu, n=1, c=4, h=10, w=9)
-    return TuneTarget(f"depthwise_conv:{k}_s{gpu['s']}_{prec}", gpu, cpu)
+    return Case(f"depthwise_conv:{k}_s{gpu['s']}_{prec}", gpu, cpu)
 
 
 # One target per tuned-file key ("<shape class>_<precision class>"): the shape of that class

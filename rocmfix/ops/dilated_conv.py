@@ -8,17 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (
-    DTYPES,
-    TRITON_SUPPORT,
-    Case,
-    GridGroup,
-    Op,
-    Scheme,
-    TensorShape,
-    TuneTarget,
-    tile,
-)
+from .base import DTYPES, TRITON_SUPPORT, Case, GridGroup, Op, Scheme, TensorShape, tile
 from .pointwise_conv import matches as pointwise
 
 
@@ -131,12 +121,12 @@ OP = Op(
     kernel="dilated_conv",
     kernel_template="dilated_conv_triton.py",
     tune=(
-        TuneTarget(
+        Case(
             "dilated_conv:c96_k5",
             P3,
             {"n": 1, "c": 8, "k": 5, "h": 12, "w": 10, "dilations": [3], "dtype": "float32"},
         ),
-        TuneTarget(
+        Case(
             "dilated_conv:c192_k3",
             P4,
             {"n": 1, "c": 16, "k": 3, "h": 12, "w": 10, "dilations": [5], "dtype": "float32"},

@@ -8,17 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import (
-    DTYPES,
-    TRITON_SUPPORT,
-    Case,
-    GridGroup,
-    Op,
-    Scheme,
-    TensorShape,
-    TuneTarget,
-    tile,
-)
+from .base import DTYPES, TRITON_SUPPORT, Case, GridGroup, Op, Scheme, TensorShape, tile
 
 # MinerU2.5's vision tower on one page (Qwen2-VL: 3x2x14x14 patches -> 1280; the 1036x1036
 # layout thumbnail is 74 x 74 = 5476 patches), and a shape the CPU interpreter runs in seconds.
@@ -147,7 +137,7 @@ OP = Op(
     kernel="patch_embed_gemm",
     kernel_template="patch_embed_gemm.py",
     tune=(
-        TuneTarget(
+        Case(
             "patch_embed_gemm",
             MINERU_PAGE,
             {"m": 24, "c": 3, "t": 2, "p": 4, "n": 32, "dtype": "bfloat16"},

@@ -97,25 +97,21 @@ def work(op: Mapping[str, Any]) -> tuple[float | None, float | None]:
     size = ITEMSIZE.get(str(dtypes[0]).lower(), 4) if dtypes else 4
     name = op["name"]
     params = conv_params(op)
-    if params is not None and len(shapes) >= 2 and len(shapes[0]) >= 3 and not params["transposed"]:
-        x, w = shapes[0], shapes[1]
-        dims = len(x) - 2
-        st, pd = _expand(params["stride"], dims), _expand(params["padding"], dims)
-        dl, far = _expand(params["dilation"], dims), params.get("pad_far") or [0] * dims
-        out = [(x[2 + i] + 2 * pd[i] + far[i] - dl[i] * (w[2 + i] - 1) - 1) // st[i] + 1
-               for i in range(dims)]  # fmt: skip
-        outputs = x[0] * w[0] * math.prod(out)
-        flops = 2.0 * outputs * _numel(w[1:])
-        return flops, float(size * (_numel(x) + _numel(w) + outputs))
     if params is not None and len(shapes) >= 2 and len(shapes[0]) >= 3 and len(shapes[1]) >= 3:
         x, w = shapes[0], shapes[1]  # transposed: w is (in, out / groups, k...)
         dims = len(x) - 2
         st, pd = _expand(params["stride"], dims), _expand(params["padding"], dims)
-        dl, op_ = _expand(params["dilation"], dims), _expand(params["output_padding"], dims)
-        out = [(x[2 + i] - 1) * st[i] - 2 * pd[i] + dl[i] * (w[2 + i] - 1) + op_[i] + 1
-               for i in range(dims)]  # fmt: skip
-        outputs = x[0] * w[1] * int(params["groups"]) * math.prod(out)
-        flops = 2.0 * _numel(x) * _numel(w[1:])
+        span = [d * (k - 1) for d, k in zip(_expand(params["dilation"], dims), w[2:], strict=False)]
+        if params["transposed"]:
+            op_ = _expand(params["output_padding"], dims)
+            out = [(x[2 + i] - 1) * st[i] - 2 * pd[i] + span[i] + op_[i] + 1 for i in range(dims)]
+            outputs = x[0] * w[1] * int(params["groups"]) * math.prod(out)
+            flops = 2.0 * _numel(x) * _numel(w[1:])
+        else:
+            far = params.get("pad_far") or [0] * dims
+            out = [(x[2 + i] + 2 * pd[i] + far[i] - span[i] - 1) // st[i] + 1 for i in range(dims)]
+            outputs = x[0] * w[0] * math.prod(out)
+            flops = 2.0 * outputs * _numel(w[1:])
         return flops, float(size * (_numel(x) + _numel(w) + outputs))
     if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"):
         if len(shapes) < 2 or not shapes[0] or not shapes[1]:

@@ -42,9 +42,8 @@ def workspace() -> Iterator[Path]:
 
 
 def run(command: Sequence[str], folder: Path, window: Window, trace: bool) -> supervise.Ran:
-    """How the command ended (its exit code: 128 + N for a signal, as a shell reports it)."""
-    if not command:
-        raise UsageError("no command to profile", hint="rocmfix profile -- python my_script.py")
+    """How the command ended (its exit code: 128 + N for a signal, as a shell reports it);
+    ``command`` is not empty (:func:`rocmfix.profile.run` refuses that first)."""
     env = dict(os.environ)
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(folder) + (os.pathsep + path if path else "")

@@ -18,6 +18,14 @@ def fresh_generator(ctx: Context) -> Any:
     return generator
 
 
+def resolved(ctx: Context, module: Any, *args: Any) -> dict[str, Any] | None:
+    """The tile config a template resolves for a call (``args``: its ``resolve_config``'s
+    after the device), its own warnings forwarded; None for a template without configs."""
+    if not hasattr(module, "resolve_config"):
+        return None
+    return dict(ctx.with_warnings(lambda: module.resolve_config(ctx.device, *args)))
+
+
 def random_batchnorm(ctx: Context, c: int, generator: Any) -> Any:
     """An eval BatchNorm of ``c`` channels on the device, with random statistics."""
     torch = context.torch
@@ -68,7 +76,8 @@ Launch = tuple[Any, tuple[Any, ...], dict[str, Any], "str | None"]
 
 
 class Kernel:
-    """One tunable kernel at one of MinerU's shapes: resolve, run and check a config."""
+    """One tunable kernel at one of MinerU's shapes: resolve, run and check a config.
+    ``config_args``: what the template's ``resolve_config`` takes after the device."""
 
     def __init__(self, ctx: Context, module: Any, shape: dict[str, Any]) -> None:
         self.ctx = ctx
@@ -77,6 +86,7 @@ class Kernel:
         self.key = ""
         self.precision = ""
         self.tolerance = 0.0
+        self.config_args: tuple[Any, ...] = ()
 
     def arch(self) -> str:
         return str(self.module.device_arch(self.ctx.device))
@@ -86,7 +96,10 @@ class Kernel:
         return dict(config)
 
     def resolve(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The config the template resolves now (its cache cleared: the tuned file or the
+        environment may have changed since)."""
+        self.module.clear_config_cache()
+        return resolved(self.ctx, self.module, *self.config_args) or {}
 
     def calls(self, config: dict[str, Any]) -> list[Callable[[], Any]]:
         raise NotImplementedError
@@ -98,8 +111,3 @@ class Kernel:
 
     def check(self, config: dict[str, Any]) -> float:
         raise NotImplementedError
-
-    @staticmethod
-    def compile_shape(shape: dict[str, Any]) -> dict[str, Any]:
-        """A smaller shape that compiles the same kernels (sizes are not specialised on)."""
-        return dict(shape)

@@ -84,12 +84,8 @@ class Bench(base.Bench):
 
     def scheme(self, module: Any) -> tuple[Callable[[], Any], dict[str, Any] | None]:
         x, conv, bn, act = self.x, self.conv, self.bn, self.act
-        config = None
-        if hasattr(module, "resolve_config"):
-            s = self.shape
-            config = self.ctx.with_warnings(
-                lambda: module.resolve_config(self.ctx.device, s["kh"], s["kw"], s["s"], x.dtype)
-            )
+        s = self.shape
+        config = base.resolved(self.ctx, module, s["kh"], s["kw"], s["s"], x.dtype)
         return (lambda: module.depthwise_conv2d(x, conv, bn, act)), config
 
     def tolerance(self) -> float:
@@ -120,22 +116,12 @@ class Kernel(base.Kernel):
         s = shape
         self.key = str(module.shape_class(s["kh"], s["kw"], s["s"])) + "_" + self.precision
         self.tolerance = TOLERANCE[self.precision]
+        self.config_args = (s["kh"], s["kw"], s["s"], self.x.dtype)
         torch = context.torch
         with torch.no_grad():
             scale = torch.rsqrt(self.bn.running_var.float() + self.bn.eps) * self.bn.weight.float()
             shift = self.bn.bias.float() - self.bn.running_mean.float() * scale
         self.scale, self.shift = scale.contiguous(), shift.contiguous()
-
-    def resolve(self) -> dict[str, Any]:
-        self.module.clear_config_cache()
-        s = self.shape
-        return dict(
-            self.ctx.with_warnings(
-                lambda: self.module.resolve_config(
-                    self.ctx.device, s["kh"], s["kw"], s["s"], self.x.dtype
-                )
-            )
-        )
 
     def calls(self, config: dict[str, Any]) -> list[Callable[[], Any]]:
         return [functools.partial(self._kernel, config=dict(config))]
@@ -162,7 +148,3 @@ class Kernel(base.Kernel):
         out = self._kernel(config=dict(config))
         self.ctx.sync()
         return rel_err(out, self.ref)
-
-    @staticmethod
-    def compile_shape(shape: dict[str, Any]) -> dict[str, Any]:
-        return dict(shape, n=1, h=16, w=12)

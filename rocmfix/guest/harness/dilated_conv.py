@@ -75,12 +75,8 @@ class Bench(base.Bench):
 
     def scheme(self, module: Any) -> tuple[Callable[[], Any], dict[str, Any] | None]:
         x, w, d, p = self.x, self.w, self.d, self.p
-        config = None
-        if hasattr(module, "resolve_config"):
-            c, k = self.shape["c"], self.shape["k"]
-            config = self.ctx.with_warnings(
-                lambda: module.resolve_config(self.ctx.device, c, c, k, x.dtype)
-            )
+        c, k = self.shape["c"], self.shape["k"]
+        config = base.resolved(self.ctx, module, c, c, k, x.dtype)
         bn, act = self.bn, self.act
         return (lambda: module.dilated_conv2d(x, w, d, p, bn=bn, act=act)), config
 
@@ -122,16 +118,7 @@ class Kernel(base.Kernel):
         self.precision = str(module.precision_class(self.dtype, module.device_arch(ctx.device)))
         self.key = str(module.shape_class(self.c, self.c, self.k)) + "_" + self.precision
         self.tolerance = TOLERANCE[self.precision]
-
-    def resolve(self) -> dict[str, Any]:
-        self.module.clear_config_cache()
-        return dict(
-            self.ctx.with_warnings(
-                lambda: self.module.resolve_config(
-                    self.ctx.device, self.c, self.c, self.k, self.dtype
-                )
-            )
-        )
+        self.config_args = (self.c, self.c, self.k, self.dtype)
 
     def stored(self, config: dict[str, Any]) -> dict[str, Any]:
         # The dot precision follows torch's TF32 switch at run time: not a tile choice.
@@ -160,7 +147,3 @@ class Kernel(base.Kernel):
             if not err <= worst:
                 worst = err
         return worst
-
-    @staticmethod
-    def compile_shape(shape: dict[str, Any]) -> dict[str, Any]:
-        return dict(shape, h=16, w=12, dilations=[max(shape["dilations"])])

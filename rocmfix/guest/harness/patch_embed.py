@@ -39,9 +39,7 @@ class Bench(base.Bench):
 
     def scheme(self, module: Any) -> tuple[Callable[[], Any], dict[str, Any] | None]:
         x, w = self.x, self.w
-        config = None
-        if hasattr(module, "resolve_config"):
-            config = self.ctx.with_warnings(lambda: module.resolve_config(self.ctx.device, x.dtype))
+        config = base.resolved(self.ctx, module, x.dtype)
         return (lambda: module.triton_conv3d_patchify(x, w, None)), config
 
     def tolerance(self) -> float:
@@ -77,12 +75,7 @@ class Kernel(base.Kernel):
         self.tolerance = _tolerance(s["dtype"])
         self.precision = str(module.precision_class(self.dtype))
         self.key = self.precision
-
-    def resolve(self) -> dict[str, Any]:
-        self.module.clear_config_cache()
-        return dict(
-            self.ctx.with_warnings(lambda: self.module.resolve_config(self.ctx.device, self.dtype))
-        )
+        self.config_args = (self.dtype,)
 
     def calls(self, config: dict[str, Any]) -> list[Callable[[], Any]]:
         m = self.module
@@ -97,7 +90,3 @@ class Kernel(base.Kernel):
         out = self.module.patchify_gemm(self.a, self.w, None, config=config, out=self.out)
         self.ctx.sync()
         return rel_err(out, self.ref)
-
-    @staticmethod
-    def compile_shape(shape: dict[str, Any]) -> dict[str, Any]:
-        return dict(shape, m=256)
