@@ -12,9 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from rocmfix import __version__
-from rocmfix.checks import EnvWarning, torch_build
+from rocmfix.checks import EnvWarning, Placement, placements, torch_build
 from rocmfix.environment import Environment
-from rocmfix.mineru import Placement, placements
 from rocmfix.patch import Patch
 from rocmfix.render.console import (
     STYLE,
