@@ -48,7 +48,7 @@ from rocmfix.rewrite import (
     dotted,
     expression,
     find_class,
-    insert_after_last_import,
+    import_dropped,
     kwarg,
     marker_line,
     module_has_marker,
@@ -298,19 +298,13 @@ def transform(caller: Caller, path: str, scopes: tuple[str, ...], module: cst.Mo
     # The stock torch.tensor where the runner is missing: the same values, as stock makes them.
     fallback = f"    from torch import tensor as {CONSTANT}\n" if host.kept else ""
     also = f", constant as {CONSTANT}" if host.kept else ""
-    imported = statement(
-        module,
+    return import_dropped(
+        routed,
         f"try:\n    from {runner} import forward as {LOCAL}{also}\n"
         # OSError too: a runner file another user cannot read must not break the import.
         f"except (ImportError, OSError):\n    {LOCAL} = None\n{fallback}",
+        runner.lstrip("."),
     )
-    imported = imported.with_changes(
-        leading_lines=[
-            cst.EmptyLine(),
-            marker_line(f"{runner.lstrip('.')} was dropped here by rocmfix; revert removes it"),
-        ]
-    )
-    return insert_after_last_import(routed, imported)
 
 
 def _runner_path(path: str) -> str:

@@ -242,6 +242,17 @@ def add_helper(module: cst.Module, code: str) -> cst.Module:
     return insert_after_last_import(module, helper)
 
 
+def import_dropped(
+    module: cst.Module, code: str, dropped: str, *, blank: bool = True
+) -> cst.Module:
+    """``module`` with ``code`` (the ``try``/``except`` that imports from a file rocmfix
+    dropped, named ``dropped`` in its marker) after its imports, a blank line first."""
+    imported = statement(module, code)
+    marker = marker_line(f"{dropped} was dropped here by rocmfix; revert removes it")
+    lines = [cst.EmptyLine(), marker] if blank else [marker]
+    return insert_after_last_import(module, imported.with_changes(leading_lines=lines))
+
+
 def replace_class(module: cst.Module, old: cst.ClassDef, new: cst.ClassDef) -> cst.Module:
     return module.with_changes(body=[new if node is old else node for node in module.body])
 
