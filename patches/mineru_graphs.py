@@ -107,38 +107,11 @@ def _site(line: cst.CSTNode, callee: str) -> cst.Call | None:
     return call
 
 
-class _Scoped:
-    """The class a visitor is in, for a caller limited to one."""
-
-    def __init__(self, caller: Caller) -> None:
-        self.caller = caller
-        self.classes: list[str] = []
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node.name.value)
-
-    def in_scope(self) -> bool:
-        scope = self.caller.scope
-        return scope is None or (bool(self.classes) and self.classes[-1] == scope)
-
-
-class _Sites(_Scoped, cst.CSTVisitor):
-    def __init__(self, caller: Caller) -> None:
-        super().__init__(caller)
-        self.found = 0
-
-    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
-        self.classes.pop()
-
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        self.found += self.in_scope() and _site(node, self.caller.callee) is not None
-        return False
-
-
 def _count(caller: Caller, module: cst.Module) -> int:
-    sites = _Sites(caller)
-    module.visit(sites)
-    return sites.found
+    """How many statements the rewrite would route."""
+    router = _Route(caller, module)
+    module.visit(router)
+    return router.routed
 
 
 def classify(caller: Caller, module: cst.Module, ctx: TargetContext) -> Classification:
@@ -170,11 +143,18 @@ def classify(caller: Caller, module: cst.Module, ctx: TargetContext) -> Classifi
     return Classification(CodeShape.FIXED_UPSTREAM, f"this version never calls {callee}(...)")
 
 
-class _Route(_Scoped, cst.CSTTransformer):
+class _Route(cst.CSTTransformer):
+    """Every ``<target> = <callee>(...)`` statement of the caller's, in its class where it
+    names one, guarded by the runner's import (what transform writes, and classify counts)."""
+
     def __init__(self, caller: Caller, module: cst.Module) -> None:
-        super().__init__(caller)
+        self.caller = caller
         self.module = module
+        self.classes: list[str] = []
         self.routed = 0
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
 
     def leave_ClassDef(
         self, original_node: cst.ClassDef, updated_node: cst.ClassDef
@@ -185,7 +165,9 @@ class _Route(_Scoped, cst.CSTTransformer):
     def leave_SimpleStatementLine(
         self, old: cst.SimpleStatementLine, new: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
-        call = _site(new, self.caller.callee) if self.in_scope() else None
+        scope = self.caller.scope
+        in_scope = scope is None or (bool(self.classes) and self.classes[-1] == scope)
+        call = _site(new, self.caller.callee) if in_scope else None
         if call is None:
             return new
         assign = new.body[0]
