@@ -78,8 +78,8 @@ def vllm_choice(ctx: TargetContext) -> tuple[bool, str]:
     if b"mm_encoder_attn_backend" not in args:
         return False, f"vllm {version} takes no mm_encoder_attn_backend engine argument"
     try:
-        platform = cst.parse_module(rocm)
-    except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError):
+        platform = rewrite.parse(rocm)
+    except rewrite.UNREADABLE:
         return False, "vllm's platforms/rocm.py does not parse"
     cls = rewrite.find_class(platform, "RocmPlatform")
     supported = rewrite.find_method(cls, "get_supported_vit_attn_backends") if cls else None

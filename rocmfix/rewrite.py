@@ -84,6 +84,10 @@ class TooDeepError(ValueError):
         )
 
 
+# What :func:`parse` raises for a file that is not Python rocmfix reads.
+UNREADABLE = (cst.ParserSyntaxError, UnicodeDecodeError, LookupError, TooDeepError)
+
+
 def _check_depth(tree: ast.AST) -> None:
     # Iterative: the tree being measured is the one too deep to recurse over.
     stack = [(tree, 1)]
