@@ -122,7 +122,8 @@ def scan(roots: Iterable[Path], patches: Iterable[Patch]) -> Found:
             continue
         try:
             tree = ast.parse(data)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            # Not Python this interpreter reads, or nested too deep to parse: no evidence.
             continue
         _collect(tree, strings, found)
     return Found(

@@ -11,7 +11,9 @@ import libcst as cst
 import pytest
 
 from patches import mineru_tokenizer, mineru_vit_attention, sglang_vision, vllm_vision
+from rocmfix import mineru
 from rocmfix.patch import CodeShape, Patch, TargetContext, TorchInfo
+from rocmfix.registry import all_patches
 
 GOLDEN = Path(__file__).parent / "golden"
 # Valid Python, far deeper than the interpreter's recursion limit lets libcst go.
@@ -55,3 +57,14 @@ def test_a_deep_conv_py_does_not_parse(patch: Patch, golden: str) -> None:
     # vllm's gate cannot be read (the patch is needed), sglang's layer is unknown.
     assert found.shape is (CodeShape.UNKNOWN if "sglang" in patch.id else CodeShape.NEEDS_PATCH)
     assert "does not parse" in found.reason + " ".join(found.notes)
+
+
+def test_a_deep_file_of_minerus_is_skipped(tmp_path: Path) -> None:
+    """MinerU's own files are read with ast: one nested too deep raised MemoryError (or
+    RecursionError) out of the scan, before status could say anything."""
+    package = tmp_path / "mineru"
+    package.mkdir()
+    (package / "deep.py").write_bytes(b"import vllm\nx = " + b"-" * 200_000 + b"1\n")
+    (package / "plain.py").write_bytes(b"import lmdeploy\n")
+    found = mineru.scan([tmp_path], all_patches())
+    assert "lmdeploy" in found.imports and "vllm" not in found.imports
