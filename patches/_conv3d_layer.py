@@ -27,11 +27,9 @@ from dataclasses import dataclass
 import libcst as cst
 from packaging.version import InvalidVersion, Version
 
-from rocmfix.rewrite import call_name, dotted, find_class, find_method, nodes
+from rocmfix.rewrite import UNREADABLE, call_name, dotted, find_class, find_method, nodes, parse
 
 CONV_PY = "vllm/model_executor/layers/conv.py"
-# What libcst raises for a file it cannot read.
-UNREADABLE = (cst.ParserSyntaxError, UnicodeDecodeError, LookupError)
 
 
 @dataclass(frozen=True)
@@ -53,7 +51,7 @@ class Gate:
 def forward_cuda(source: bytes) -> tuple[cst.Module, cst.FunctionDef | None]:
     """conv.py, with its ``Conv3dLayer.forward_cuda`` (what ROCm runs too: there is no
     ``forward_hip``), None where it has none; raises :data:`UNREADABLE`."""
-    module = cst.parse_module(source)
+    module = parse(source)
     cls = find_class(module, "Conv3dLayer")
     return module, (find_method(cls, "forward_cuda") if cls is not None else None)
 

@@ -111,22 +111,14 @@ def import_entry(module: cst.Module, path: str, kernel_module: str, op: Op) -> c
     """``module`` with ``op``'s entry imported from the dropped kernel module after its
     imports, as :func:`local` (None where that import fails)."""
     kernels = rewrite.relative_import(path, kernel_module)
-    imported = rewrite.statement(
+    return rewrite.import_dropped(
         module,
         f"try:\n    from {kernels} import {op.function} as {local(op)}\n"
         # Any Exception: a kernel file another user cannot read, a warning `-W error` turns
         # into one, a broken triton; none of them may break the model's import.
         f"except Exception:\n    {local(op)} = None\n",
+        kernels.lstrip("."),
     )
-    imported = imported.with_changes(
-        leading_lines=[
-            cst.EmptyLine(),
-            rewrite.marker_line(
-                f"{kernels.lstrip('.')} was dropped here by rocmfix; revert removes it"
-            ),
-        ]
-    )
-    return rewrite.insert_after_last_import(module, imported)
 
 
 def only_arg(call: cst.Call) -> cst.BaseExpression | None:

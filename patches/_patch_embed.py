@@ -205,21 +205,16 @@ def transform(module: cst.Module, class_name: str, kernel_import: str) -> cst.Mo
     # Any Exception at the kernel's import (a file another user cannot read, a warning `-W
     # error` turns into one, a broken triton) leaves the stock op the rewritten call replaced:
     # self.proj, a Conv3d whose stride is its kernel, unpadded (what classify admits).
-    imported = rewrite.statement(
+    return rewrite.import_dropped(
         module,
         f"try:\n    from {kernel_import} import {FUNCTION}\n"
         "except Exception:  # the kernel must never break the model's import: the stock op\n"
         f"    def {FUNCTION}(x, weight, bias=None):\n"
         "        import torch.nn.functional as F\n"
         "        return F.conv3d(x, weight, bias, stride=tuple(weight.shape[2:]))\n",
+        kernel_import.lstrip(".").rsplit(".", 1)[-1],
+        blank=False,
     )
-    kernel = kernel_import.lstrip(".").rsplit(".", 1)[-1]
-    imported = imported.with_changes(
-        leading_lines=[
-            rewrite.marker_line(f"{kernel} was dropped here by rocmfix; revert removes it")
-        ]
-    )
-    return rewrite.insert_after_last_import(module, imported)
 
 
 # One target file: (patch id suffix, path, patch-embed class, family, missing reason, known);

@@ -33,8 +33,10 @@ MinerU is AGPL-3.0: rocmfix patches the user's installed files and ships none of
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import libcst as cst
 
@@ -46,7 +48,7 @@ from rocmfix.rewrite import (
     dotted,
     expression,
     find_class,
-    insert_after_last_import,
+    import_dropped,
     kwarg,
     marker_line,
     module_has_marker,
@@ -105,38 +107,11 @@ def _site(line: cst.CSTNode, callee: str) -> cst.Call | None:
     return call
 
 
-class _Scoped:
-    """The class a visitor is in, for a caller limited to one."""
-
-    def __init__(self, caller: Caller) -> None:
-        self.caller = caller
-        self.classes: list[str] = []
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node.name.value)
-
-    def in_scope(self) -> bool:
-        scope = self.caller.scope
-        return scope is None or (bool(self.classes) and self.classes[-1] == scope)
-
-
-class _Sites(_Scoped, cst.CSTVisitor):
-    def __init__(self, caller: Caller) -> None:
-        super().__init__(caller)
-        self.found = 0
-
-    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
-        self.classes.pop()
-
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        self.found += self.in_scope() and _site(node, self.caller.callee) is not None
-        return False
-
-
 def _count(caller: Caller, module: cst.Module) -> int:
-    sites = _Sites(caller)
-    module.visit(sites)
-    return sites.found
+    """How many statements the rewrite would route."""
+    router = _Route(caller, module)
+    module.visit(router)
+    return router.routed
 
 
 def classify(caller: Caller, module: cst.Module, ctx: TargetContext) -> Classification:
@@ -168,11 +143,18 @@ def classify(caller: Caller, module: cst.Module, ctx: TargetContext) -> Classifi
     return Classification(CodeShape.FIXED_UPSTREAM, f"this version never calls {callee}(...)")
 
 
-class _Route(_Scoped, cst.CSTTransformer):
+class _Route(cst.CSTTransformer):
+    """Every ``<target> = <callee>(...)`` statement of the caller's, in its class where it
+    names one, guarded by the runner's import (what transform writes, and classify counts)."""
+
     def __init__(self, caller: Caller, module: cst.Module) -> None:
-        super().__init__(caller)
+        self.caller = caller
         self.module = module
+        self.classes: list[str] = []
         self.routed = 0
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
 
     def leave_ClassDef(
         self, original_node: cst.ClassDef, updated_node: cst.ClassDef
@@ -183,7 +165,9 @@ class _Route(_Scoped, cst.CSTTransformer):
     def leave_SimpleStatementLine(
         self, old: cst.SimpleStatementLine, new: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
-        call = _site(new, self.caller.callee) if self.in_scope() else None
+        scope = self.caller.scope
+        in_scope = scope is None or (bool(self.classes) and self.classes[-1] == scope)
+        call = _site(new, self.caller.callee) if in_scope else None
         if call is None:
             return new
         assign = new.body[0]
@@ -281,52 +265,61 @@ class _HostValues(cst.CSTTransformer):
         return new.with_changes(leading_lines=[*new.leading_lines, marker_line(HOST_WHY)])
 
 
-def transform(caller: Caller, path: str, kernel_module: str, module: cst.Module,
-              scopes: tuple[str, ...] = ()) -> cst.Module:  # fmt: skip
-    """Route the caller's statements through the runner and, in the classes ``scopes``
-    names, keep host values on the device (:class:`_HostValues`)."""
+def transform(caller: Caller, path: str, scopes: tuple[str, ...], module: cst.Module) -> cst.Module:
+    """Route the caller's statements through the runner dropped beside ``path`` and, in the
+    classes ``scopes`` names, keep host values on the device (:class:`_HostValues`)."""
     if calls(module, LOCAL):
         raise AnchorNotFoundError(f"{LOCAL} is already called")
     router = _Route(caller, module)
     routed = module.visit(router)
     if not router.routed:
         raise AnchorNotFoundError(f"no `x = {caller.callee}(...)` statement")
-    runner = relative_import(path, kernel_module)
+    runner = relative_import(path, _runner_path(path))
     host = _HostValues(module, scopes)
     routed = routed.visit(host)
     # The stock torch.tensor where the runner is missing: the same values, as stock makes them.
     fallback = f"    from torch import tensor as {CONSTANT}\n" if host.kept else ""
     also = f", constant as {CONSTANT}" if host.kept else ""
-    imported = statement(
-        module,
+    return import_dropped(
+        routed,
         f"try:\n    from {runner} import forward as {LOCAL}{also}\n"
         # OSError too: a runner file another user cannot read must not break the import.
         f"except (ImportError, OSError):\n    {LOCAL} = None\n{fallback}",
+        runner.lstrip("."),
     )
-    imported = imported.with_changes(
-        leading_lines=[
-            cst.EmptyLine(),
-            marker_line(f"{runner.lstrip('.')} was dropped here by rocmfix; revert removes it"),
-        ]
+
+
+def _runner_path(path: str) -> str:
+    return posixpath.join(posixpath.dirname(path), RUNNER)
+
+
+def _graphs(
+    patch_id: str, path: str, caller: Caller, scopes: tuple[str, ...] = (), **fields: Any
+) -> Patch:
+    """A patch that routes ``caller``'s statements of ``path`` through the runner it drops
+    beside that file."""
+    distribution = fields.pop("distribution", "mineru")
+    return Patch(
+        id=patch_id,
+        distribution=distribution,
+        package=distribution,
+        path=path,
+        classify=partial(classify, caller),
+        transform=partial(transform, caller, path, scopes),
+        kernel_module=_runner_path(path),
+        runner=RUNNER,
+        **fields,
     )
-    return insert_after_last_import(routed, imported)
 
 
 def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, what: str) -> Patch:
-    path = f"{folder}/predict_{model}.py"
-    kernel_module = f"{folder}/{RUNNER}"
-    return Patch(
-        id=f"{prefix}-{model}-graphs",
+    return _graphs(
+        f"{prefix}-{model}-graphs",
+        f"{folder}/predict_{model}.py",
+        Caller(cls_name),
         summary=f"Replay predict_{model}.py's forward as CUDA/HIP graphs",
-        distribution="mineru",
-        package="mineru",
-        path=path,
-        classify=partial(classify, Caller(cls_name)),
-        transform=partial(transform, Caller(cls_name), path, kernel_module),
         # One wording for all nine, so that status and apply group them on one line.
         missing_reason=MISSING,
-        kernel_module=kernel_module,
-        runner=RUNNER,
         known=(f"{cls_name}: <target> = self.net(...)",),
         mineru=MinerUUse(what, own=True, small_model=True),
     )
@@ -351,23 +344,14 @@ LAYOUT_HOST = (
 BACKBONE = Caller(
     "PPDocLayoutV2ConvEncoder", "self.model", scope="PPDocLayoutV2ConvEncoder", beside="mineru"
 )
-LAYOUT_PATCH = Patch(
-    id="transformers-pp-doclayout-v2-graphs",
+LAYOUT_PATCH = _graphs(
+    "transformers-pp-doclayout-v2-graphs",
+    f"{LAYOUT}/modeling_pp_doclayout_v2.py",
+    BACKBONE,
+    LAYOUT_HOST,
     summary="Make PP-DocLayoutV2 capturable; replay its backbone as CUDA/HIP graphs",
     distribution="transformers",
-    package="transformers",
-    path=f"{LAYOUT}/modeling_pp_doclayout_v2.py",
-    classify=partial(classify, BACKBONE),
-    transform=partial(
-        transform,
-        BACKBONE,
-        f"{LAYOUT}/modeling_pp_doclayout_v2.py",
-        f"{LAYOUT}/{RUNNER}",
-        scopes=LAYOUT_HOST,
-    ),
     missing_reason="transformers {version} has no PP-DocLayoutV2 model",
-    kernel_module=f"{LAYOUT}/{RUNNER}",
-    runner=RUNNER,
     known=("PPDocLayoutV2ConvEncoder: <target> = self.model(...).feature_maps",),
     mineru=MinerUUse(
         "PP-DocLayoutV2 layout, every tier",
@@ -469,19 +453,13 @@ MASKS_PATCH = Patch(
 # PPDocLayoutV2LayoutModel.batch_predict (under torch.no_grad(), one 800x800 size). Replayed
 # only where the transformers file above keeps its host values on the device; else the
 # capture fails once, says so, and the detector runs eager (its backbone replayed).
-MINERU_LAYOUT_PATH = "mineru/model/layout/pp_doclayoutv2.py"
 DETECTOR = Caller("PPDocLayoutV2LayoutModel", "self.model", scope="PPDocLayoutV2LayoutModel")
-MINERU_LAYOUT = Patch(
-    id="mineru-layout-graphs",
+MINERU_LAYOUT = _graphs(
+    "mineru-layout-graphs",
+    "mineru/model/layout/pp_doclayoutv2.py",
+    DETECTOR,
     summary="Replay PP-DocLayoutV2 (MinerU's layout) as CUDA/HIP graphs",
-    distribution="mineru",
-    package="mineru",
-    path=MINERU_LAYOUT_PATH,
-    classify=partial(classify, DETECTOR),
-    transform=partial(transform, DETECTOR, MINERU_LAYOUT_PATH, f"mineru/model/layout/{RUNNER}"),
     missing_reason="mineru {version} runs its layout model from another file",
-    kernel_module=f"mineru/model/layout/{RUNNER}",
-    runner=RUNNER,
     known=("PPDocLayoutV2LayoutModel: <target> = self.model(...)",),
     mineru=MinerUUse(
         "PP-DocLayoutV2 layout (the whole detector), every tier", own=True, small_model=True
@@ -495,24 +473,13 @@ MINERU_LAYOUT = Patch(
 # encoder's own file (rec_pphgnetv2.py) is ``mineru-ocr-hgnetv2``'s: one patch per file. The
 # line is every PaddleOCR model's: where det, rec and cls replay whole, their backbone runs
 # inside that graph; where one runs eager (a shape past the caps), its backbone is replayed.
-FORMULA_PATH = "mineru/model/_internal/pytorchocr/modeling/architectures/base_model.py"
 ENCODER = Caller("BaseModel", "self.backbone", scope="BaseModel")
-FORMULA_PATCH = Patch(
-    id="mineru-formula-encoder-graphs",
+FORMULA_PATCH = _graphs(
+    "mineru-formula-encoder-graphs",
+    "mineru/model/_internal/pytorchocr/modeling/architectures/base_model.py",
+    ENCODER,
     summary="Replay PP-FormulaNet's encoder (BaseModel's backbone call) as CUDA/HIP graphs",
-    distribution="mineru",
-    package="mineru",
-    path=FORMULA_PATH,
-    classify=partial(classify, ENCODER),
-    transform=partial(
-        transform,
-        ENCODER,
-        FORMULA_PATH,
-        f"mineru/model/_internal/pytorchocr/modeling/architectures/{RUNNER}",
-    ),
     missing_reason="mineru {version} keeps its PaddleOCR models in another folder (4.0.x's)",
-    kernel_module=f"mineru/model/_internal/pytorchocr/modeling/architectures/{RUNNER}",
-    runner=RUNNER,
     known=("BaseModel: <target> = self.backbone(...)",),
     mineru=MinerUUse(
         "PP-FormulaNet's encoder (and every PaddleOCR model's backbone call)",

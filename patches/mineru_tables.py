@@ -33,7 +33,7 @@ import libcst as cst
 
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
-from rocmfix.rewrite import calls, find_class, find_method, insert_after_last_import, statement
+from rocmfix.rewrite import add_helper, calls, find_class, find_function, find_method
 
 HELPER = "_rocmfix_table_session"
 SESSION = "InferenceSession"
@@ -104,10 +104,7 @@ def _scope(module: cst.Module, scope: str) -> cst.FunctionDef | None:
     if owner:
         cls = find_class(module, owner)
         return find_method(cls, name) if cls is not None else None
-    return next(
-        (n for n in module.body if isinstance(n, cst.FunctionDef) and n.name.value == name),
-        None,
-    )
+    return find_function(module, name)
 
 
 def _session_call(function: cst.FunctionDef) -> cst.Call | None:
@@ -117,10 +114,6 @@ def _session_call(function: cst.FunctionDef) -> cst.Call | None:
         if args and args[0].keyword is None and not any(a.star for a in args):
             return call
     return None
-
-
-def _has_helper(module: cst.Module) -> bool:
-    return any(isinstance(n, cst.FunctionDef) and n.name.value == HELPER for n in module.body)
 
 
 def _amd_note(ctx: TargetContext) -> str | None:
@@ -133,7 +126,7 @@ def _amd_note(ctx: TargetContext) -> str | None:
 def classify(site: Site, module: cst.Module, ctx: TargetContext) -> Classification:
     function = _scope(module, site.scope)
     if function is not None and calls(function, HELPER):
-        if _has_helper(module):
+        if find_function(module, HELPER) is not None:
             return Classification(CodeShape.PATCHED, f"{site.scope} asks for MIGraphX/ROCm")
         return Classification(CodeShape.UNKNOWN, f"calls {HELPER} but does not define it")
     note = _amd_note(ctx)
@@ -166,7 +159,7 @@ def classify(site: Site, module: cst.Module, ctx: TargetContext) -> Classificati
 def transform(site: Site, module: cst.Module) -> cst.Module:
     function = _scope(module, site.scope)
     call = _session_call(function) if function is not None else None
-    if call is None or _has_helper(module):
+    if call is None or find_function(module, HELPER) is not None:
         raise AnchorNotFoundError(f"no InferenceSession(model, ...) call in {site.scope}")
     # The session type goes first, laid out as the model argument was (its own line in a call
     # written one argument a line).
@@ -178,9 +171,7 @@ def transform(site: Site, module: cst.Module) -> cst.Module:
         call, call.with_changes(func=cst.Name(HELPER), args=[first, *call.args])
     )
     assert isinstance(new, cst.Module)
-    helper = statement(new, _CODE.lstrip("\n"))
-    helper = helper.with_changes(leading_lines=[cst.EmptyLine(), *helper.leading_lines])
-    return insert_after_last_import(new, helper)
+    return add_helper(new, _CODE)
 
 
 # (patch id, file, site, releases that have it)

@@ -16,7 +16,7 @@ import libcst as cst
 
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
-from rocmfix.rewrite import call_name, dotted, has_marker, marker_line, nodes
+from rocmfix.rewrite import UNREADABLE, call_name, dotted, has_marker, marker_line, nodes, parse
 
 _METHOD = "get_lora_tokenizer"
 _MARKER_TEXT = "vllm >= 0.11 has no get_lora_tokenizer() (vllm#24078); use the tokenizer itself"
@@ -149,8 +149,8 @@ def _vllm_has_method(ctx: TargetContext) -> str | None:
         if data is None:
             continue
         try:
-            module = cst.parse_module(data)
-        except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError):
+            module = parse(data)
+        except UNREADABLE:
             continue
         if any(f.name.value == _METHOD for f in nodes(module, cst.FunctionDef)):
             return rel.split(":", 1)[1]

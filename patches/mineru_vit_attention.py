@@ -60,19 +60,8 @@ def {HELPER}(config):
 '''
 
 
-def _function(module: cst.Module) -> cst.FunctionDef | None:
-    return next(
-        (n for n in module.body if isinstance(n, cst.FunctionDef) and n.name.value == FUNCTION),
-        None,
-    )
-
-
 def _returns(function: cst.FunctionDef) -> list[cst.Return]:
     return [r for r in rewrite.nodes(function, cst.Return) if r.value is not None]
-
-
-def _has_helper(module: cst.Module) -> bool:
-    return any(isinstance(n, cst.FunctionDef) and n.name.value == HELPER for n in module.body)
 
 
 def vllm_choice(ctx: TargetContext) -> tuple[bool, str]:
@@ -89,8 +78,8 @@ def vllm_choice(ctx: TargetContext) -> tuple[bool, str]:
     if b"mm_encoder_attn_backend" not in args:
         return False, f"vllm {version} takes no mm_encoder_attn_backend engine argument"
     try:
-        platform = cst.parse_module(rocm)
-    except (cst.ParserSyntaxError, UnicodeDecodeError, LookupError):
+        platform = rewrite.parse(rocm)
+    except rewrite.UNREADABLE:
         return False, "vllm's platforms/rocm.py does not parse"
     cls = rewrite.find_class(platform, "RocmPlatform")
     supported = rewrite.find_method(cls, "get_supported_vit_attn_backends") if cls else None
@@ -112,9 +101,9 @@ def vllm_choice(ctx: TargetContext) -> tuple[bool, str]:
 
 
 def classify(module: cst.Module, ctx: TargetContext) -> Classification:
-    function = _function(module)
+    function = rewrite.find_function(module, FUNCTION)
     if function is not None and rewrite.calls(function, HELPER):
-        if _has_helper(module):
+        if rewrite.find_function(module, HELPER) is not None:
             return Classification(CodeShape.PATCHED, f"{FUNCTION} selects {BACKEND} on ROCm")
         return Classification(CodeShape.UNKNOWN, f"calls {HELPER} but does not define it")
     if function is None or not _returns(function):
@@ -146,15 +135,17 @@ class _Wrap(cst.CSTTransformer):
 
 
 def transform(module: cst.Module) -> cst.Module:
-    function = _function(module)
-    if function is None or not _returns(function) or _has_helper(module):
+    function = rewrite.find_function(module, FUNCTION)
+    if (
+        function is None
+        or not _returns(function)
+        or rewrite.find_function(module, HELPER) is not None
+    ):
         raise AnchorNotFoundError(f"no {FUNCTION} returning a value")
     wrapped = function.visit(_Wrap(function))
     assert isinstance(wrapped, cst.FunctionDef)
     new = module.with_changes(body=[wrapped if n is function else n for n in module.body])
-    helper = rewrite.statement(new, _CODE.lstrip("\n"))
-    helper = helper.with_changes(leading_lines=[cst.EmptyLine(), *helper.leading_lines])
-    return rewrite.insert_after_last_import(new, helper)
+    return rewrite.add_helper(new, _CODE)
 
 
 def _patch(patch_id: str, path: str, known: str) -> Patch:

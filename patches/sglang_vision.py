@@ -11,8 +11,9 @@ transformers patches cover.
 from __future__ import annotations
 
 from rocmfix.patch import Classification, CodeShape, MinerUUse, TargetContext
+from rocmfix.rewrite import UNREADABLE
 
-from ._conv3d_layer import UNREADABLE, forward_cuda, runs_mulmat
+from ._conv3d_layer import forward_cuda, runs_mulmat
 from ._patch_embed import in_folder, patch_embed_patches
 
 MODELS = "sglang/srt/models"

@@ -553,16 +553,7 @@ def _main(
                 param_hint="--python",
             )
         return
-    _overview(python)
-
-
-@_boundary
-def _overview(python: str | None) -> int:
-    env, patches = _setup(python, None)
-    report = write.status(env, patches)
-    status_table(report)
-    next_step(report)
-    return EXIT_OK
+    status(python=python)
 
 
 def main() -> None:

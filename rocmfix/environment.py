@@ -81,6 +81,10 @@ class TargetFile:
 
 @dataclass(frozen=True)
 class Distribution:
+    """An installed distribution: a target's (with ``files``, the ones asked about) or one
+    read for context (with ``exists``, the paths in :data:`EXISTS`); ``package_roots`` is
+    where its import package is (for the extras in :data:`PACKAGES`)."""
+
     name: str
     version: str
     dist_info: Path | None
@@ -90,17 +94,8 @@ class Distribution:
     installer: str | None
     record: Path | None
     files: Mapping[str, TargetFile]
-
-
-@dataclass(frozen=True)
-class Installed:
-    """A distribution read for context: its version, where it lives, what it requires, and
-    where its import package is (for the extras in :data:`PACKAGES`)."""
-
-    version: str
-    location: Path
-    requires: tuple[str, ...]
-    exists: Mapping[str, bool]
+    requires: tuple[str, ...] = ()
+    exists: Mapping[str, bool] = field(default_factory=dict)
     package_roots: tuple[Path, ...] = ()
 
 
@@ -116,7 +111,7 @@ class PythonInfo:
 class Environment:
     python: PythonInfo
     distributions: Mapping[str, Distribution]
-    installed: Mapping[str, Installed]
+    installed: Mapping[str, Distribution]
     versions: Mapping[str, str]
     torch: TorchInfo | None
     in_process: bool
@@ -361,10 +356,14 @@ def _target_file(rel: str, raw: Any, where: str) -> TargetFile:
     return TargetFile(rel, path, root, _text(raw, "record_hash", where, optional=True))
 
 
-def _distribution(name: str, raw: Any, files: Mapping[str, Any]) -> Distribution:
-    where = f"distributions.{name}"
+def _distribution(where: str, raw: Any) -> Distribution:
     location = _path(raw, "location", where)
     assert location is not None
+    files = _field(raw, "files", dict, where)
+    exists = _field(raw, "exists", dict, where) if "exists" in raw else {}
+    roots = raw.get("package_roots") or []
+    if not isinstance(roots, list) or not all(isinstance(r, str) and r for r in roots):
+        raise _Bad(f"{where}.package_roots is not a list of paths")
     return Distribution(
         name=_text(raw, "name", where),
         version=_text(raw, "version", where),
@@ -375,20 +374,6 @@ def _distribution(name: str, raw: Any, files: Mapping[str, Any]) -> Distribution
         installer=_text(raw, "installer", where, optional=True),
         record=_path(raw, "record", where, optional=True),
         files={rel: _target_file(rel, f, f"{where}.files.{rel}") for rel, f in files.items()},
-    )
-
-
-def _installed(name: str, raw: Any) -> Installed:
-    where = f"extras.{name}"
-    location = _path(raw, "location", where)
-    assert location is not None
-    exists = _field(raw, "exists", dict, where)
-    roots = raw.get("package_roots") or []
-    if not isinstance(roots, list) or not all(isinstance(r, str) and r for r in roots):
-        raise _Bad(f"{where}.package_roots is not a list of paths")
-    return Installed(
-        version=_text(raw, "version", where),
-        location=location,
         requires=_strings(raw, "requires", where),
         exists={str(k): v is True for k, v in exists.items()},
         package_roots=tuple(Path(r) for r in roots if "\0" not in r),
@@ -419,11 +404,10 @@ def _parse(data: dict[str, Any], in_process: bool) -> Environment:
             raise _Bad("python.prefix is / (rocmfix keeps its state under the prefix)")
         raw_dists = _field(data, "distributions", dict, "the answer")
         distributions = {
-            name: _distribution(name, raw, _field(raw, "files", dict, f"distributions.{name}"))
-            for name, raw in raw_dists.items()
+            name: _distribution(f"distributions.{name}", raw) for name, raw in raw_dists.items()
         }
         raw_extras = _field(data, "extras", dict, "the answer")
-        installed = {name: _installed(name, raw) for name, raw in raw_extras.items()}
+        installed = {name: _distribution(f"extras.{name}", raw) for name, raw in raw_extras.items()}
         versions = {name: extra.version for name, extra in installed.items()}
         versions.update({name: d.version for name, d in distributions.items()})
         torch_raw = data.get("torch")

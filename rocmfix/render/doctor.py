@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from rocmfix import __version__
-from rocmfix.checks import EnvWarning
 from rocmfix.guest.protocol import Graphs
 from rocmfix.ops import Op
 from rocmfix.render.console import (
@@ -25,7 +24,13 @@ from rocmfix.render.console import (
     wrapper,
 )
 from rocmfix.render.kernels import check_json, tile
-from rocmfix.render.status import NOT_ROCM, not_rocm_line, status_document, verdicts_block
+from rocmfix.render.status import (
+    NOT_ROCM,
+    not_rocm_line,
+    status_document,
+    verdicts_block,
+    warning_json,
+)
 from rocmfix.results import (
     LAUNCH_BOUND,
     CaseResult,
@@ -320,19 +325,11 @@ def doctor_document(report: DoctorReport) -> dict[str, Any]:
             }
             for op in report.ops
         ],
-        "warnings": [_warning_json(w) for w in report.warnings],
+        "warnings": [warning_json(w) for w in report.warnings],
         "graphs": dataclasses.asdict(report.graphs) if report.graphs else None,
         "ok": report.ok,
         "failures": list(report.failures),
     }
-
-
-def _warning_json(w: EnvWarning) -> dict[str, Any]:
-    doc: dict[str, Any] = {"code": w.code, "message": w.message, "advice": w.advice}
-    if w.confirmed is not None:
-        # A trap status found, as its confirmation in the target interpreter showed it.
-        doc["doctor"] = {"state": w.confirmed[0], "evidence": w.confirmed[1]}
-    return doc
 
 
 def doctor_json(report: DoctorReport) -> None:

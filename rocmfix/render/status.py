@@ -12,9 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from rocmfix import __version__
-from rocmfix.checks import EnvWarning, torch_build
+from rocmfix.checks import EnvWarning, Placement, placements, torch_build
 from rocmfix.environment import Environment
-from rocmfix.mineru import Placement, placements
 from rocmfix.patch import Patch
 from rocmfix.render.console import (
     STYLE,
@@ -246,6 +245,14 @@ def _patch_json(item: PatchStatus) -> dict[str, Any]:
     }
 
 
+def warning_json(w: EnvWarning) -> dict[str, Any]:
+    doc: dict[str, Any] = {"code": w.code, "message": w.message, "advice": w.advice}
+    if w.confirmed is not None:
+        # A trap status found, as its confirmation in the target interpreter showed it.
+        doc["doctor"] = {"state": w.confirmed[0], "evidence": w.confirmed[1]}
+    return doc
+
+
 def status_document(report: StatusReport) -> dict[str, Any]:
     env = report.environment
     counts = Counter(item.verdict.value for item in report.patches)
@@ -275,9 +282,7 @@ def status_document(report: StatusReport) -> dict[str, Any]:
         if pending is None
         else {"op": pending.op, "pid": pending.pid, "started_at": pending.started_at},
         "patches": [_patch_json(item) for item in report.patches],
-        "warnings": [
-            {"code": w.code, "message": w.message, "advice": w.advice} for w in report.warnings
-        ],
+        "warnings": [warning_json(w) for w in report.warnings],
         "summary": {
             "verdicts": dict(sorted(counts.items())),
             "settled": report.settled,

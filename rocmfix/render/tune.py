@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -91,16 +92,7 @@ def tune_table(report: TuneReport) -> None:
 def _candidate_json(c: CandidateRow | None) -> dict[str, Any] | None:
     if c is None:
         return None
-    return {
-        "config": dict(c.config),
-        "role": c.role,
-        "status": c.status,
-        "ms": c.ms,
-        "kernel_ms": c.kernel_ms,
-        "rel_err": c.rel_err,
-        "message": c.message,
-        "compiled": dict(c.compiled) if c.compiled else None,
-    }
+    return {**dataclasses.asdict(c), "compiled": c.compiled or None}
 
 
 def tune_document(report: TuneReport) -> dict[str, Any]:
