@@ -389,18 +389,27 @@ def load_template(
                 os.environ[key] = value
 
 
-# Files that take minutes (a fault sweep, the compat sample, whole-model forwards) go first:
-# the workers start on them while the short files fill in behind, instead of one worker
-# finishing the run alone on a long file it drew last.
+# Files that take minutes (a fault sweep, the compat sample, whole-model forwards) go first,
+# longest first (by the full run's --durations): the workers start on them while the short
+# files fill in behind, instead of one worker finishing the run alone on a long file it drew
+# last.
 SLOW_FIRST = (
     "test_compat.py",
     "test_faults.py",
-    "test_doclayout_e2e.py",
-    "test_transformers.py",
-    "test_transformers_model.py",
-    "test_vllm.py",
-    "test_kernels_aot.py",
+    "test_mineru_graphs_layout.py",
+    "test_profile.py",
+    "test_mineru_ocr.py",
     "test_tune.py",
+    "test_kernels_aot.py",
+    "test_profile_report.py",
+    "test_doclayout_e2e.py",
+    "test_compile_models.py",
+    "test_lock.py",
+    "test_transformers_model.py",
+    "test_transformers.py",
+    "test_doctor.py",
+    "test_mineru_graphs.py",
+    "test_vllm.py",
 )
 
 

@@ -223,6 +223,21 @@ def wheel_members(project: str, version: str, members: list[str]) -> dict[str, b
     return out
 
 
+def distinct(
+    project: str, versions: list[str], members: list[str]
+) -> list[tuple[list[str], dict[str, bytes | None]]]:
+    """``versions`` grouped by the bytes of ``members`` (a member a wheel lacks counts as
+    such): each group's releases oldest first and the files they share. A check that reads
+    nothing of a release but these files gives every release of a group the same answer, so
+    a loop over every release runs it once per distinct content, not once per label."""
+    groups: dict[tuple[bytes | None, ...], tuple[list[str], dict[str, bytes | None]]] = {}
+    for version in sorted(versions, key=Version):
+        files = wheel_members(project, version, members)
+        key = tuple(files[m] for m in members)
+        groups.setdefault(key, ([], files))[0].append(version)
+    return list(groups.values())
+
+
 def dist_info_members(project: str, version: str) -> list[str]:
     wheel_members(project, version, [])
     info = _wheel(project, version)

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
 import pytest
@@ -140,20 +141,24 @@ def test_every_mineru_release_with_the_layout_and_formula_files() -> None:
     rewritten, compiled, read back as patched; none before."""
     patches = [_patch(MINERU_ID), _patch(FORMULA_ID)]
     seen: dict[str, list[str]] = {p.id: [] for p in patches}
-    for version in releases.releases("mineru"):
-        if Version(version).pre is not None or Version(version) < Version("2.7"):
-            continue
-        files = releases.wheel_members("mineru", version, [p.path for p in patches])
+    finals = [
+        v
+        for v in releases.releases("mineru")
+        if Version(v).pre is None and Version(v) >= Version("2.7")
+    ]
+    # Releases whose two files are byte-identical are checked once.
+    for versions, files in releases.distinct("mineru", finals, [p.path for p in patches]):
         for p in patches:
             data = files[p.path]
             if data is None:
                 continue
-            assert p.classify(p.parse(data), CTX).shape is CodeShape.NEEDS_PATCH, (version, p.id)
+            found = p.classify(p.parse(data), CTX)
+            assert found.shape is CodeShape.NEEDS_PATCH, (versions, p.id)
             patched = p.transform(cst.parse_module(data)).code
-            compile(patched, f"{version}/{p.path}", "exec")
+            compile(patched, f"{versions[0]}/{p.path}", "exec")
             assert p.classify(p.parse(patched.encode()), CTX).shape is CodeShape.PATCHED
             assert patched.count("_rocmfix_graph_forward(self.") == 1
-            seen[p.id].append(version)
+            seen[p.id] += versions
     assert min(seen[MINERU_ID], key=Version) == "3.0.0"
     assert min(seen[FORMULA_ID], key=Version) == "4.0.0"
     assert (
@@ -277,8 +282,22 @@ def _overlay(here: Path, source: Path, files: dict[str, bytes]) -> None:
 # (release, its host copies per stock forward): the nine of 5.24.0's, and in 5.3.0-5.20.1
 # masking_utils.eager_mask's torch.tensor(0.0, device=...), which the reading-order head's
 # eager mask makes (the copy an H100 capture refused on 5.17.0). 5.23.0 is the last release
-# whose reading-order head runs eager attention only.
-RELEASES = (("5.3.0", 10), ("5.17.0", 10), ("5.20.1", 10), ("5.20.2", 9), ("5.23.0", 9))
+# whose reading-order head runs eager attention only. 5.17.0's patched forward is the one
+# test_apply_and_revert_both_rewrites_on_5_17_through_the_cli runs, from apply's own files.
+RELEASES = (("5.3.0", 10), ("5.20.1", 10), ("5.20.2", 9), ("5.23.0", 9))
+
+
+def _stock_copies(version: str, copies: int) -> tuple[Path, list[str], list[Any]]:
+    """The stock release, the import path its forward needs, and the host copies of its two
+    forwards, ``copies`` of them in the second; the eager mask's among them past nine."""
+    stock = releases.importable("transformers", version)
+    table = (stock / "transformers" / "dependency_versions_table.py").read_text()
+    path = [*_hub("0.23.0rc0" if "<=0.23.0" in table else "0.23.3")]
+    found = _python(SYNCS, json.dumps([str(stock), *path]))
+    assert isinstance(found, list) and len(found[1]) == copies, found[1]
+    masks = [w for _, w in found[1] if "create_bidirectional_mask(" in w]
+    assert len(masks) == copies - 9, found[1]
+    return stock, path, found
 
 
 @pytest.mark.network
@@ -286,22 +305,17 @@ RELEASES = (("5.3.0", 10), ("5.17.0", 10), ("5.20.1", 10), ("5.20.2", 9), ("5.23
 def test_no_host_copy_is_left_on_any_release(tmp_path: Path, version: str, copies: int) -> None:
     """Both rewrites (the detector's file and, where its eager mask copies, masking_utils)
     leave no copy from the host after the first forward, on every shape of the files."""
-    stock = releases.importable("transformers", version)
-    table = (stock / "transformers" / "dependency_versions_table.py").read_text()
-    path = [*_hub("0.23.0rc0" if "<=0.23.0" in table else "0.23.3")]
-    found = _python(SYNCS, json.dumps([str(stock), *path]))
-    assert isinstance(found, list) and len(found[1]) == copies, found[1]
+    stock, path, found = _stock_copies(version, copies)
     # 5.3.0-5.14.x make the anchors' fill with torch.tensor too, once: their cache keeps them.
     anchors = sum("torch.tensor(torch.finfo(dtype).max" in w for _, w in found[0])
-    masks = [w for _, w in found[1] if "create_bidirectional_mask(" in w]
-    assert len(masks) == copies - 9, found[1]
+    masks = copies > 9
     ctx = TargetContext(version=version, versions={"mineru": "4.0.12"}, torch=None)
     files: dict[str, bytes] = {}
     for patch_id in (LAYOUT_ID, MASKS_ID):
         patch = _patch(patch_id)
         data = (stock / patch.path).read_bytes()
         shape = patch.classify(patch.parse(data), ctx).shape
-        needed = patch_id == LAYOUT_ID or bool(masks)
+        needed = patch_id == LAYOUT_ID or masks
         assert shape is (CodeShape.NEEDS_PATCH if needed else CodeShape.FIXED_UPSTREAM)
         if needed:
             files[patch.path] = patch.transform(cst.parse_module(data)).bytes
@@ -315,9 +329,10 @@ def test_no_host_copy_is_left_on_any_release(tmp_path: Path, version: str, copie
 
 @pytest.mark.network
 def test_apply_and_revert_both_rewrites_on_5_17_through_the_cli(tmp_path: Path) -> None:
-    """The release the H100 capture failed on: apply rewrites the detector's file and
-    masking_utils, the forward makes no copy from the host after its first, and revert puts
-    every file back."""
+    """The release the H100 capture failed on: its stock forward makes the eager mask's copy
+    too (ten), apply rewrites the detector's file and masking_utils, the forward makes no copy
+    from the host after its first, and revert puts every file back."""
+    _stock_copies("5.17.0", 10)
     env = install_release(tmp_path / "env", "transformers", "5.17.0", LAYOUT_FILE)
     from test_mineru_ocr import fake_dist
 
