@@ -299,7 +299,7 @@ def _replay(
 ) -> torch.Tensor:
     launcher, to_cl, pack, tail, out_shape = plan
     packed = dk._packed_weight(weight, *pack)  # cached by the weight's address and version
-    if launcher.kernel is dk.TMA_KERNEL:
+    if launcher.kwargs["KIND"] == "tma":
         dk._ensure_allocator()  # per thread: a plan made in one thread may run in another
     xin = x.contiguous(memory_format=torch.channels_last) if to_cl else x
     out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
