@@ -227,29 +227,15 @@ def _conv(
     ):
         return F.conv2d(x, weight, None, 1, padding, dilation), False
     pad_h, pad_w = dk._pair(padding, "padding")
-    n, c, h, w = x.shape
-    co, _, kh, kw = weight.shape
-    oh = h + 2 * pad_h - dilation * (kh - 1)
-    ow = w + 2 * pad_w - dilation * (kw - 1)
-    (sn, sc, sh, sw) = x.stride()
-    span = 1 + (n - 1) * sn + (c - 1) * sc + (h - 1) * sh + (w - 1) * sw
-    if (
-        pad_h < 0
-        or pad_w < 0
-        or oh < 1
-        or ow < 1
-        or c == 0
-        or co == 0
-        or span > _INT32_MAX
-        or n * co * oh * ow > _INT32_MAX
-    ):
+    if not _fits(x, weight, dilation, pad_h, pad_w):
         # Let torch raise its own error or handle what 32-bit indexing cannot.
         return F.conv2d(x, weight, None, 1, padding, dilation), False
+    c, co, k = x.shape[1], weight.shape[0], max(weight.shape[2:])
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         raise RuntimeError(_NO_BACKWARD_MSG)
     device = rl.device_index(x)
     if config:  # explicit configs (tests, `rocmfix tune`) skip the plan cache
-        cfg = _explicit(x, c, co, max(kh, kw), config)
+        cfg = _explicit(x, c, co, k, config)
         kernel, grid, args, kwargs, out = dk.prepare_launch(
             x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
         )
@@ -257,7 +243,7 @@ def _conv(
         return out, epilogue is not None
     # The tuned file and the environment are read here, when a key is first seen (and again
     # after clear_config_cache()), not per call: each lookup is host time.
-    cfg = resolve_config(x.device, c, co, max(kh, kw), x.dtype)
+    cfg = resolve_config(x.device, c, co, k, x.dtype)
     kernel, grid, args, kwargs, out = dk.prepare_launch(
         x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
     )
@@ -268,7 +254,8 @@ def _conv(
     launcher(*args)
     if key is not None:
         pack = (kwargs["C_PAD"], kwargs["CO_PAD"], x.dtype, kwargs["W_KMAJOR"])
-        _PLANS.put(key, (launcher, args[0] is not x, pack, args[5:], out.shape))
+        tma = kwargs["KIND"] == "tma"
+        _PLANS.put(key, (launcher, args[0] is not x, pack, args[5:], out.shape, tma))
     return out, epilogue is not None
 
 
@@ -297,9 +284,9 @@ def _plan_key(
 def _replay(
     x: torch.Tensor, weight: torch.Tensor, plan: tuple[Any, ...], epilogue: Epilogue | None
 ) -> torch.Tensor:
-    launcher, to_cl, pack, tail, out_shape = plan
+    launcher, to_cl, pack, tail, out_shape, tma = plan
     packed = dk._packed_weight(weight, *pack)  # cached by the weight's address and version
-    if launcher.kwargs["KIND"] == "tma":
+    if tma:
         dk._ensure_allocator()  # per thread: a plan made in one thread may run in another
     xin = x.contiguous(memory_format=torch.channels_last) if to_cl else x
     out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
@@ -459,20 +446,33 @@ def _graph_launch(
         or weight.dtype != x.dtype
         or weight.device != x.device
         or weight.shape[1] != x.shape[1]
+        or not _fits(x, weight, dilation, padding[0], padding[1])
     ):
-        return None
+        return None  # F.conv2d raises its own error, or handles what 32 bits cannot
+    c, co, k = x.shape[1], weight.shape[0], max(weight.shape[2:])
+    return resolve_config(x.device, c, co, k, x.dtype)
+
+
+def _fits(x: torch.Tensor, weight: torch.Tensor, dilation: int, pad_h: Any, pad_w: Any) -> bool:
+    """Whether the kernel computes this conv: padding, an output, channels, and 32-bit offsets
+    into x (or its dense channels-last copy) and the output. A graph's sizes may be symbolic:
+    each comparison guards."""
     n, c, h, w = x.shape
     co, _, kh, kw = weight.shape
-    oh = h + 2 * padding[0] - dilation * (kh - 1)
-    ow = w + 2 * padding[1] - dilation * (kw - 1)
+    oh = h + 2 * pad_h - dilation * (kh - 1)
+    ow = w + 2 * pad_w - dilation * (kw - 1)
     (sn, sc, sh, sw) = x.stride()
-    # The kernel reads x, or its dense channels-last copy, through 32-bit offsets.
     span = max(1 + (n - 1) * sn + (c - 1) * sc + (h - 1) * sh + (w - 1) * sw, n * c * h * w)
-    if bool(oh < 1) or bool(ow < 1) or bool(span > _INT32_MAX):
-        return None  # F.conv2d raises its own error, or handles what 32 bits cannot
-    if bool(n * co * oh * ow > _INT32_MAX):
-        return None
-    return resolve_config(x.device, c, co, max(kh, kw), x.dtype)
+    return not (
+        bool(pad_h < 0)
+        or bool(pad_w < 0)
+        or bool(oh < 1)
+        or bool(ow < 1)
+        or bool(c == 0)
+        or bool(co == 0)
+        or bool(span > _INT32_MAX)
+        or bool(n * co * oh * ow > _INT32_MAX)
+    )
 
 
 # Eager calls of the op (real tensors) run _impl: the cached launcher, or under
