@@ -283,3 +283,26 @@ if rt.HAS_TRITON:
                 c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
     PTR_KERNEL, TMA_KERNEL = _gemm_ptr_kernel, _gemm_tma_kernel
+
+
+def ptr_launch(
+    a: Any, w: Any, bias: Any, out: Any, aligns: tuple[int, int], progs: Any, plan: Any,
+    upcast: bool, options: dict[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:  # fmt: skip
+    """The pointer kernel's arguments and keywords for ``out = a[M, K] @ w[N, K].T (+ bias)``
+    with ``plan``'s tile, the rows of ``a`` and ``w`` aligned to ``aligns`` elements, on
+    ``progs`` programs: the eager launch's and the graph body's."""
+    m, k = a.shape
+    k_align = max(1, 16 // a.element_size())
+    while k % k_align:
+        k_align //= 2
+    a_align, w_align = aligns
+    args = (a, w, out if bias is None else bias, out, m, w.shape[0], k // k_align,
+            a.stride(0) // a_align, a.stride(1), w.stride(0) // w_align, w.stride(1),
+            out.stride(0), out.stride(1), progs)  # fmt: skip
+    kwargs = dict(
+        A_ALIGN=a_align, W_ALIGN=w_align, K_ALIGN=k_align, BLOCK_M=plan.bm, BLOCK_N=plan.bn,
+        BLOCK_K=plan.bk, GROUP_M=plan.group, EVEN_K=k % plan.bk == 0, HAS_BIAS=bias is not None,
+        UPCAST=upcast, PERSISTENT=plan.persistent, **options,
+    )  # fmt: skip
+    return args, kwargs
