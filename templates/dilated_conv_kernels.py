@@ -311,7 +311,7 @@ def _pair(v: Any, name: str) -> tuple[int, int]:
     return int(v), int(v)
 
 
-def _launch(
+def launch_args(
     x: torch.Tensor,
     weight: torch.Tensor,
     dilation: int,
@@ -322,7 +322,12 @@ def _launch(
 ) -> tuple[str, tuple[int], tuple[Any, ...], dict[str, Any]]:
     """The kind, grid, positional args and constexprs of one call, eager (x copied to
     channels-last where it is not, the weight packed through the cache, the output made) or
-    traced (the copy and the pack as torch ops, no descriptors: see :func:`graph_launch`)."""
+    for ``torch.compile`` to trace, on fake tensors whose sizes may be symbolic and whose
+    addresses are unknown: the copy and the pack as torch ops (Inductor may fuse the copy into
+    the producer of x, and its CSE merges the three dilations' packs of one weight), no pack
+    cache, and no tensor descriptors (the ``tma`` config runs the ``dot`` kind over the same
+    channels-last copy: descriptors need Triton's allocator at run time and addresses checked
+    per call)."""
     n, c, h, w = x.shape
     co, _, kh, kw = weight.shape
     pad_h, pad_w = padding
@@ -381,7 +386,7 @@ def prepare_launch(
 
     Exposed so tests and ``rocmfix tune`` can inspect Triton's specialisation key.
     """
-    kind, grid, args, kwargs = _launch(
+    kind, grid, args, kwargs = launch_args(
         x, weight, dilation, _pair(padding, "padding"), config, epilogue, eager=True
     )
     if out is not None:
@@ -390,31 +395,6 @@ def prepare_launch(
         _ensure_allocator()
     kwargs.update(kc.launch_options(config))
     return KERNEL, grid, args, kwargs, args[2]
-
-
-def graph_launch(
-    wrap: Any,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    dilation: int,
-    padding: tuple[int, int],
-    config: dict[str, Any],
-    epilogue: Epilogue | None,
-) -> torch.Tensor:
-    """:func:`prepare_launch` and the launch, in torch ops and one ``wrap(kernel)`` launch that
-    ``torch.compile`` traces (``wrap`` is ``torch.library.wrap_triton``): on fake tensors,
-    whose sizes may be symbolic and whose addresses are unknown. So no weight-pack cache (the
-    graph packs the weight with torch ops, once per weight: Inductor's CSE merges the three
-    dilations of one weight), no tensor descriptors (the ``tma`` config runs the ``dot``
-    kernel over the same channels-last copy: the descriptor route needs Triton's allocator at
-    run time and addresses checked per call), and of the launch options only warps and stages,
-    which Inductor takes for a user kernel; the tile and the flags are the eager plan's."""
-    _kind, grid, args, kwargs = _launch(x, weight, dilation, padding, config, epilogue, False)
-    wrap(KERNEL)[grid](
-        *args, num_warps=config["num_warps"], num_stages=config["num_stages"], **kwargs
-    )
-    out: torch.Tensor = args[2]
-    return out
 
 
 def _tma_ok(x: torch.Tensor, packed: torch.Tensor, c: int) -> bool:
