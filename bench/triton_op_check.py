@@ -23,7 +23,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = ((1, 64, 80), (1, 48, 64), (2, 64, 96))
-KERNEL_NAMES = ("_dconv_gemm_kernel", "_dconv_fma_kernel", "_dw_kernel")
+KERNEL_NAMES = ("_dconv_kernel", "_dw_kernel")
 
 
 def _model(tri: Any, dw: Any, dtype: Any, device: str) -> tuple[Any, Any]:

@@ -92,20 +92,9 @@ def _gemm_blocks(x: torch.Tensor, views: Views, spec: Spec) -> torch.Tensor:
     return y.view(y6).permute(perm)
 
 
-def _shuffle(x: torch.Tensor, views: Views, spec: Spec) -> torch.Tensor:
-    """The GEMM and the pixel shuffle of one call, everything but the tensors prepared."""
-    blocks, bias6 = _gemm_blocks(x, views, spec), views[2]
-    out = x.new_empty(spec[4])
-    if bias6 is None:
-        out.view(spec[5]).copy_(blocks)
-    else:
-        torch.add(blocks, bias6, out=out.view(spec[5]))
-    return out
-
-
 def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.conv_transpose2d(x, weight, bias, stride=kernel)`` as a GEMM + pixel shuffle."""
-    return _shuffle(x, _views(weight, bias), _spec(x, weight))
+    return _run(x, *_views(weight, bias), _prepared(_spec(x, weight)))
 
 
 def gemm_traced(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -152,16 +141,6 @@ ks.derived(_forget)
 def _settings(deconv: Any) -> tuple[Any, ...]:
     return (type(deconv), deconv.stride, deconv.padding, deconv.output_padding,
             deconv.dilation, deconv.groups, deconv.padding_mode)  # fmt: skip
-
-
-def _blocks(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The size and strides of ``y.view(y6).permute(perm)`` for a contiguous ``y``: one
-    ``as_strided`` a call where the view and the permute are two."""
-    _path, _xv, y6, perm, _out, _target = spec
-    strides = [1] * len(y6)
-    for i in range(len(y6) - 2, -1, -1):
-        strides[i] = strides[i + 1] * y6[i + 1]
-    return tuple(y6[p] for p in perm), tuple(strides[p] for p in perm)
 
 
 def _plan(deconv: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Any, ...]:
@@ -220,8 +199,14 @@ def _run(
 
 
 def _prepared(spec: Spec) -> tuple[Any, ...]:
+    """A layout's run for :func:`_run`: the spec with the size and strides of
+    ``y.view(y6).permute(perm)`` for a contiguous ``y`` (one ``as_strided`` a call where the
+    view and the permute are two)."""
     path, xv, y6, perm, out_shape, target = spec
-    size, stride = _blocks(spec)
+    strides = [1] * len(y6)
+    for i in range(len(y6) - 2, -1, -1):
+        strides[i] = strides[i + 1] * y6[i + 1]
+    size, stride = tuple(y6[p] for p in perm), tuple(strides[p] for p in perm)
     return (path, xv, size, stride, out_shape, target, y6, perm)
 
 

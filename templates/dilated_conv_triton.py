@@ -8,17 +8,14 @@ original method.
 
 Why: on ROCm, MIOpen has no fast solver for dilation > 1 and falls back to a naive kernel.  This
 module computes the same thing as ``F.conv2d(x, w, None, stride=1, padding=p, dilation=d)``
-(then, where the block passes them, its BatchNorm and SiLU) with a Triton kernel:
+(then, where the block passes them, its BatchNorm and SiLU) with a Triton kernel, an implicit
+GEMM (no im2col buffer): ``tl.dot`` by default, rank-1 FMA updates with config
+``"kernel": "fma"`` (for GPUs or compilers where ``tl.dot`` misbehaves). Config flags pick how
+the input is read: ``nhwc`` (a channels-last copy of x, so each thread moves 16 bytes), ``tma``
+(tensor descriptors: Hopper's TMA, one output-row segment per program) or neither (strided
+loads straight from x, any layout).
 
-* the ``dot`` kernel (the default): implicit GEMM.  Output pixels (N*OH*OW) x output channels
-  are tiled, the C*KH*KW reduction runs through ``tl.dot`` with an fp32 accumulator, and no
-  im2col buffer exists.  Config flags pick how the input is read: ``nhwc`` (a channels-last
-  copy of x, so each thread moves 16 bytes), ``tma`` (tensor descriptors: Hopper's TMA, one
-  output-row segment per program) or neither (strided loads straight from x, any layout).
-* the ``fma`` kernel (config ``"kernel": "fma"``): the same tiling with an outer-product FMA
-  loop instead of ``tl.dot``, for GPUs or compilers where ``tl.dot`` misbehaves.
-
-The kernels and how a launch is prepared live in ``dilated_conv_kernels``, the launch
+The kernel and how a launch is prepared live in ``dilated_conv_kernels``, the launch
 configurations (data keyed by GPU arch) in ``dilated_conv_config``, both dropped beside this
 module with the shared ``rocmfix_*`` support modules (``rocmfix_kernel_config`` merges the
 configs with the tuned file and ``$ROCMFIX_DILATED_CONV_CONFIG``).  Batch, height and width
@@ -227,29 +224,15 @@ def _conv(
     ):
         return F.conv2d(x, weight, None, 1, padding, dilation), False
     pad_h, pad_w = dk._pair(padding, "padding")
-    n, c, h, w = x.shape
-    co, _, kh, kw = weight.shape
-    oh = h + 2 * pad_h - dilation * (kh - 1)
-    ow = w + 2 * pad_w - dilation * (kw - 1)
-    (sn, sc, sh, sw) = x.stride()
-    span = 1 + (n - 1) * sn + (c - 1) * sc + (h - 1) * sh + (w - 1) * sw
-    if (
-        pad_h < 0
-        or pad_w < 0
-        or oh < 1
-        or ow < 1
-        or c == 0
-        or co == 0
-        or span > _INT32_MAX
-        or n * co * oh * ow > _INT32_MAX
-    ):
+    if not _fits(x, weight, dilation, pad_h, pad_w):
         # Let torch raise its own error or handle what 32-bit indexing cannot.
         return F.conv2d(x, weight, None, 1, padding, dilation), False
+    c, co, k = x.shape[1], weight.shape[0], max(weight.shape[2:])
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         raise RuntimeError(_NO_BACKWARD_MSG)
     device = rl.device_index(x)
     if config:  # explicit configs (tests, `rocmfix tune`) skip the plan cache
-        cfg = _explicit(x, c, co, max(kh, kw), config)
+        cfg = _explicit(x, c, co, k, config)
         kernel, grid, args, kwargs, out = dk.prepare_launch(
             x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
         )
@@ -257,7 +240,7 @@ def _conv(
         return out, epilogue is not None
     # The tuned file and the environment are read here, when a key is first seen (and again
     # after clear_config_cache()), not per call: each lookup is host time.
-    cfg = resolve_config(x.device, c, co, max(kh, kw), x.dtype)
+    cfg = resolve_config(x.device, c, co, k, x.dtype)
     kernel, grid, args, kwargs, out = dk.prepare_launch(
         x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
     )
@@ -268,7 +251,8 @@ def _conv(
     launcher(*args)
     if key is not None:
         pack = (kwargs["C_PAD"], kwargs["CO_PAD"], x.dtype, kwargs["W_KMAJOR"])
-        _PLANS.put(key, (launcher, args[0] is not x, pack, args[5:], out.shape))
+        tma = kwargs["KIND"] == "tma"
+        _PLANS.put(key, (launcher, args[0] is not x, pack, args[5:], out.shape, tma))
     return out, epilogue is not None
 
 
@@ -297,9 +281,9 @@ def _plan_key(
 def _replay(
     x: torch.Tensor, weight: torch.Tensor, plan: tuple[Any, ...], epilogue: Epilogue | None
 ) -> torch.Tensor:
-    launcher, to_cl, pack, tail, out_shape = plan
+    launcher, to_cl, pack, tail, out_shape, tma = plan
     packed = dk._packed_weight(weight, *pack)  # cached by the weight's address and version
-    if launcher.kernel is dk.TMA_KERNEL:
+    if tma:
         dk._ensure_allocator()  # per thread: a plan made in one thread may run in another
     xin = x.contiguous(memory_format=torch.channels_last) if to_cl else x
     out = torch.empty(out_shape, dtype=x.dtype, device=x.device)
@@ -336,7 +320,7 @@ def _store_code(bn: Any, act: Any) -> int | None:
     return code
 
 
-def _epilogue(bn: Any, act: Any) -> Epilogue | None:
+def _epilogue(bn: Any, act: Any, traced: bool = False) -> Epilogue | None:
     """``act(bn(y))`` as a per-channel scale and shift (and SiLU), or None where the modules
     must run (see :func:`_store_code`), where autograd records through the BatchNorm's
     parameters (to autograd the fold is a constant), or where its tensors are inference
@@ -344,11 +328,22 @@ def _epilogue(bn: Any, act: Any) -> Epilogue | None:
 
     The fold is computed once per module and reused while its statistics, affine parameters
     and eps are the same tensors at the same addresses and versions (an in-place update, a
-    ``load_state_dict`` or a ``.to()`` moves one of them).
+    ``load_state_dict`` or a ``.to()`` moves one of them). ``traced``: the fold as traced ops
+    (a few per-channel ops the graph recomputes) instead of looked up by the module's id and
+    versions, which would guard the graph on them.
     """
     code = _store_code(bn, act)
-    fold = None if code is None else ks.fold_bn(bn, None, versioned=True)
-    if code is None or fold is None:
+    if code is None:
+        return None
+    fold: ks.Fold | None
+    if traced:
+        tensors = (bn.running_mean, bn.running_var, bn.weight, bn.bias)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            return None
+        fold = ks.fold_traced(bn, None)
+    else:
+        fold = ks.fold_bn(bn, None, versioned=True)
+    if fold is None:
         return None
     scale, shift = fold
     return scale, shift, code  # type: ignore[return-value]  # bn given: both are tensors
@@ -428,9 +423,9 @@ def _graph(
     act: int,
 ) -> torch.Tensor:
     """The op as Inductor sees it (a triton op's body, see rocmfix_custom_op): the kernel
-    launched through ``wrap_triton`` with the config the eager plan resolves, everything around
-    it torch ops the compiler schedules: the channels-last copy of x (fused into its producer
-    where Inductor can), the packed weight, the output. A call the kernel does not take is
+    launched through ``wrap_triton`` with the config and the tile the eager plan resolves,
+    everything around it torch ops the compiler schedules (``dk.launch_args``): the
+    channels-last copy of x, the packed weight, the output. A call the kernel does not take is
     F.conv2d and the fold in torch, as :func:`_conv` falls back."""
     launch = _graph_launch(x, weight, dilation, padding)
     if launch is None:
@@ -438,10 +433,14 @@ def _graph(
         if act and scale is not None and shift is not None:
             y = _apply_fold(y, scale, shift, act)
         return y.contiguous()
-    return dk.graph_launch(
-        rop.wrap_triton, x, weight, dilation, (padding[0], padding[1]), launch,
-        (scale, shift, act) if act and scale is not None and shift is not None else None,
-    )  # fmt: skip
+    epilogue = (scale, shift, act) if act and scale is not None and shift is not None else None
+    pads = (padding[0], padding[1])
+    _kind, grid, args, kwargs = dk.launch_args(x, weight, dilation, pads, launch, epilogue, False)
+    # Of the launch options only warps and stages, which Inductor takes for a user kernel.
+    options = {key: launch[key] for key in rop.GRAPH_LAUNCH_KEYS}
+    rop.wrap_triton(dk.KERNEL)[grid](*args, **kwargs, **options)
+    out: torch.Tensor = args[2]
+    return out
 
 
 def _graph_launch(
@@ -459,39 +458,38 @@ def _graph_launch(
         or weight.dtype != x.dtype
         or weight.device != x.device
         or weight.shape[1] != x.shape[1]
+        or not _fits(x, weight, dilation, padding[0], padding[1])
     ):
-        return None
+        return None  # F.conv2d raises its own error, or handles what 32 bits cannot
+    c, co, k = x.shape[1], weight.shape[0], max(weight.shape[2:])
+    return resolve_config(x.device, c, co, k, x.dtype)
+
+
+def _fits(x: torch.Tensor, weight: torch.Tensor, dilation: int, pad_h: Any, pad_w: Any) -> bool:
+    """Whether the kernel computes this conv: padding, an output, channels, and 32-bit offsets
+    into x (or its dense channels-last copy) and the output. A graph's sizes may be symbolic:
+    each comparison guards."""
     n, c, h, w = x.shape
     co, _, kh, kw = weight.shape
-    oh = h + 2 * padding[0] - dilation * (kh - 1)
-    ow = w + 2 * padding[1] - dilation * (kw - 1)
+    oh = h + 2 * pad_h - dilation * (kh - 1)
+    ow = w + 2 * pad_w - dilation * (kw - 1)
     (sn, sc, sh, sw) = x.stride()
-    # The kernel reads x, or its dense channels-last copy, through 32-bit offsets.
     span = max(1 + (n - 1) * sn + (c - 1) * sc + (h - 1) * sh + (w - 1) * sw, n * c * h * w)
-    if bool(oh < 1) or bool(ow < 1) or bool(span > _INT32_MAX):
-        return None  # F.conv2d raises its own error, or handles what 32 bits cannot
-    if bool(n * co * oh * ow > _INT32_MAX):
-        return None
-    return resolve_config(x.device, c, co, max(kh, kw), x.dtype)
+    return not (
+        bool(pad_h < 0)
+        or bool(pad_w < 0)
+        or bool(oh < 1)
+        or bool(ow < 1)
+        or bool(c == 0)
+        or bool(co == 0)
+        or bool(span > _INT32_MAX)
+        or bool(n * co * oh * ow > _INT32_MAX)
+    )
 
 
 # Eager calls of the op (real tensors) run _impl: the cached launcher, or under
 # TRITON_INTERPRET=1 the interpreted kernel on CPU tensors, and F.conv2d otherwise.
 _OP = rop.register_triton_op(OP_NAME, OP_SCHEMA, _graph, _impl, _impl, _fake)
-
-
-def _traced_fold(bn: Any, act: Any) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-    """:func:`_epilogue` as traced ops: the graph recomputes the fold (a few per-channel ops)
-    instead of looking it up by the module's id and versions, which would guard the graph on
-    them."""
-    code = _store_code(bn, act)
-    if code is None:
-        return None
-    tensors = (bn.running_mean, bn.running_var, bn.weight, bn.bias)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return None
-    scale, shift = ks.fold_traced(bn, None)
-    return scale, shift, code  # type: ignore[return-value]  # bn given: both are tensors
 
 
 def _traced(
@@ -524,7 +522,7 @@ def _traced(
         y = F.conv2d(x, weight, None, 1, padding, dilation)
         fold = None
     else:
-        fold = _traced_fold(bn, act) if bn is not None else None
+        fold = _epilogue(bn, act, traced=True) if bn is not None else None
         if fold is not None:
             return _OP(x, weight, d, list(pad), fold[0], fold[1], fold[2])  # type: ignore[no-any-return]
         y = _OP(x, weight, d, list(pad), None, None, 0)

@@ -331,49 +331,14 @@ def prepare_launch(
         a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
         w_desc = _weight_descriptor(w, bn, bk)
         c_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2 if plan.half else bn])
-        return (
-            _gemm_tma_kernel,
-            (progs,),
-            (a_desc, w_desc, c_desc, bias_arg, M, N, K, progs),
-            dict(
-                BLOCK_M=bm,
-                BLOCK_N=bn,
-                BLOCK_K=bk,
-                GROUP_M=plan.group,
-                HAS_BIAS=bias is not None,
-                UPCAST=upcast,
-                EPILOGUE_SUBTILE=plan.half,
-                FLATTEN=plan.flatten,
-                **plan.opts,
-            ),
-        )
-    a_align = _row_align(a, a.stride(0))
-    w_align = _row_align(w, w.stride(0))
-    k_align = max(1, 16 // a.element_size())
-    while K % k_align:
-        k_align //= 2
-    args: tuple[Any, ...] = (a, w, bias_arg, out, M, N, K // k_align)
-    args += (a.stride(0) // a_align, a.stride(1), w.stride(0) // w_align, w.stride(1))
-    args += (out.stride(0), out.stride(1), progs)
-    return (
-        _gemm_ptr_kernel,
-        (progs,),
-        args,
-        dict(
-            A_ALIGN=a_align,
-            W_ALIGN=w_align,
-            K_ALIGN=k_align,
-            BLOCK_M=bm,
-            BLOCK_N=bn,
-            BLOCK_K=bk,
-            GROUP_M=plan.group,
-            EVEN_K=K % bk == 0,
-            HAS_BIAS=bias is not None,
-            UPCAST=upcast,
-            PERSISTENT=plan.persistent,
-            **plan.opts,
-        ),
-    )
+        args = (a_desc, w_desc, c_desc, bias_arg, M, N, K, progs)
+        kwargs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=plan.group,
+                      HAS_BIAS=bias is not None, UPCAST=upcast, EPILOGUE_SUBTILE=plan.half,
+                      FLATTEN=plan.flatten, **plan.opts)  # fmt: skip
+        return _gemm_tma_kernel, (progs,), args, kwargs
+    aligns = (_row_align(a, a.stride(0)), _row_align(w, w.stride(0)))
+    args, kwargs = pk.ptr_launch(a, w, bias, out, aligns, progs, plan, upcast, plan.opts)
+    return _gemm_ptr_kernel, (progs,), args, kwargs
 
 
 def _check(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -500,14 +465,12 @@ def _linear_fallback(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
     return F.linear(a, w.to(a.dtype), None if bias is None else bias.to(a.dtype))
 
 
-def _impl_cuda(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _impl(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The op on real tensors: the cached launch on a GPU (and under the interpreter), else
+    F.linear; F.linear too where the kernel fails."""
+    if not (a.is_cuda or INTERPRETING):
+        return _linear_fallback(a, w, bias)
     return _guarded(_cached_call, _linear_fallback, a, w, bias)
-
-
-def _impl_cpu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if INTERPRETING:
-        return _run(a, w, bias, _plan_for(a.device, a.dtype), None, keep=False)[0]
-    return _linear_fallback(a, w, bias)
 
 
 def _guarded(kernel: Callable[..., torch.Tensor], stock: Callable[..., torch.Tensor],
@@ -544,8 +507,8 @@ _OP = rop.register_triton_op(
     OP_NAME,
     "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
     _graph,
-    _impl_cuda,
-    _impl_cpu,
+    _impl,
+    _impl,
     _impl_fake,
 )
 

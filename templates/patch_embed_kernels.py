@@ -143,68 +143,6 @@ if rt.HAS_TRITON:
         pid_n = (tile % width) // group_m
         return pid_m, pid_n
 
-    @triton.jit
-    def _ptr_tile(
-        a_ptr,
-        w_ptr,
-        bias_ptr,
-        c_ptr,
-        tile,
-        M,
-        N,
-        K,
-        stride_am,
-        stride_ak,
-        stride_wn,
-        stride_wk,
-        stride_cm,
-        stride_cn,
-        num_pid_m,
-        num_pid_n,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        UPCAST: tl.constexpr,
-    ):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        # Wrapped rows/cols keep every main-loop load in bounds with no mask; they are
-        # computed twice and never stored.
-        ram = rm % M
-        rbn = rn % N
-        rk = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + ram[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
-        w_ptrs = w_ptr + rbn[None, :].to(tl.int64) * stride_wn + rk[:, None] * stride_wk
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_full = K // BLOCK_K
-        for _ in range(0, k_full):
-            a = tl.load(a_ptrs)
-            b = tl.load(w_ptrs)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-            a_ptrs += BLOCK_K * stride_ak
-            w_ptrs += BLOCK_K * stride_wk
-        if not EVEN_K:
-            # The K tail (1176 = 18*64 + 24) is peeled so only this one step pays for masks.
-            k_left = K - k_full * BLOCK_K
-            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-            b = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
-            acc = acc + bias.to(tl.float32)[None, :]
-        c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
-
     # M and NUM_PROGS vary per call; specialising on them would only multiply compilations.
     @triton.jit(do_not_specialize=["M", "NUM_PROGS"])
     def _gemm_ptr_kernel(
@@ -242,24 +180,54 @@ if rt.HAS_TRITON:
         stride_wn = stride_wn_q * W_ALIGN
         num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
         num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+        # PERSISTENT: NUM_PROGS programs walk the tiles. A 128x256 tile fills an SM alone, and
+        # with a program per tile every tile then pays for its program's start and pipeline
+        # fill: 0.76-0.92x of cuBLAS persistent against 0.57-0.71x (H200, M >= 5476). Not
+        # flattened into the K loop: that measured 1.7-3.1x slower for every pointer tile,
+        # where it pays for the descriptor kernel. Otherwise a program per tile (the loop
+        # runs once: NUM_PROGS is the tile count).
+        first = tl.program_id(0)
         if PERSISTENT:
-            # NUM_PROGS programs walk the tiles. A 128x256 tile fills an SM alone, and with a
-            # program per tile every tile then pays for its program's start and pipeline
-            # fill: 0.76-0.92x of cuBLAS persistent against 0.57-0.71x (H200, M >= 5476).
-            # Not flattened into the K loop: that measured 1.7-3.1x slower for every pointer
-            # tile, where it pays for the descriptor kernel.
-            for tile in range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS):
-                _ptr_tile(
-                    a_ptr, w_ptr, bias_ptr, c_ptr, tile, M, N, K, stride_am, stride_ak,
-                    stride_wn, stride_wk, stride_cm, stride_cn, num_pid_m, num_pid_n,
-                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, HAS_BIAS, UPCAST,
-                )  # fmt: skip
+            end, step = num_pid_m * num_pid_n, NUM_PROGS
         else:
-            _ptr_tile(
-                a_ptr, w_ptr, bias_ptr, c_ptr, tl.program_id(0), M, N, K, stride_am, stride_ak,
-                stride_wn, stride_wk, stride_cm, stride_cn, num_pid_m, num_pid_n,
-                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EVEN_K, HAS_BIAS, UPCAST,
-            )  # fmt: skip
+            end, step = first + 1, 1
+        for tile in range(first, end, step):
+            pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            # Wrapped rows/cols keep every main-loop load in bounds with no mask; they are
+            # computed twice and never stored.
+            ram = rm % M
+            rbn = rn % N
+            rk = tl.arange(0, BLOCK_K)
+            a_ptrs = a_ptr + ram[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
+            w_ptrs = w_ptr + rbn[None, :].to(tl.int64) * stride_wn + rk[:, None] * stride_wk
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            k_full = K // BLOCK_K
+            for _ in range(0, k_full):
+                a = tl.load(a_ptrs)
+                b = tl.load(w_ptrs)
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+                a_ptrs += BLOCK_K * stride_ak
+                w_ptrs += BLOCK_K * stride_wk
+            if not EVEN_K:
+                # The K tail (1176 = 18*64 + 24) is peeled so only this one step pays for masks.
+                k_left = K - k_full * BLOCK_K
+                a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+                b = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            if HAS_BIAS:
+                bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
+                acc = acc + bias.to(tl.float32)[None, :]
+            c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+            c_mask = (rm[:, None] < M) & (rn[None, :] < N)
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
     @triton.jit(do_not_specialize=["M", "NUM_PROGS"])
     def _gemm_tma_kernel(
@@ -315,3 +283,26 @@ if rt.HAS_TRITON:
                 c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
     PTR_KERNEL, TMA_KERNEL = _gemm_ptr_kernel, _gemm_tma_kernel
+
+
+def ptr_launch(
+    a: Any, w: Any, bias: Any, out: Any, aligns: tuple[int, int], progs: Any, plan: Any,
+    upcast: bool, options: dict[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:  # fmt: skip
+    """The pointer kernel's arguments and keywords for ``out = a[M, K] @ w[N, K].T (+ bias)``
+    with ``plan``'s tile, the rows of ``a`` and ``w`` aligned to ``aligns`` elements, on
+    ``progs`` programs: the eager launch's and the graph body's."""
+    m, k = a.shape
+    k_align = max(1, 16 // a.element_size())
+    while k % k_align:
+        k_align //= 2
+    a_align, w_align = aligns
+    args = (a, w, out if bias is None else bias, out, m, w.shape[0], k // k_align,
+            a.stride(0) // a_align, a.stride(1), w.stride(0) // w_align, w.stride(1),
+            out.stride(0), out.stride(1), progs)  # fmt: skip
+    kwargs = dict(
+        A_ALIGN=a_align, W_ALIGN=w_align, K_ALIGN=k_align, BLOCK_M=plan.bm, BLOCK_N=plan.bn,
+        BLOCK_K=plan.bk, GROUP_M=plan.group, EVEN_K=k % plan.bk == 0, HAS_BIAS=bias is not None,
+        UPCAST=upcast, PERSISTENT=plan.persistent, **options,
+    )  # fmt: skip
+    return args, kwargs

@@ -50,21 +50,12 @@ def graph(
     if bias is not None:
         bias = bias.contiguous()  # the kernel reads bias[n] at bias_ptr + n
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    k_align = max(1, rop.GRAPH_ALIGN // x.element_size())
-    while k % k_align:
-        k_align //= 2
-    a_align, w_align = row_align(x), row_align(w)
     tiles = -(-m // plan.bm) * -(-n // plan.bn)
     progs = torch.sym_min(tiles, plan.programs) if plan.persistent else tiles
     opts = {key: plan.opts[key] for key in rop.GRAPH_LAUNCH_KEYS}
-    rop.wrap_triton(pk.PTR_KERNEL)[(progs,)](
-        x, w, out if bias is None else bias, out, m, n, k // k_align,
-        x.stride(0) // a_align, x.stride(1), w.stride(0) // w_align, w.stride(1),
-        out.stride(0), out.stride(1), progs,
-        A_ALIGN=a_align, W_ALIGN=w_align, K_ALIGN=k_align, BLOCK_M=plan.bm, BLOCK_N=plan.bn,
-        BLOCK_K=plan.bk, GROUP_M=plan.group, EVEN_K=k % plan.bk == 0, HAS_BIAS=bias is not None,
-        UPCAST=False, PERSISTENT=plan.persistent, **opts,
-    )  # fmt: skip
+    aligns = (row_align(x), row_align(w))
+    args, kwargs = pk.ptr_launch(x, w, bias, out, aligns, progs, plan, False, opts)
+    rop.wrap_triton(pk.PTR_KERNEL)[(progs,)](*args, **kwargs)
     return out
 
 

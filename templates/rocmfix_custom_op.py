@@ -6,16 +6,15 @@ rocmfix drops this file, under this name, beside every Triton kernel module it d
 
 An entry runs its eager path (the kernel through a cached launch, host-side state and all)
 unless ``torch.compile`` is tracing it, where it must be one graph node: the op that
-:func:`register_op` or :func:`register_triton_op` defines. :data:`is_compiling` tells the two
-apart.
+:func:`register_triton_op` defines. :data:`is_compiling` tells the two apart.
 
 On torch 2.7 and later (``torch.library.triton_op``, with the strides the trace saw kept:
 :func:`_strides_kept`), :func:`register_triton_op` makes the op a triton op: AOTAutograd
 decomposes its node into the op's graph body, whose kernel launches go through
 :func:`wrap_triton`, so Inductor sees the Triton kernel and launches it from its own
 generated code (and captures it in a CUDA graph) instead of calling back into rocmfix's
-Python per node. Anywhere that cannot be defined, the op is the opaque
-``torch.library.Library`` op of :func:`register_op`.
+Python per node. Anywhere that cannot be defined, the op is an opaque
+``torch.library.Library`` op.
 """
 
 from __future__ import annotations
@@ -48,21 +47,6 @@ def offset_aligned(t: torch.Tensor) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     return bool(statically_known_true((t.storage_offset() * t.element_size()) % GRAPH_ALIGN == 0))
-
-
-def register_op(name: str, schema: str, cuda: Impl, cpu: Impl, fake: Impl) -> Any:
-    """Define ``rocmfix::name`` once per process; its default overload, looked up once (resolving
-    ``torch.ops.<ns>.<name>`` costs host time on every call).
-
-    The Library objects live in the process-wide holder, not in a kernel module: a second
-    import of a kernel file (another module name, a reload, vllm and transformers both
-    patched) must neither redefine the op nor let the first Library be garbage-collected,
-    which would unregister it."""
-    with rt.LOCK:
-        holder = rt.process_holder()
-        if getattr(holder, name, None) is None:
-            setattr(holder, name, _library_op(name, schema, cuda, cpu, fake))
-    return getattr(getattr(torch.ops, OP_NAMESPACE), name).default
 
 
 def _library_op(name: str, schema: str, cuda: Impl, cpu: Impl, fake: Impl) -> Any:
@@ -109,7 +93,13 @@ def register_triton_op(
     name: str, schema: str, body: Impl, cuda: Impl, cpu: Impl, fake: Impl
 ) -> Any:
     """Define ``rocmfix::name`` once per process as a triton op (see the module docstring),
-    else as :func:`register_op`'s opaque op; its default overload.
+    else as an opaque ``torch.library`` op; its default overload, looked up once (resolving
+    ``torch.ops.<ns>.<name>`` costs host time on every call).
+
+    The definitions live in the process-wide holder, not in a kernel module: a second import
+    of a kernel file (another module name, a reload, vllm and transformers both patched) must
+    neither redefine the op nor let the first Library be garbage-collected, which would
+    unregister it.
 
     ``body`` is the op as the compiler sees it: torch ops and :func:`wrap_triton` launches
     only, traceable on fake tensors (no addresses, no host-side caches), and it is the op's

@@ -47,8 +47,7 @@ HIP_LAUNCH_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 Check = Callable[[Any], Any]
 
 _lock = rt.LOCK
-_arch_cache: dict[int, str] = {}
-_gpu_cache: dict[int, tuple[int, int]] = {}
+_gpu_cache: dict[int, tuple[str, int, int]] = {}
 _tuned_cache: dict[str, Any] = {}
 
 
@@ -83,21 +82,32 @@ def is_hip() -> bool:
     return bool(getattr(torch.version, "hip", None))
 
 
+def _facts(index: int) -> tuple[str, int, int]:
+    """GPU ``index``'s arch, CUDA compute capability's major (0 on ROCm) and count of SMs/CUs,
+    read once."""
+    cached = _gpu_cache.get(index)
+    if cached is None:
+        props = torch.cuda.get_device_properties(index)
+        if is_hip():
+            arch = (getattr(props, "gcnArchName", "") or "").split(":")[0] or "unknown"
+        else:
+            arch = f"sm_{props.major}{props.minor}"
+        major = 0 if is_hip() else int(props.major)
+        cached = _gpu_cache[index] = (arch, major, int(props.multi_processor_count))
+    return cached
+
+
 def gpu(device: torch.device) -> tuple[bool, int, int]:
     """Whether ``device`` is a GPU, its CUDA compute capability's major (0 on ROCm) and its
-    count of SMs/CUs, read once per device."""
+    count of SMs/CUs."""
     if _emulation is not None:
         return True, _emulation.cc_major, _emulation.sm_count
     if device.type != "cuda":
         return False, 0, 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    cached = _gpu_cache.get(index)
-    if cached is None:
-        props = torch.cuda.get_device_properties(index)
-        major = 0 if is_hip() else int(props.major)
-        cached = (major, int(props.multi_processor_count))
-        _gpu_cache[index] = cached
-    return True, cached[0], cached[1]
+    _arch, major, sms = _facts(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+    return True, major, sms
 
 
 def device_arch(device: torch.device | str | int | None = None) -> str:
@@ -112,22 +122,9 @@ def device_arch(device: torch.device | str | int | None = None) -> str:
             dev = torch.device(device if device is not None else "cuda")
         if dev.type != "cuda" or not torch.cuda.is_available():
             return "cpu"
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return _facts(dev.index if dev.index is not None else torch.cuda.current_device())[0]
     except Exception:  # noqa: BLE001 - a broken driver must not break inference
         return "unknown"
-    cached = _arch_cache.get(index)
-    if cached is not None:
-        return cached
-    try:
-        props = torch.cuda.get_device_properties(index)
-        if is_hip():
-            arch = (getattr(props, "gcnArchName", "") or "").split(":")[0] or "unknown"
-        else:
-            arch = f"sm_{props.major}{props.minor}"
-    except Exception:  # noqa: BLE001
-        return "unknown"
-    _arch_cache[index] = arch
-    return arch
 
 
 def tuned_file_path() -> str:
@@ -262,7 +259,6 @@ def clear() -> None:
     """Forget every parsed file, warning and arch query (every kernel's)."""
     with _lock:
         ks.warned.clear()
-        _arch_cache.clear()
         _gpu_cache.clear()
         _tuned_cache.clear()
 

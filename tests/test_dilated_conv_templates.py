@@ -120,8 +120,8 @@ def test_triton_tma_route(tri: ModuleType, k: int, d: int, dt: torch.dtype, c: i
     wt = torch.randn(16, c, k, k).to(dt)
     cfg = {**TEST_CFG, "BLOCK_M": 16, "tma": 1}
     full = {**tri.resolve_config("cpu", c, 16, k, dt), **cfg}
-    kernel = tri.dk.prepare_launch(x, wt, d, d * (k // 2), full)[0]
-    assert (kernel is tri.dk.KERNELS["tma"]) == (c * x.element_size() % 16 == 0)
+    kind = tri.dk.prepare_launch(x, wt, d, d * (k // 2), full)[3]["KIND"]
+    assert (kind == "tma") == (c * x.element_size() % 16 == 0)
     y = _run_poisoned(tri, x, wt, d, d * (k // 2), cfg)
     _check(y, _ref(x, wt, d, d * (k // 2)), dt)
 

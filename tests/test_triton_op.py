@@ -101,6 +101,7 @@ def test_the_dilated_body_launches_the_eager_plans_kernel(
         x, w, 3, (3, 3), cfg, epilogue=(scale, scale, 2)
     )
     assert kernel is want_kernel  # the same @triton.jit function, the dot kernel
+    assert scalars["KIND"] == kwargs["KIND"] == "dot"
     assert tuple(grid) == (*want_grid, 1, 1)  # torch pads a grid to three dimensions
     for key, value in kwargs.items():
         assert scalars[key] == value, key
@@ -121,7 +122,7 @@ def test_a_tma_config_runs_the_dot_kernel_in_the_graph(
     [(kernel, scalars, _grid)] = _trace(
         lambda x, w: tri._graph(x, w, 2, [2, 2], None, None, 0), (1, 16, 12, 12), (16, 16, 3, 3)
     )
-    assert kernel is tri.dk.KERNELS["dot"]
+    assert kernel is tri.dk.KERNEL and scalars["KIND"] == "dot"
     assert scalars["NHWC"] is True and scalars["W_KMAJOR"] is True
 
 
@@ -175,7 +176,7 @@ def test_symbolic_sizes_guard_instead_of_breaking(
         return a, b
 
     launches = _trace(both, (2, 16, h, w), (16, 1, 3, 3), (16,), env=env)
-    assert [k for k, _s, _g in launches] == [dw.dk.KERNEL, tri.dk.KERNELS["dot"]]
+    assert [k for k, _s, _g in launches] == [dw.dk.KERNEL, tri.dk.KERNEL]
     assert isinstance(launches[0][2][0], torch.fx.Node)  # the grid: computed from the size
     assert launches[0][1]["VEC"] == 2  # under a guard on the width's parity
     guards = " ".join(str(g.expr) for g in env.guards)
