@@ -185,3 +185,16 @@ def test_no_template_reads_tritons_source_or_its_launcher() -> None:
         if banned.search(line)
     ]
     assert found == []
+
+
+def test_a_full_plan_cache_forgets_the_key_stored_first() -> None:
+    """``BoundedCache`` (every entry's plans and folds) is read by ``dict.get``; beyond its
+    size it forgets the entry stored first, and a key stored again is the newest."""
+    ks = load_template("rocmfix_kernel_support")
+    cache = ks.BoundedCache(2)
+    for key, value in (("a", 1), ("b", 2), ("a", 3), ("c", 4)):
+        cache.put(key, value)
+    assert cache.get("b") is None and len(cache) == 2
+    assert cache.items() == [("a", 3), ("c", 4)] and cache.values() == [3, 4]
+    cache.clear()
+    assert len(cache) == 0 and cache.get("a") is None
