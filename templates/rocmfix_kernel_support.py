@@ -97,12 +97,13 @@ _ACTS: dict[type, int] = {
 }
 
 
+# torch's global forward hooks, as the dicts register_module_forward_(pre_)hook fill in place.
+_GLOBAL_HOOKS = [getattr(torch.nn.modules.module, name, {})
+                 for name in ("_global_forward_hooks", "_global_forward_pre_hooks")]  # fmt: skip
+
+
 def global_hooks() -> bool:
-    module = torch.nn.modules.module
-    return bool(
-        getattr(module, "_global_forward_hooks", None)
-        or getattr(module, "_global_forward_pre_hooks", None)
-    )
+    return bool(_GLOBAL_HOOKS[0] or _GLOBAL_HOOKS[1])
 
 
 def hooked(module: Any) -> bool:
