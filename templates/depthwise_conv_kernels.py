@@ -12,6 +12,7 @@ positions (columns of ``ROWS`` rows): a program stores ``ROWS * BLOCK_P`` output
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -197,21 +198,26 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _pairs_fit(x: torch.Tensor, stride: tuple[int, int], ow: int) -> bool:
+def pairs_fit(
+    x: torch.Tensor, stride: tuple[int, int], ow: Any, aligned: Callable[[Any], bool] | None = None
+) -> bool:
     """Whether the kernel may read the input as aligned pairs of a row (``VEC`` 2): stride 1
     along rows, unit column stride, every other stride, the widths and the address even, so
-    that an even output column reads an even input one and a pair is never half in bounds."""
+    that an even output column reads an even input one and a pair is never half in bounds.
+    On a fake tensor (the traced op) sizes may be symbolic (each test guards: a new parity
+    recompiles, as Inductor's own choices do) and ``aligned`` proves the address from the
+    storage offset (``rocmfix_custom_op.offset_aligned``); else it is read."""
     n, _, _, w = x.shape
     sn, sc, sh, sw = x.stride()
     return (
         stride[1] == 1
-        and sw == 1
-        and w % 2 == 0
-        and ow % 2 == 0
-        and sh % 2 == 0
-        and sc % 2 == 0
-        and (sn % 2 == 0 or n == 1)
-        and x.data_ptr() % (2 * x.element_size()) == 0
+        and bool(sw == 1)
+        and bool(w % 2 == 0)
+        and bool(ow % 2 == 0)
+        and bool(sh % 2 == 0)
+        and bool(sc % 2 == 0)
+        and (bool(sn % 2 == 0) or bool(n == 1))
+        and (x.data_ptr() % (2 * x.element_size()) == 0 if aligned is None else aligned(x))
     )
 
 
@@ -225,9 +231,11 @@ def prepare_launch(
     shift: torch.Tensor | None = None,
     act: int = 0,
     out: torch.Tensor | None = None,
+    aligned: Callable[[Any], bool] | None = None,
 ) -> tuple[Any, tuple[int, int, int], tuple[Any, ...], dict[str, Any], torch.Tensor]:
     """Kernel, grid, positional arguments, launch keywords and output of one call; ``weight``
-    is ``[C, 1, KH, KW]``. Nothing is checked here: the entry point did."""
+    is ``[C, 1, KH, KW]``; ``aligned`` as :func:`pairs_fit`'s. Nothing is checked here: the
+    entry point did."""
     n, c, h, w = x.shape
     kh, kw = int(weight.shape[2]), int(weight.shape[3])
     oh = (h + 2 * padding[0] - kh) // stride[0] + 1
@@ -238,7 +246,7 @@ def prepare_launch(
     # compiled graph launches it without a reinterpret_tensor view per call.
     wk = weight if weight.is_contiguous() else weight.contiguous()
     block_p, block_c = int(config["BLOCK_P"]), int(config["BLOCK_C"])
-    vec = 2 if int(config.get("VEC", 2)) == 2 and _pairs_fit(x, stride, ow) else 1
+    vec = 2 if int(config.get("VEC", 2)) == 2 and pairs_fit(x, stride, ow, aligned) else 1
     if vec == 2:
         # Fewer pairs than lanes replicate the tile across lanes: 4x slower on an H100 (a
         # 128-pixel tile on 4 warps). A wave is 64 lanes on CDNA, 32 on RDNA and NVIDIA.

@@ -102,43 +102,12 @@ def graph(
     st, pad = (int(stride[0]), int(stride[1])), (int(padding[0]), int(padding[1]))
     kh, kw = int(weight.shape[2]), int(weight.shape[3])
     cfg = dc.resolve_config(x.device, kh, kw, st[0], x.dtype, dc.layout_class(x))
-    # The eager plan's launch but VEC 1: its pair check reads x's address, which a fake tensor
-    # does not have; the pairs are chosen below from what the fake can promise.
+    # The eager plan's launch; whether it reads pairs is chosen from what the fake promises.
     kernel, grid, args, kwargs, out = dk.prepare_launch(
-        x, weight, st, pad, dict(cfg, VEC=1), scale, shift, act
+        x, weight, st, pad, cfg, scale, shift, act, aligned=rop.offset_aligned
     )
-    oh, ow = args[8], args[9]
-    if int(cfg.get("VEC", 2)) == 2 and pairs_promised(x, st, ow):
-        lanes = 64 if kc.is_hip() else 32  # as prepare_launch sizes a pair tile
-        block_p = max(int(kwargs["BLOCK_P"]), 2 * lanes * int(cfg["num_warps"]))
-        rows = int(kwargs["ROWS"])
-        grid = (_cdiv(_cdiv(oh, rows) * ow, block_p), grid[1], grid[2])
-        kwargs.update(VEC=2, BLOCK_P=block_p)
     for key in kc.launch_options(cfg):
         if key not in rop.GRAPH_LAUNCH_KEYS:
             kwargs.pop(key, None)
     rop.wrap_triton(kernel)[grid](*args, **kwargs)
     return out
-
-
-def _cdiv(a: Any, b: int) -> Any:
-    return -(-a // b)
-
-
-def pairs_promised(x: torch.Tensor, stride: tuple[int, int], ow: Any) -> bool:
-    """``depthwise_conv_kernels._pairs_fit`` on what a fake tensor knows: the widths and
-    strides (symbolic ones guard: a new parity recompiles, as Inductor's own choices do), and
-    for the address, the storage offset (``rop.offset_aligned``); an offset it cannot prove
-    aligned reads single elements."""
-    n, _, _, w = x.shape
-    sn, sc, sh, sw = x.stride()
-    return (
-        stride[1] == 1
-        and bool(sw == 1)
-        and bool(w % 2 == 0)
-        and bool(ow % 2 == 0)
-        and bool(sh % 2 == 0)
-        and bool(sc % 2 == 0)
-        and (bool(sn % 2 == 0) or bool(n == 1))
-        and rop.offset_aligned(x)
-    )

@@ -58,16 +58,20 @@ conv, _pair = dop.conv, ks.pair
 # The kernel itself (None without Triton), where rocmfix's profiler looks for it.
 _dw_kernel = dk.KERNEL
 
-# The launch of each key: everything Triton specialises on (rl.layout_key of each tensor,
-# the conv's stride and padding, the fused activation), and nothing derived from a tensor's
-# values, so a plan cannot go stale. What is (the folded BatchNorm) is ks.fold_bn's, which
-# re-checks its sources on every call. The eager key holds the layer's type and settings in
-# place of the stride and padding: all _conv_geometry reads, so it runs once a key.
+# The launch of each key: (Launcher, the arguments after the output, the output's shape, the
+# weight's contiguity). A key holds everything Triton specialises on (each tensor's shape,
+# strides, dtype, device and 16-byte alignment, as rl.layout_key, the conv's stride and
+# padding, the fused activation) and nothing derived from a tensor's values, so a plan cannot
+# go stale. What is (the folded BatchNorm) is ks.fold_bn's, which re-checks its sources on
+# every call. The eager key holds the layer's type and settings in place of the stride and
+# padding: all _conv_geometry reads, so it runs once a key.
 _plans: ks.BoundedCache[tuple[Any, ...], tuple[Any, ...]] = ks.BoundedCache(256)
 # The keys that run the modules: a geometry the kernel does not compute, or a failed launch.
 _broken: ks.BoundedCache[tuple[Any, ...], bool] = ks.BoundedCache(256)
-# Autocast (the stock conv in its dtype) and a torch.jit trace take the stock modules.
-_autocast, _tracing = ks.any_autocast, torch._C._get_tracing_state
+# Autocast (the stock conv in its dtype), a torch.jit trace and torch.compile's tracing take
+# other paths than the eager one.
+_autocast, _tracing, _compiling = ks.any_autocast, torch._C._get_tracing_state, rop.is_compiling
+_grad_enabled = torch.is_grad_enabled
 
 
 def clear_config_cache() -> None:
@@ -152,21 +156,19 @@ def _epilogue(bias: Any, bn: Any, act: Any) -> tuple[Any, Any, int, bool, bool] 
     """(scale, shift, act code, bn fused, act fused), or None where even the conv's bias
     cannot be applied (it records gradients)."""
     code = ks.act_code(act)
-    if bn is not None:
-        folded = ks.fold_bn(bn, bias)
-        if folded is not None:
-            if code is None:
-                return folded[0], folded[1], 0, True, False
-            return folded[0], folded[1], code, True, True
-    plain = ks.fold_bn(None, bias)
-    if plain is None:
-        return None
+    folded = None if bn is None else ks.fold_bn(bn, bias)
+    bn_done = bn is None or folded is not None
+    if folded is None:
+        folded = ks.fold_bn(None, bias)
+        if folded is None:
+            return None
     # A BatchNorm called as a module comes between the conv and the activation.
-    fuse_act = bn is None and code is not None
-    return plain[0], plain[1], code if fuse_act and code is not None else 0, bn is None, fuse_act
+    act_done = bn_done and code is not None
+    return folded[0], folded[1], code if code is not None and act_done else 0, bn_done, act_done
 
 
 def _launch(
+    key: tuple[Any, ...],
     x: torch.Tensor,
     weight: torch.Tensor,
     scale: torch.Tensor | None,
@@ -174,78 +176,109 @@ def _launch(
     stride: tuple[int, int],
     padding: tuple[int, int],
     act: int,
-    key: tuple[Any, ...] | None = None,
     layer: Any = None,
-) -> torch.Tensor:
-    """The kernel's output for one call the caller checked, launched through the plan of its
-    key (made on the key's first call: config resolved, Launcher made). The eager entry
-    passes its key and ``layer``, whose geometry (stride, padding) is checked once a key."""
-    if key is None:
-        key = (rl.layout_key(x), rl.layout_key(weight), stride, padding, act,
-               None if scale is None else rl.layout_key(scale),
-               None if shift is None else rl.layout_key(shift))  # fmt: skip
+) -> torch.Tensor | None:
+    """The kernel's output for one call the caller checked, launched through the plan of
+    ``key`` (made on the key's first call: config resolved, Launcher made), or None where the
+    key runs the modules. The eager entry passes ``layer``, whose geometry (stride, padding)
+    is checked once a key."""
     plan = _plans.get(key)
-    if plan is None:
-        if _broken.get(key):
-            raise _Broken
-        if layer is not None:
-            geometry = _conv_geometry(x, layer)
-            if geometry is None:
-                _broken.put(key, True)
-                raise _Broken
-            stride, padding = geometry
-        kh, kw = int(weight.shape[2]), int(weight.shape[3])
-        cfg = resolve_config(x.device, kh, kw, stride[0], x.dtype, layout_class(x))
-        kernel, grid, args, kwargs, out = prepare_launch(
-            x, weight, stride, padding, cfg, scale, shift, act
-        )
-        launcher = rl.Launcher(kernel, grid, kwargs, rl.device_index(x))
-        try:
-            launcher(*args)
-        except Exception:
-            _broken.put(key, True)
-            raise
-        _plans.put(key, (launcher, args[5:], tuple(out.shape)))
+    if plan is not None:
+        launcher, rest, shape, contiguous = plan
+        out = x.new_empty(shape)
+        # The kernel reads [C, KH*KW], a contiguous weight's own layout (the key fixes which).
+        wk = weight if contiguous else weight.contiguous()
+        launcher(x, wk, wk if scale is None else scale, wk if shift is None else shift, out,
+                 *rest)  # fmt: skip
         return out
-    launcher, rest, out_shape = plan
-    out = x.new_empty(out_shape)
-    # The kernel reads [C, KH*KW], a contiguous weight's own layout (the key fixes which).
-    wk = weight if weight.is_contiguous() else weight.contiguous()
-    launcher(x, wk, wk if scale is None else scale, wk if shift is None else shift, out, *rest)
-    return out
-
-
-class _Broken(Exception):
-    """A key that runs the stock modules (see _broken), without a warning."""
-
-
-def _eager(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
-    """``act(bn(layer(x)))`` through the kernel, or None where the modules must run."""
-    weight = layer._parameters.get("weight") if isinstance(layer, torch.nn.Module) else None
-    if weight is None:
+    if _broken.get(key):
         return None
-    bias = layer._parameters.get("bias")
-    if ks.training(x, weight, bias, bn=bn):
-        return None  # the stock modules, which have a backward
-    if _autocast() or ks.layer_hooked(layer, bn, act):
-        return None
-    epilogue = _epilogue(bias, bn, act)
-    if epilogue is None:
-        return None
-    scale, shift, code, bn_done, act_done = epilogue
-    key = (rl.layout_key(x), rl.layout_key(weight), type(layer), layer.stride, layer.padding,
-           layer.dilation, layer.groups, layer.padding_mode, code,
-           None if scale is None else rl.layout_key(scale),
-           None if shift is None else rl.layout_key(shift))  # fmt: skip
+    if layer is not None:
+        geometry = _conv_geometry(x, layer)
+        if geometry is None:
+            _broken.put(key, True)
+            return None
+        stride, padding = geometry
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
+    cfg = resolve_config(x.device, kh, kw, stride[0], x.dtype, layout_class(x))
+    kernel, grid, args, kwargs, out = prepare_launch(
+        x, weight, stride, padding, cfg, scale, shift, act
+    )
+    launcher = rl.Launcher(kernel, grid, kwargs, rl.device_index(x))
     try:
-        out = _launch(x, weight, scale, shift, (1, 1), (0, 0), code, key, layer)
-    except _Broken:
-        return None
-    if not bn_done and bn is not None:
-        out = bn(out)
-    if not act_done and act is not None:
-        out = act(out)
+        launcher(*args)
+    except Exception:
+        _broken.put(key, True)
+        raise
+    _plans.put(key, (launcher, args[5:], tuple(out.shape), weight.is_contiguous()))
     return out
+
+
+def depthwise_conv2d(
+    x: torch.Tensor,
+    conv: Any,
+    bn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    act: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``act(bn(conv(x)))`` (``conv(x)`` / ``bn(conv(x))`` where they are None) for any input:
+    ``conv`` is the layer's ``nn.Conv2d``, ``bn`` its BatchNorm, ``act`` its activation.
+
+    Depthwise convs (groups == in == out channels, dilation 1, zero padding, kernels up to
+    9x9, any stride) of fp32/fp16/bf16 GPU tensors (CPU ones under ``TRITON_INTERPRET=1``) run
+    the Triton kernel, an eval-mode ``nn.BatchNorm2d`` and an ``nn.ReLU``/``SiLU``/``GELU``/
+    ``Hardswish``/``Identity`` without hooks in its store; any other module is called on its
+    output. Everything else runs the modules themselves, as does any error (warned once).
+    """
+    if not isinstance(x, torch.Tensor):
+        return ks.stock(x, conv, bn, act)  # torch.fx's symbolic trace records the modules
+    if triton is None:
+        if x.is_cuda:  # a warning that cannot raise (ks.warn_once)
+            ks.warn_once("no-triton", "rocmfix: triton is not importable; depthwise convs run "
+                         "the stock modules")  # fmt: skip
+        return ks.stock(x, conv, bn, act)
+    if not (x.is_cuda or INTERPRETING):
+        return ks.stock(x, conv, bn, act)
+    if _compiling():
+        traced = _traced(x, conv, bn, act)
+        return ks.stock(x, conv, bn, act) if traced is None else traced
+    if _tracing() is not None or not isinstance(conv, torch.nn.Conv2d):
+        return ks.stock(x, conv, bn, act)  # a torch.jit trace records no Triton launch
+    # The eager path, its checks cheapest first and its key built here: a repeat call's host
+    # time is what a launch-bound layer costs.
+    try:
+        params = conv._parameters
+        weight, bias = params.get("weight"), params.get("bias")
+        # Autograd recording (the stock modules have a backward), autocast, a hook or a
+        # training BatchNorm: the stock modules. No epilogue: the bias records gradients.
+        epilogue = None
+        if (
+            weight is not None
+            and not (_grad_enabled() and ks.training(x, weight, bias, bn=bn))
+            and not _autocast()
+            and not ks.layer_hooked(conv, bn, act)
+        ):
+            epilogue = _epilogue(bias, bn, act)
+        if weight is not None and epilogue is not None:
+            scale, shift, code, bn_done, act_done = epilogue
+            # rl.layout_key of x and the weight, flat (a nested tuple costs a frame a tensor).
+            key = (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() % 16,
+                   weight.shape, weight.stride(), weight.dtype, weight.get_device(),
+                   weight.data_ptr() % 16, type(conv), conv.stride, conv.padding,
+                   conv.dilation, conv.groups, conv.padding_mode, code,
+                   None if scale is None else rl.layout_key(scale),
+                   None if shift is None else rl.layout_key(shift))  # fmt: skip
+            out = _launch(key, x, weight, scale, shift, (1, 1), (0, 0), code, conv)
+            if out is not None:
+                if not bn_done and bn is not None:
+                    out = bn(out)
+                if not act_done and act is not None:
+                    out = act(out)
+                return out
+    except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
+        y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
+        _failed(exc)
+        return y
+    return ks.stock(x, conv, bn, act)
 
 
 def _traced(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | None:
@@ -274,44 +307,6 @@ def _traced(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | No
     return y
 
 
-def depthwise_conv2d(
-    x: torch.Tensor,
-    conv: Any,
-    bn: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    act: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """``act(bn(conv(x)))`` (``conv(x)`` / ``bn(conv(x))`` where they are None) for any input:
-    ``conv`` is the layer's ``nn.Conv2d``, ``bn`` its BatchNorm, ``act`` its activation.
-
-    Depthwise convs (groups == in == out channels, dilation 1, zero padding, kernels up to
-    9x9, any stride) of fp32/fp16/bf16 GPU tensors (CPU ones under ``TRITON_INTERPRET=1``) run
-    the Triton kernel, an eval-mode ``nn.BatchNorm2d`` and an ``nn.ReLU``/``SiLU``/``GELU``/
-    ``Hardswish``/``Identity`` without hooks in its store; any other module is called on its
-    output. Everything else runs the modules themselves, as does any error (warned once).
-    """
-    if not isinstance(x, torch.Tensor):
-        return ks.stock(x, conv, bn, act)  # torch.fx's symbolic trace records the modules
-    if triton is None:
-        if x.is_cuda:  # a warning that cannot raise (ks.warn_once)
-            ks.warn_once("no-triton", "rocmfix: triton is not importable; depthwise convs run "
-                         "the stock modules")  # fmt: skip
-        return ks.stock(x, conv, bn, act)
-    if not (x.is_cuda or INTERPRETING):
-        return ks.stock(x, conv, bn, act)
-    if rop.is_compiling():
-        traced = _traced(x, conv, bn, act)
-        return ks.stock(x, conv, bn, act) if traced is None else traced
-    if _tracing() is not None:
-        return ks.stock(x, conv, bn, act)
-    try:
-        done = _eager(x, conv, bn, act)
-    except Exception as exc:  # noqa: BLE001 - a dropped kernel must never take the model down
-        y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
-        _failed(exc)
-        return y
-    return ks.stock(x, conv, bn, act) if done is None else done
-
-
 def _failed(exc: Exception) -> None:
     ks.warn_once(
         "depthwise:" + type(exc).__name__,
@@ -337,9 +332,12 @@ def _impl(
     if dk.KERNEL is not None and (x.is_cuda or INTERPRETING):
         try:
             st, pad = (int(stride[0]), int(stride[1])), (int(padding[0]), int(padding[1]))
-            return _launch(x, weight, scale, shift, st, pad, act)
-        except _Broken:
-            pass  # warned when it broke
+            key = (rl.layout_key(x), rl.layout_key(weight), st, pad, act,
+                   None if scale is None else rl.layout_key(scale),
+                   None if shift is None else rl.layout_key(shift))  # fmt: skip
+            out = _launch(key, x, weight, scale, shift, st, pad, act)
+            if out is not None:
+                return out  # else: warned when it broke
         except Exception as exc:  # noqa: BLE001
             y = _reference(x, weight, scale, shift, stride, padding, act)
             _failed(exc)

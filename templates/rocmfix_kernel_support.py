@@ -4,7 +4,7 @@ rocmfix drops this file, under this name, beside the kernel modules that import 
 depthwise and transposed convs); ``rocmfix revert`` removes it with them. Standard library
 and torch only.
 
-- :class:`BoundedCache`: the one cache type, a least-recently-used map of fixed size;
+- :class:`BoundedCache`: the one cache type, a map of fixed size read at a dict's speed;
 - :func:`fold_bn`: an eval-mode ``BatchNorm2d`` (and the conv's bias) as a per-channel scale
   and shift, recomputed only when one of its tensors changes;
 - :func:`act_code`: the activations a kernel can apply in its store;
@@ -22,9 +22,8 @@ import threading
 import types
 import warnings
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Generic, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 import torch
 
@@ -55,46 +54,35 @@ def warn_once(key: str, message: str) -> None:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-class BoundedCache(Generic[K, V]):
-    """A thread-safe map that forgets its least recently used entry beyond ``size``."""
+class BoundedCache(dict[K, V]):
+    """A map that forgets the entry stored first beyond ``size``. A lookup is the plain
+    dict's ``get`` (one C call, read on every kernel call): no recency to update, so a full
+    cache drops the key planned first, not the one used last. Writes take a lock."""
 
     def __init__(self, size: int) -> None:
+        super().__init__()
         self.size = size
-        self._data: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
-
-    def get(self, key: K) -> V | None:
-        # A plain dict read is atomic in CPython; the recency update is worth no lock.
-        value = self._data.get(key)
-        if value is not None:
-            try:  # noqa: SIM105 - contextlib.suppress costs a microsecond a call
-                self._data.move_to_end(key)
-            except KeyError:  # another thread evicted it meanwhile
-                pass
-        return value
 
     def put(self, key: K, value: V) -> None:
         with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
+            self.pop(key, None)
+            self[key] = value
+            while len(self) > self.size:
+                del self[next(iter(self))]
 
     def clear(self) -> None:
         with self._lock:
-            self._data.clear()
+            super().clear()
 
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def values(self) -> list[V]:
-        """A snapshot of the values, least recently used first (for tests and benches)."""
+    def values(self) -> list[V]:  # type: ignore[override]
+        """A snapshot of the values, first stored first (for tests and benches)."""
         with self._lock:
-            return list(self._data.values())
+            return list(super().values())
 
-    def items(self) -> list[tuple[K, V]]:
+    def items(self) -> list[tuple[K, V]]:  # type: ignore[override]
         with self._lock:
-            return list(self._data.items())
+            return list(super().items())
 
 
 # The activations a kernel applies in its store, by code; 0 is none. GELU only in its exact
@@ -109,12 +97,13 @@ _ACTS: dict[type, int] = {
 }
 
 
+# torch's global forward hooks, as the dicts register_module_forward_(pre_)hook fill in place.
+_GLOBAL_HOOKS = [getattr(torch.nn.modules.module, name, {})
+                 for name in ("_global_forward_hooks", "_global_forward_pre_hooks")]  # fmt: skip
+
+
 def global_hooks() -> bool:
-    module = torch.nn.modules.module
-    return bool(
-        getattr(module, "_global_forward_hooks", None)
-        or getattr(module, "_global_forward_pre_hooks", None)
-    )
+    return bool(_GLOBAL_HOOKS[0] or _GLOBAL_HOOKS[1])
 
 
 def hooked(module: Any) -> bool:
@@ -336,10 +325,13 @@ def pair(v: Any) -> tuple[int, int] | None:
     return None
 
 
-def layer_hooked(layer: Any, bn: Any, act: Any) -> bool:
-    return (
-        hooked(layer)
-        or (bn is not None and (hooked(bn) or bn.training))
+def layer_hooked(layer: torch.nn.Module, bn: Any, act: Any) -> bool:
+    """Whether a hook would see the modules called, or ``bn`` trains (per call: hooks of
+    ``layer``, an ``nn.Module``, read directly)."""
+    return bool(
+        layer._forward_hooks
+        or layer._forward_pre_hooks
+        or (bn is not None and (bn.training or hooked(bn)))
         or (act is not None and hooked(act))
         or global_hooks()
     )

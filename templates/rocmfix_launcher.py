@@ -8,7 +8,7 @@ as the kernels the callers pass.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +33,11 @@ def device_index(t: torch.Tensor) -> int | None:
     return index if index >= 0 else None
 
 
+def current_stream() -> Callable[[int], Any]:
+    """Triton's ``get_current_stream(device)``, which the runner calls when given no stream."""
+    return rt.triton.runtime.driver.active.get_current_stream  # type: ignore[union-attr,no-any-return]
+
+
 class Launcher:
     """``kernel[grid](*args, **kwargs)`` for a call that repeats with new tensors.
 
@@ -41,18 +46,20 @@ class Launcher:
     then asks ``kernel.warmup`` (same arguments, launches nothing) for the kernel Triton
     compiled, and launches later calls through that kernel's own ``compiled[grid]``: the
     call interface ``triton.compile``'s result offers, which takes every parameter in the
-    kernel's order (constexprs included) and honours Triton's launch hooks. The caller keeps
+    kernel's order (constexprs included), and honours Triton's launch hooks. The caller keeps
     one Launcher per key that fixes everything Triton specialises on (the tensors' layouts,
     see :func:`layout_key`, the integers, the constexprs); only the tensors' addresses change
-    between calls. The interpreter, a kernel whose parameters the keywords do not all give,
-    a pre-run hook and a Triton whose runner rejects those arguments take ``kernel[grid]``.
+    between calls. The interpreter, a kernel whose parameters the keywords do not all give, a
+    pre-run hook and a Triton whose runner rejects those arguments take ``kernel[grid]``.
 
     ``device`` is the index of the GPU the tensors are on: Triton launches on the current
     device, so a call made while another one is current goes through ``kernel[grid]`` under a
-    device guard, as torch's own ops switch device for their inputs.
+    device guard, as torch's own ops switch device for their inputs. That check is a call's
+    one device query: the runner is given that device's current stream, not asking again.
     """
 
-    __slots__ = ("compiled", "device", "grid", "hooks", "kernel", "kwargs", "runner", "tail")
+    __slots__ = ("compiled", "device", "grid", "hooks", "kernel", "kwargs", "runner", "stream",
+                 "tail")  # fmt: skip
 
     def __init__(
         self,
@@ -67,25 +74,22 @@ class Launcher:
         self.device = device  # None: the tensors are not on a GPU (the interpreter)
         self.compiled: Any = None  # the kernel Triton compiled, once adopted
         self.runner: Any = None  # compiled[grid]
+        self.stream: Any = None  # Triton's get_current_stream, once adopted
         self.tail: tuple[Any, ...] = ()  # the keywords' values, in parameter order
         self.hooks: Any = ()  # the kernel's pre-run hooks (a live list), where it has them
 
     def __call__(self, *args: Any) -> None:
-        runner = self.runner
-        if (
-            runner is not None
-            and not _public_only
-            and torch.cuda.current_device() == self.device
-            and not self.hooks
-        ):
-            try:
-                runner(*args, *self.tail)
-                return
-            except TypeError:
-                # The runner parses its arguments before it launches: nothing ran.
-                _public_only.append(True)
+        if self.runner is not None and not self.hooks and not _public_only:
+            device = torch.cuda.current_device()
+            if device == self.device:
+                try:
+                    self.runner(*args, *self.tail, stream=self.stream(device))
+                    return
+                except TypeError:
+                    # The runner parses its arguments before it launches: nothing ran.
+                    _public_only.append(True)
         self.launch_once(*args)
-        if runner is None and self.device is not None and not _public_only:
+        if self.runner is None and self.device is not None and not _public_only:
             self._adopt(args)
 
     def launch_once(self, *args: Any) -> None:
@@ -109,4 +113,5 @@ class Launcher:
         if compiled is not None:
             self.tail = tuple(self.kwargs[name] for name in names)
             self.hooks = getattr(kernel, "pre_run_hooks", ())
+            self.stream = current_stream()
             self.compiled, self.runner = compiled, compiled[self.grid]

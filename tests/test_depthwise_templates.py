@@ -501,7 +501,7 @@ class _Compiled:
         self.calls: list[tuple[Any, ...]] = []
 
     def __getitem__(self, grid: Any) -> Any:
-        return lambda *args: self.calls.append((grid, args))
+        return lambda *args, stream=None: self.calls.append((grid, args))
 
 
 class _Compiling:
@@ -530,6 +530,7 @@ def _stand_in_kernel() -> Iterator[tuple[ModuleType, _Compiling]]:
     kernel = _Compiling(module.dk.KERNEL)
     saved = module.dk.KERNEL, module.rl.device_index, torch.cuda.current_device
     module.dk.KERNEL, module.rl.device_index = kernel, lambda t: 0
+    module.rl.current_stream = lambda: lambda device: 0
     torch.cuda.current_device = lambda: 0
     cuda_device = torch.cuda.device
     torch.cuda.device = lambda index: contextlib.nullcontext()  # type: ignore[assignment,misc]

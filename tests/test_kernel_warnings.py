@@ -59,7 +59,7 @@ def _patch_embed(m: ModuleType) -> tuple[torch.Tensor, torch.Tensor]:
 
 # template, its config variable, what a call computes, the step a kernel failure is put in
 ENTRIES: dict[str, tuple[str, str, Callable[[ModuleType], Any], str]] = {
-    "depthwise": ("depthwise_conv_triton", "ROCMFIX_DEPTHWISE_CONV_CONFIG", _depthwise, "_eager"),
+    "depthwise": ("depthwise_conv_triton", "ROCMFIX_DEPTHWISE_CONV_CONFIG", _depthwise, "_launch"),
     "dilated": ("dilated_conv_triton", "ROCMFIX_DILATED_CONV_CONFIG", _dilated, "_conv"),
     "patch-embed": ("patch_embed_gemm", "ROCMFIX_PATCH_EMBED_CONFIG", _patch_embed, "_cached_call"),
 }  # fmt: skip
@@ -147,7 +147,7 @@ with torch.no_grad():
             import pkg.{kernel} as entry
             def boom(*a, **k):
                 raise RuntimeError("the kernel broke")
-            entry._eager = boom
+            entry._launch = boom
         got = kernel(x, layer.convolution, bn=layer.normalization, act=layer.activation)
         torch.testing.assert_close(got, want)
 print("ok")

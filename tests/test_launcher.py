@@ -29,10 +29,10 @@ class Compiled:
         self.reject = False
 
     def __getitem__(self, grid: Any) -> Any:
-        def runner(*args: Any) -> None:
+        def runner(*args: Any, stream: Any = None) -> None:
             if self.reject:
                 raise TypeError("function takes exactly 9 arguments")
-            self.calls.append((grid, args))
+            self.calls.append((grid, args, stream))
 
         return runner
 
@@ -60,8 +60,8 @@ KWARGS = {"BLOCK": 16, "EVEN": True, "SCALE": 2.0, "num_warps": 4}
 
 @pytest.fixture
 def rl() -> Iterator[types.ModuleType]:
-    """The launcher module, with torch's current device a settable 0 and its device guard
-    recorded (the CPU has neither)."""
+    """The launcher module, with torch's current device a settable 0, its device guard
+    recorded and each device's current stream named (the CPU has none of them)."""
     module = load_template("rocmfix_launcher")
     current = [0]
     guards: list[int] = []
@@ -77,6 +77,7 @@ def rl() -> Iterator[types.ModuleType]:
 
     saved = torch.cuda.current_device, torch.cuda.device, list(module._public_only)
     torch.cuda.current_device, torch.cuda.device = lambda: current[0], guard
+    module.current_stream = lambda: lambda device: f"stream of {device}"
     module._public_only.clear()
     module.current, module.guards = current, guards  # for the tests
     try:
@@ -97,11 +98,11 @@ def test_the_first_call_goes_through_triton_and_the_rest_through_the_compiled_ru
     assert kernel.runs == [((3, 1, 1), ("a0", "b0", "o0", 7), KWARGS)]
     assert kernel.warmups == 1
     # Every parameter in the kernel's order, the constexprs included; launch options are not
-    # parameters (the compiled kernel has them).
+    # parameters (the compiled kernel has them). The stream: the current one of the device.
     tail = (16, True, 2.0)
     assert kernel.compiled.calls == [
-        ((3, 1, 1), ("a1", "b1", "o1", 7, *tail)),
-        ((3, 1, 1), ("a2", "b2", "o2", 7, *tail)),
+        ((3, 1, 1), ("a1", "b1", "o1", 7, *tail), "stream of 0"),
+        ((3, 1, 1), ("a2", "b2", "o2", 7, *tail), "stream of 0"),
     ]
 
 
@@ -184,3 +185,16 @@ def test_no_template_reads_tritons_source_or_its_launcher() -> None:
         if banned.search(line)
     ]
     assert found == []
+
+
+def test_a_full_plan_cache_forgets_the_key_stored_first() -> None:
+    """``BoundedCache`` (every entry's plans and folds) is read by ``dict.get``; beyond its
+    size it forgets the entry stored first, and a key stored again is the newest."""
+    ks = load_template("rocmfix_kernel_support")
+    cache = ks.BoundedCache(2)
+    for key, value in (("a", 1), ("b", 2), ("a", 3), ("c", 4)):
+        cache.put(key, value)
+    assert cache.get("b") is None and len(cache) == 2
+    assert cache.items() == [("a", 3), ("c", 4)] and cache.values() == [3, 4]
+    cache.clear()
+    assert len(cache) == 0 and cache.get("a") is None
