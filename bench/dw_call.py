@@ -10,11 +10,8 @@ launch path, which re-plans; this loop does not.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,22 +19,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from launch_parts import per_call  # noqa: E402  (bench/ is on the path when run)
+
 from rocmfix.guest.templates import load  # noqa: E402
-
-
-def per_call(fn: Any, calls: int, repeats: int) -> float:
-    """Median over ``repeats`` of the wall per call of ``calls`` back-to-back calls, in us."""
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
 
 
 def main() -> None:
