@@ -52,6 +52,7 @@ from rocmfix.rewrite import (
     kwarg,
     marker_line,
     module_has_marker,
+    nodes,
     relative_import,
     statement,
 )
@@ -93,6 +94,9 @@ class Caller:
     beside: str | None = None
 
 
+LINE = cst.SimpleStatementLine
+
+
 def _site(line: cst.CSTNode, callee: str) -> cst.Call | None:
     """The call of ``<target> = <callee>(...)`` or ``<target> = <callee>(...).attr``."""
     if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
@@ -108,10 +112,17 @@ def _site(line: cst.CSTNode, callee: str) -> cst.Call | None:
 
 
 def _count(caller: Caller, module: cst.Module) -> int:
-    """How many statements the rewrite would route."""
-    router = _Route(caller, module)
-    module.visit(router)
-    return router.routed
+    """How many statements the rewrite would route: those :class:`_Route` rewrites, read
+    from the tree's one walk (running the transformer rebuilt the whole module each time)."""
+    if caller.scope is None:
+        return sum(_site(line, caller.callee) is not None for line in nodes(module, LINE))
+    found = 0
+    for cls in nodes(module, cst.ClassDef):
+        if cls.name.value == caller.scope:
+            inner = {n for c in nodes(cls, cst.ClassDef)[1:] for n in nodes(c, LINE)}
+            lines = [line for line in nodes(cls, LINE) if line not in inner]
+            found += sum(_site(line, caller.callee) is not None for line in lines)
+    return found
 
 
 def classify(caller: Caller, module: cst.Module, ctx: TargetContext) -> Classification:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import posixpath
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import TypeVar
 
 import libcst as cst
@@ -109,6 +110,10 @@ def _ast(data: bytes) -> ast.Module | None:
         raise TooDeepError(None) from None
 
 
+# A run classifies the same files many times (each patch that reads a file, the plan's
+# re-classification, apply's second plan under the lock): parse each bytes once and share
+# the tree, which libcst never changes. Bounded: a run reads a few dozen files.
+@lru_cache(maxsize=64)
 def parse(data: bytes) -> cst.Module:
     """``cst.parse_module(data)``, bounded: code nested deeper than :data:`MAX_DEPTH` is
     refused with :class:`TooDeepError` in milliseconds, where libcst
@@ -122,6 +127,7 @@ def parse(data: bytes) -> cst.Module:
         raise TooDeepError(None) from None
 
 
+@lru_cache(maxsize=64)
 def focused(data: bytes, class_name: str) -> cst.Module:
     """The top-level class ``class_name`` of ``data`` and rocmfix's marker comments, as a
     module of its own: what a classification that looks at one class needs.
@@ -147,21 +153,25 @@ def focused(data: bytes, class_name: str) -> cst.Module:
 
 
 class _Collect(cst.CSTVisitor):
-    def __init__(self, kind: type[cst.CSTNode]) -> None:
-        self.kind = kind
+    def __init__(self) -> None:
         self.found: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, self.kind):
-            self.found.append(node)
+        self.found.append(node)
         return True
+
+
+@lru_cache(maxsize=256)
+def _walk(tree: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
+    # Nodes hash by identity and the cache holds the tree, so an entry never goes stale.
+    collector = _Collect()
+    tree.visit(collector)
+    return tuple(collector.found)
 
 
 def nodes(tree: cst.CSTNode, kind: type[N]) -> list[N]:
     """Every node of ``kind`` below ``tree``, in source order."""
-    collector = _Collect(kind)
-    tree.visit(collector)
-    return [node for node in collector.found if isinstance(node, kind)]
+    return [node for node in _walk(tree) if isinstance(node, kind)]
 
 
 def calls(tree: cst.CSTNode, name: str) -> list[cst.Call]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
+from rocmfix import rewrite
 from rocmfix._resources import patches_package
 from rocmfix.errors import AnchorNotFoundError
 from rocmfix.patch import CodeShape, Patch, TargetContext, TorchInfo
@@ -217,3 +218,17 @@ def test_rewrite(patch_id: str, source: str) -> None:
     kept = [line for line in kept if b"InferenceSession(" not in line]
     kept = [line for line in kept if b"return SETTINGS.get(" not in line]
     assert all(line in after.splitlines() for line in kept)
+
+
+def test_a_run_parses_and_walks_each_file_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every patch that reads a file, and each plan of a run, shares one tree of its bytes."""
+    parsed: list[bytes] = []
+    real = cst.parse_module
+    monkeypatch.setattr(cst, "parse_module", lambda data: parsed.append(data) or real(data))
+    rewrite.parse.cache_clear()
+    data = (GOLDEN / "vllm_conv3d.py").read_bytes()
+    tree = rewrite.parse(data)
+    assert rewrite.parse(bytes(bytearray(data))) is tree and parsed == [data]
+    convs = rewrite.calls(tree, "proj")
+    monkeypatch.setattr(rewrite._Collect, "on_visit", lambda *_: pytest.fail("walked twice"))
+    assert rewrite.calls(tree, "proj") == convs and len(convs) == 1
