@@ -19,7 +19,7 @@ from rocmfix import checks, doctor, environment
 from rocmfix.ops import vit_attention
 from rocmfix.registry import all_patches
 from rocmfix.render.console import warnings_block
-from rocmfix.render.doctor import _warning_json
+from rocmfix.render.status import warning_json
 from rocmfix.write import commands as write
 
 import releases
@@ -155,7 +155,7 @@ def test_every_trap_reads_at_80_columns() -> None:
     for trap in checks.TRAPS:
         assert f"\n    {trap.fix}\n" in screen
     assert "    doctor: confirmed: died of SIGABRT\n" in screen
-    assert _warning_json(warnings[0])["doctor"] == {
+    assert warning_json(warnings[0])["doctor"] == {
         "state": "not checkable",
         "evidence": "died of SIGABRT",
     }
