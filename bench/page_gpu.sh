@@ -5,7 +5,8 @@
 # mineru 4.0.12 goes in twice with --no-deps: as it ships (/tmp/stock, beside a copy of the
 # machine's transformers) and into the machine's python, where `rocmfix apply` applies the
 # seven graph patches; then the pairs, a bounded memory run, and `rocmfix revert`. No network.
-# About 7 minutes on an H200 with PAIRS=3 (each part under its own time limit).
+# About 5 minutes on an H200 (PAIRS=2, 4 passes a process, each part under its own time
+# limit: 290 s with NO_MEMORY=1, 2026-11-28; pass 1 alone takes 23-33 s a process there).
 # Needs $WHL (default .whl) with libcst-*.whl, mineru/mineru-4.0.12-py3-none-any.whl and, in
 # $WHL/page/, wheels of what the page path imports beyond torch, torchvision, transformers,
 # tokenizers and accelerate where the machine's python lacks it (every one of them can be
@@ -60,9 +61,9 @@ for id in mineru-ocr-det mineru-ocr-rec mineru-ocr-cls mineru-layout mineru-form
 if [ -n "${INSTALL_ONLY:-}" ]; then return 0; fi
 python3 -m rocmfix apply $ONLY --python "$PY" 2>&1 | tail -10
 echo "== pages, stock against patched, $(date -u +%T)"
-timeout "${LIMIT:-310}" python3 bench/page_gpu.py --stock /tmp/stock --patched "$SITE" \
-    --out "$OUT" --pairs "${PAIRS:-3}" --passes "${PASSES:-4}" --pages-each "${PAGES_EACH:-1}" \
-    --seconds "${SECONDS_PAIRS:-200}" --process-seconds "${PROCESS_SECONDS:-40}" \
+timeout "${LIMIT:-420}" python3 bench/page_gpu.py --stock /tmp/stock --patched "$SITE" \
+    --out "$OUT" --pairs "${PAIRS:-2}" --passes "${PASSES:-4}" --pages-each "${PAGES_EACH:-1}" \
+    --seconds "${SECONDS_PAIRS:-250}" --process-seconds "${PROCESS_SECONDS:-75}" \
     --work /tmp/page_work 2>&1 | grep --line-buffered -v -e 'it/s]' -e Predict -e DEBUG \
     | tee "$OUT/page.txt"
 echo "== graph memory over pages, $(date -u +%T)"
