@@ -26,7 +26,7 @@ def test_the_profile_and_its_replay_name_no_op_and_no_template() -> None:
         text = path.read_text(encoding="utf-8")
         for op in OPS:
             assert f'"{op.name}"' not in text, (path.name, op.name)
-            for template in op.templates:
+            for template in {t for scheme in op.schemes for t in scheme.templates}:
                 assert template.removesuffix(".py") not in text, (path.name, template)
 
 

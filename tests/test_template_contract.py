@@ -1,5 +1,5 @@
 """The contract between the op registry and the templates, checked for every scheme of every
-op (rocmfix.ops.base.Template and KernelTemplate), and the registry's discovery of op modules.
+op (Template and KernelTemplate below), and the registry's discovery of op modules.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -18,9 +18,38 @@ import torch
 
 import rocmfix.ops as registry
 from rocmfix import worker
-from rocmfix.ops import OPS, KernelTemplate, Op, Scheme, Template
+from rocmfix.ops import OPS, Op, Scheme
 
 from conftest import TEMPLATES, load_template
+
+
+@runtime_checkable
+class Template(Protocol):
+    """What every template module a scheme drops exposes: its scheme's name, and the op's
+    entry function (named by :attr:`Op.function`, the same signature in every scheme of the
+    op), which the patched code calls."""
+
+    SCHEME: str
+
+
+@runtime_checkable
+class KernelTemplate(Template, Protocol):
+    """What an op's tunable Triton template (:attr:`Op.kernel_template`) exposes besides:
+    its key in the tuned file, the environment variable it reads a config override from,
+    how it resolves a config, names a GPU and a precision class, and forgets what it cached.
+    ``tune``, ``doctor`` and ``kernels`` rely on these (the op's harness on the rest)."""
+
+    KERNEL: str
+    CONFIG_ENV: str
+
+    def resolve_config(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+    def clear_config_cache(self) -> None: ...
+
+    def precision_class(self, *args: Any) -> str: ...
+
+    def device_arch(self, *args: Any) -> str: ...
+
 
 # A scheme with no entry is a setting of the user's stack (vision attention): no template.
 PAIRS = [(op, scheme) for op in OPS for scheme in op.schemes if scheme.entry]

@@ -18,29 +18,17 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import (
-    KERNEL_CONFIG_TEMPLATE,
-    TRITON_SUPPORT,
-    Case,
-    GridGroup,
-    KernelTemplate,
-    Op,
-    Scheme,
-    Template,
-)
+from .base import TRITON_SUPPORT, Case, GridGroup, Op, Scheme
 
 __all__ = [
     "DILATED_CONV",
-    "KERNEL_CONFIG_TEMPLATE",
     "OPS",
     "PATCH_EMBED",
     "TRITON_SUPPORT",
     "Case",
     "GridGroup",
-    "KernelTemplate",
     "Op",
     "Scheme",
-    "Template",
     "op",
 ]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from rocmfix.guest.protocol import GridSpec, OpSpec, ShapePair
 
@@ -14,14 +14,12 @@ Config = Mapping[str, Any]
 # Short names of the dtypes the shapes use, for tables.
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
-# The template every Triton kernel imports its config resolution from; it is dropped beside
-# the kernel under this same name, so the kernel's relative import works in both places.
-KERNEL_CONFIG_TEMPLATE = "rocmfix_kernel_config.py"
-# The plumbing templates a Triton scheme drops beside its kernel, config module first: the
-# Triton import switch, the launcher, the custom-op registration and the shared helpers
-# (caches, BatchNorm folds, activation codes). They import each other, so they go together.
+# The plumbing templates a Triton scheme drops beside its kernel, config module first (every
+# kernel imports its config resolution from it, under this same name): the Triton import
+# switch, the launcher, the custom-op registration and the shared helpers (caches, BatchNorm
+# folds, activation codes). They import each other, so they go together.
 TRITON_SUPPORT = (
-    KERNEL_CONFIG_TEMPLATE,
+    "rocmfix_kernel_config.py",
     "rocmfix_triton.py",
     "rocmfix_launcher.py",
     "rocmfix_custom_op.py",
@@ -39,34 +37,6 @@ def tile(bm: int, bn: int, bk: int, warps: int, stages: int, **extra: Any) -> di
         "num_stages": stages,
         **extra,
     }
-
-
-@runtime_checkable
-class Template(Protocol):
-    """What every template module a scheme drops exposes: its scheme's name, and the op's
-    entry function (named by :attr:`Op.function`, the same signature in every scheme of the
-    op), which the patched code calls."""
-
-    SCHEME: str
-
-
-@runtime_checkable
-class KernelTemplate(Template, Protocol):
-    """What an op's tunable Triton template (:attr:`Op.kernel_template`) exposes besides:
-    its key in the tuned file, the environment variable it reads a config override from,
-    how it resolves a config, names a GPU and a precision class, and forgets what it cached.
-    ``tune``, ``doctor`` and ``kernels`` rely on these (the op's harness on the rest)."""
-
-    KERNEL: str
-    CONFIG_ENV: str
-
-    def resolve_config(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
-
-    def clear_config_cache(self) -> None: ...
-
-    def precision_class(self, *args: Any) -> str: ...
-
-    def device_arch(self, *args: Any) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -201,11 +171,6 @@ class Op:
         for scheme in self.schemes:
             found.setdefault(f"rocmfix {scheme.label}", scheme)
         return found
-
-    @property
-    def templates(self) -> tuple[str, ...]:
-        """Every template file any scheme of this op drops, each once."""
-        return tuple(dict.fromkeys(t for s in self.schemes for t in s.templates))
 
     def request(self) -> OpSpec:
         """What the target-side harness needs (sent as JSON)."""
