@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rocmfix.render.kernels import launch_text  # noqa: E402  # the CLI's own words
+from rocmfix.render.console import config_text  # noqa: E402  # the CLI's own words
 
 Row = tuple[str, str, str, str, str]  # op/scheme, kernel, dtype, shape, arch
 
@@ -85,7 +85,7 @@ def line(c: dict[str, Any], by_version: list[dict[Row, dict[str, Any]]]) -> str:
     )
     return (
         f"| {row[0]} | `{row[1]}` | {row[2]} | {row[3]} | {row[4]} "
-        f"| {launch_text(c['config'])} "
+        f"| {config_text(c['config'])} "
         f"| {c['registers']} | {c['spills']} | {shared} "
         f"| {c['waves_per_simd'] if c['waves_per_simd'] is not None else '-'} | {matrix} | "
         + " | ".join(cell(v.get(row)) for v in by_version)

@@ -20,7 +20,7 @@ import pytest
 
 from rocmfix.guest.aot import TARGETS
 from rocmfix.ops import OPS
-from rocmfix.render.kernels import launch_text
+from rocmfix.render.console import config_text
 
 from conftest import ROOT, run_cli
 
@@ -78,7 +78,7 @@ def test_the_docs_table_covers_every_row_with_zero_spills(sweep: dict[str, Any])
         cells = dict(zip(header, (cell.strip() for cell in documented[key]), strict=True))
         assert cells["spills"] == "0", key
         # The config that GPU resolves to now, in the words `rocmfix kernels` prints.
-        assert cells["config"] == launch_text(c["config"]), key
+        assert cells["config"] == config_text(c["config"]), key
     versions = [h for h in header if h.startswith("Triton ")]
     assert len(versions) >= 2, "the table must cover at least two Triton versions"
     assert f"Triton {sweep['triton']}" in versions

@@ -5,11 +5,12 @@ stdout; progress, summaries, warnings and errors go to stderr."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -121,6 +122,17 @@ def environment_line(env: Environment) -> str:
     if env.mineru is not None:
         parts.append(f"MinerU {env.mineru.version}")
     return " · ".join(parts)
+
+
+def heading(console: Console, title: str, text: str) -> None:
+    """A report's head line (``Environment ...``): the title in bold, padded to one width so
+    the texts line up, the text wrapped under itself."""
+    console.print(wrapper(console)(f"{title:<11} {text}", "", "    ", bold=len(title)))
+
+
+def document(doc: Mapping[str, Any], stream: TextIO | None = None) -> None:
+    """A report's JSON document, on stdout unless ``stream``."""
+    (stream or sys.stdout).write(json.dumps(doc, indent=2) + "\n")
 
 
 def warnings_block(console: Console, warnings: Sequence[EnvWarning]) -> None:
@@ -243,16 +255,29 @@ _FLAGS = ("tma", "persistent", "flatten", "epilogue_subtile", "taps_inner", "nhw
 
 
 def config_text(config: Mapping[str, Any] | None) -> str:
+    """A tile config, or a compiled launch's (its constexprs and options), in a few words; the
+    docs' kernel table (bench/kernels_table.py) writes the same words."""
     if not config:
         return "-"
-    keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
-    tile = "x".join(str(config[k]) for k in keys if k in config)
-    words = [tile, f"w{config.get('num_warps', '?')}", f"s{config.get('num_stages', '?')}"]
-    # A launch names its flags as the kernel's constexprs (PERSISTENT), a config in lower case.
-    flags = {k.lower() for k, v in config.items() if k.lower() in _FLAGS and v in (True, 1)}
-    words += sorted(flags)
-    if config.get("pack_weight") is False:
-        words.append("unpacked")
+    warps = f"w{config.get('num_warps', '?')}"
+    if "BLOCK_M" in config:
+        keys = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+        tile = "x".join(str(config[k]) for k in keys if k in config)
+        words = [tile, warps, f"s{config.get('num_stages', '?')}"]
+        # A launch names its flags as the kernel's constexprs (PERSISTENT), a config in lower
+        # case.
+        flags = {k.lower() for k, v in config.items() if k.lower() in _FLAGS and v in (True, 1)}
+        words += sorted(flags)
+        if config.get("pack_weight") is False:
+            words.append("unpacked")
+    else:
+        # A kernel of other tiles (the depthwise conv's) by their own names.
+        words = [
+            f"{k}={v}"
+            for k, v in config.items()
+            if k.startswith("BLOCK") or (k == "ROWS" and v != 1)
+        ]
+        words.append(warps)
     words += [
         f"{k}={v}"
         for k, v in sorted(config.items())

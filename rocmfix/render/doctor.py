@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 from typing import Any
 
 from rich.console import Console
@@ -15,22 +13,18 @@ from rocmfix.guest.protocol import Graphs
 from rocmfix.ops import Op
 from rocmfix.render.console import (
     Cell,
+    document,
     duration,
     environment_line,
     failures,
     grid,
+    heading,
     out,
     warnings_block,
     wrapper,
 )
 from rocmfix.render.kernels import check_json, tile
-from rocmfix.render.status import (
-    NOT_ROCM,
-    not_rocm_line,
-    status_document,
-    verdicts_block,
-    warning_json,
-)
+from rocmfix.render.status import lead, status_document, verdicts_block, warning_json
 from rocmfix.results import (
     LAUNCH_BOUND,
     CaseResult,
@@ -195,10 +189,8 @@ def doctor_table(report: DoctorReport) -> None:
         ("Packages", _packages_line(report)),
         ("Tuned", _tuned_line(report)),
     ):
-        console.print(wrap(f"{title:<11} {text}", "", "    ", bold=len(title)))
-    lead = not_rocm_line(report.environment, report.warnings)
-    if lead is not None:
-        console.print(wrap(lead, "", "    "), style="bold")
+        heading(console, title, text)
+    warnings = lead(console, report.environment, report.warnings)
     verdicts_block(console, report.status)
     for op in report.ops:
         console.print()
@@ -239,8 +231,8 @@ def doctor_table(report: DoctorReport) -> None:
         console.print(wrap(op.why, "  ", "    "))
         console.print(wrap(op.advice, "  ", "    "))
     if report.graphs is not None:
-        console.print(wrap(f"{'Graphs':<11} {_graphs_line(report.graphs)}", "", "    ", bold=6))
-    warnings_block(console, [w for w in report.warnings if lead is None or w.code != NOT_ROCM])
+        heading(console, "Graphs", _graphs_line(report.graphs))
+    warnings_block(console, warnings)
     failures(report.failures, report.worker_log)
 
 
@@ -333,5 +325,5 @@ def doctor_document(report: DoctorReport) -> dict[str, Any]:
 
 
 def doctor_json(report: DoctorReport) -> None:
-    sys.stdout.write(json.dumps(doctor_document(report), indent=2) + "\n")
+    document(doctor_document(report))
     failures(report.failures, report.worker_log)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
-from collections.abc import Mapping
 from typing import Any
 
 from rich.markup import escape
@@ -14,9 +11,11 @@ from rocmfix import __version__
 from rocmfix.render.console import (
     Cell,
     config_text,
+    document,
     environment_line,
     failures,
     grid,
+    heading,
     out,
     wrapper,
 )
@@ -26,18 +25,7 @@ SCHEMA = "rocmfix-kernels/1"
 
 
 def tile(check: KernelCheck) -> str:
-    return launch_text({**check.constexprs, **check.options})
-
-
-def launch_text(config: Mapping[str, Any]) -> str:
-    """A compiled launch's config (its constexprs and options) in a few words; the docs'
-    kernel table (bench/kernels_table.py) writes the same words."""
-    if "BLOCK_M" in config:
-        return config_text(config)
-    words = [
-        f"{k}={v}" for k, v in config.items() if k.startswith("BLOCK") or (k == "ROWS" and v != 1)
-    ]
-    return " ".join([*words, f"w{config.get('num_warps', '?')}"]) if config else "-"
+    return config_text({**check.constexprs, **check.options})
 
 
 def _shared(check: KernelCheck) -> str:
@@ -97,14 +85,11 @@ def kernels_table(report: KernelsReport) -> None:
     console = out()
     wrap = wrapper(console)
     d = report.device
-    console.print(wrap(f"Environment {environment_line(report.environment)}", "", "    ", bold=11))
-    console.print(
-        wrap(
-            f"Compiler triton {d.triton or '-'}, ahead of time for each GPU (none needed here)",
-            "",
-            "    ",
-            bold=8,
-        )
+    heading(console, "Environment", environment_line(report.environment))
+    heading(
+        console,
+        "Compiler",
+        f"triton {d.triton or '-'}, ahead of time for each GPU (none needed here)",
     )
     groups: dict[tuple[str, str, str], list[KernelCheck]] = {}
     for c in report.checks:
@@ -155,4 +140,4 @@ def kernels_document(report: KernelsReport) -> dict[str, Any]:
 
 
 def kernels_json(report: KernelsReport) -> None:
-    sys.stdout.write(json.dumps(kernels_document(report), indent=2) + "\n")
+    document(kernels_document(report))

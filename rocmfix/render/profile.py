@@ -5,7 +5,6 @@ for the terminal's width and never cut;
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import sys
 from typing import Any, TextIO
@@ -13,7 +12,7 @@ from typing import Any, TextIO
 from rocmfix import __version__
 from rocmfix.errors import printable
 from rocmfix.profile.model import FLAG_SHARE, SCHEMA, OpStat, ProfileReport
-from rocmfix.render.console import err, wrapper
+from rocmfix.render.console import document, err, wrapper
 
 BAR = 10
 SHAPE = 34  # the op and call shape column
@@ -220,7 +219,7 @@ def as_json(report: ProfileReport) -> dict[str, Any]:
 
 
 def profile_json(report: ProfileReport, stream: TextIO | None = None) -> None:
-    (stream or sys.stdout).write(json.dumps(as_json(report), indent=2) + "\n")
+    document(as_json(report), stream)
 
 
 def write_out(report: ProfileReport, folder: Any) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from pathlib import Path, PurePosixPath
 
 from rich.markup import escape
 
 from rocmfix.diffing import unified_diffs
 from rocmfix.render.console import err, labelled, wrapper
-from rocmfix.render.status import NOT_ROCM, not_rocm_line
+from rocmfix.render.status import group_label, lead
 from rocmfix.results import Action, FileChange, Outcome, RunResult
 
 
@@ -28,14 +27,8 @@ def run_summary(result: RunResult) -> None:
     # What the environment lacks, once and first, on apply's one line each (status says it
     # in full); a revert puts bytes back whatever the environment holds, and says none of it.
     warnings = result.warnings if result.command != "revert" else ()
-    lead = not_rocm_line(result.environment, warnings)
-    if lead is not None:
-        console.print(wrap(lead, "", "    "), style="bold")
-    for warning in warnings:
-        if lead is None or warning.code != NOT_ROCM:
-            console.print(
-                labelled(console, "warning", f"{warning.code}: {warning.message}", "yellow")
-            )
+    for warning in lead(console, result.environment, warnings):
+        console.print(labelled(console, "warning", f"{warning.code}: {warning.message}", "yellow"))
     for note in result.recovered:
         console.print(labelled(console, "recovered:", note, "yellow"))
     if result.command == "revert" and result.applied:
@@ -83,11 +76,7 @@ def run_summary(result: RunResult) -> None:
         scheme = f" ({scheme_name})" if scheme_name else ""
         if len({o.reason for o in group}) == 1:
             reason = group[0].reason  # one missing folder, say: that is the better reason
-        if len(group) == 1:
-            label = group[0].patch.id
-        else:
-            counts = Counter(o.patch.distribution for o in group)
-            label = f"{len(group)} patches ({', '.join(f'{d} {n}' for d, n in counts.items())})"
+        label = group_label([o.patch for o in group])
         console.print(wrap(f"{label}: {action.value}{scheme}: {reason}", "", "    "), style="dim")
     count = len(result.changes)
     if result.dry_run:

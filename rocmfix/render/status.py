@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -17,8 +15,10 @@ from rocmfix.environment import Environment
 from rocmfix.patch import Patch
 from rocmfix.render.console import (
     STYLE,
+    document,
     environment_line,
     err,
+    heading,
     hint,
     labelled,
     out,
@@ -40,15 +40,28 @@ def _verdict(item: PatchStatus) -> str:
 NOT_ROCM = "torch-not-rocm"
 
 
-def not_rocm_line(env: Environment, warnings: Sequence[EnvWarning]) -> str | None:
-    """The first thing to say on a machine whose torch is not a ROCm build, else None."""
+def lead(console: Console, env: Environment, warnings: Sequence[EnvWarning]) -> list[EnvWarning]:
+    """The first thing to say on a machine whose torch is not a ROCm build, said in bold; the
+    warnings left to show after it."""
     if env.torch is None or not any(w.code == NOT_ROCM for w in warnings):
-        return None
-    return (
+        return list(warnings)
+    line = (
         f"No ROCm torch here (torch {env.torch.version} is a {torch_build(env)} build): the "
         "kernel patches have nothing to fix on this machine; run `rocmfix doctor` on the ROCm "
         "machine"
     )
+    console.print(wrapper(console)(line, "", "    "), style="bold")
+    return [w for w in warnings if w.code != NOT_ROCM]
+
+
+def group_label(patches: Sequence[Patch], what: str = "") -> str:
+    """What one line about several patches names: one by its id, more by their count per
+    distribution (``what``, a verdict say, follows the id or the count)."""
+    if len(patches) == 1:
+        return f"{patches[0].id}{what}"
+    counts = Counter(p.distribution for p in patches)
+    each = ", ".join(f"{name} {n}" for name, n in counts.items())
+    return f"{len(patches)} patches{what} ({each})"
 
 
 def status_table(report: StatusReport, *, verbose: bool = False) -> None:
@@ -57,13 +70,11 @@ def status_table(report: StatusReport, *, verbose: bool = False) -> None:
     the text wraps at its width, never inside a word; piped, every reason stays one line."""
     console = out()
     wrap = wrapper(console)
-    console.print(wrap(f"Environment {environment_line(report.environment)}", "", "    ", bold=11))
-    lead = not_rocm_line(report.environment, report.warnings)
-    if lead is not None:
-        console.print(wrap(lead, "", "    "), style="bold")
+    heading(console, "Environment", environment_line(report.environment))
+    warnings = lead(console, report.environment, report.warnings)
     verdicts_block(console, report, verbose=verbose)
     runs_block(console, report)
-    warnings_block(console, [w for w in report.warnings if lead is None or w.code != NOT_ROCM])
+    warnings_block(console, warnings)
     if report.state_problem:
         console.print(wrap(f"rocmfix's state: {report.state_problem}", "", "    "), style="red")
     if report.hint:
@@ -161,14 +172,8 @@ def _settled_block(console: Console, report: StatusReport, *, grouped: bool) -> 
         missing = first.verdict is Verdict.NOT_NEEDED and first.path is None
         if missing and len({item.reason for item in group}) > 1:
             reason = f"{first.patch.distribution} {first.version} has none of these files"
-        if len(group) == 1:
-            label = f"{first.patch.id} {first.verdict.value}"
-        else:
-            counts = Counter(i.patch.distribution for i in group)
-            each = ", ".join(f"{name} {n}" for name, n in counts.items())
-            label = f"{len(group)} patches {first.verdict.value} ({each})"
-        line = wrap(f"{label}: {reason}", "  ", "    ")
-        console.print(line)
+        label = group_label([i.patch for i in group], f" {first.verdict.value}")
+        console.print(wrap(f"{label}: {reason}", "  ", "    "))
     if absent:
         names = ", ".join(
             f"{name} ({n} patch{'es' if n > 1 else ''})" for name, n in absent.items()
@@ -309,7 +314,7 @@ def patch_list(patches: Sequence[Patch], *, as_json: bool) -> None:
             }
             for p in patches
         ]
-        sys.stdout.write(json.dumps({"schema": "rocmfix-list/1", "patches": doc}, indent=2) + "\n")
+        document({"schema": "rocmfix-list/1", "patches": doc})
         return
     console = out()
     wrap = wrapper(console)
@@ -332,4 +337,4 @@ def patch_list(patches: Sequence[Patch], *, as_json: bool) -> None:
 
 
 def status_json(report: StatusReport) -> None:
-    sys.stdout.write(json.dumps(status_document(report), indent=2) + "\n")
+    document(status_document(report))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 from typing import Any
 
 from rich.markup import escape
@@ -12,7 +10,16 @@ from rich.table import Table
 
 from rocmfix import __version__
 from rocmfix.guest.protocol import CandidateRow
-from rocmfix.render.console import config_text, duration, environment_line, err, failures, out
+from rocmfix.render.console import (
+    config_text,
+    document,
+    duration,
+    environment_line,
+    err,
+    failures,
+    heading,
+    out,
+)
 from rocmfix.results import TuneReport
 
 SCHEMA = "rocmfix-tune/1"
@@ -20,13 +27,10 @@ SCHEMA = "rocmfix-tune/1"
 
 def tune_table(report: TuneReport) -> None:
     console = out()
-    console.print(f"[bold]Environment[/] {escape(environment_line(report.environment))}")
+    heading(console, "Environment", environment_line(report.environment))
     d = report.device
     device = f"{d.name} ({d.arch})" if d.kind == "gpu" else "CPU (Triton interpreter)"
-    console.print(
-        f"[bold]Device[/]      {escape(device)} · torch {escape(d.torch)} · "
-        f"triton {escape(d.triton or '-')}"
-    )
+    heading(console, "Device", f"{device} · torch {d.torch} · triton {d.triton or '-'}")
     table = Table(show_edge=False, pad_edge=False)
     for name in ("kernel", "arch", "key", "shipped", "fastest", "gain", "decision", "config"):
         table.add_column(name, no_wrap=name != "config", overflow="fold")
@@ -141,7 +145,7 @@ def tune_document(report: TuneReport) -> dict[str, Any]:
 
 
 def tune_json(report: TuneReport) -> None:
-    sys.stdout.write(json.dumps(tune_document(report), indent=2) + "\n")
+    document(tune_document(report))
     failures(report.failures, report.worker_log)
 
 
