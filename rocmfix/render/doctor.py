@@ -263,18 +263,10 @@ def _kernel_time(m: Measurement, timed: bool) -> str:
 
 def _measurement_json(m: Measurement, result: CaseResult) -> dict[str, Any]:
     return {
-        "impl": m.impl,
-        "status": m.status,
-        "first_ms": m.first_ms,
-        "ms": m.ms,
-        "kernel_ms": m.kernel_ms,
+        **dataclasses.asdict(m),
         "launch_bound": m.launch_bound,
         "speedup": result.speedup(m) if m.checked else None,
-        "rel_err": m.rel_err,
-        "tolerance": m.tolerance,
         "config": dict(m.config) if m.config else None,
-        "limit_s": m.limit_s,
-        "message": m.message,
         "compiled": check_json(m.compiled) if m.compiled else None,
     }
 
