@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -283,3 +284,45 @@ def test_a_winner_must_be_faster_for_users_and_no_slower_as_a_kernel() -> None:
     assert not slower_kernel.tuned and slower_kernel.best is not None
     assert slower_kernel.best.config == {"BLOCK_M": 64}
     assert not tune_mod._result(event(0.049, 0.010), 0.03).tuned  # under 3% for users
+
+
+def test_the_table_fits_80_columns_with_every_cell_whole(monkeypatch: Any) -> None:
+    """At an 80-column terminal rich's table cut tune's columns to a letter ('g' for gfx1100)
+    and dropped the config; each kernel heads its own rows now, and the config wraps under
+    itself between words."""
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from rocmfix.environment import Environment, PythonInfo, TorchInfo
+    from rocmfix.guest.protocol import CandidateRow, DeviceFacts
+    from rocmfix.render import tune as render
+    from rocmfix.results import KernelResult, TuneReport
+
+    config = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
+    shipped = CandidateRow(config=dict(config, BLOCK_N=128), role="shipped", status="ok", ms=1.2)
+    fast = CandidateRow(config=dict(config, waves_per_eu=2), role="grid", status="ok", ms=1.0)
+    tried = (shipped, fast, dataclasses.replace(fast, status="rejected"))
+    kernels = (
+        KernelResult("patch_embed_gemm", "patch_embed_gemm", "gfx1100", "bf16_128", "bf16",
+                     "ok", None, "user", shipped, fast, fast, tried, True, False, None),
+        KernelResult("depthwise_conv:k5_s1_f16", "depthwise_conv", "gfx1100", "k5_s1_f16",
+                     "f16", "error", "the worker died in it", None, None, None, None, (),
+                     False, None, None),
+    )  # fmt: skip
+    env = Environment(PythonInfo("/venv/bin/python", "3.12.3", Path("/venv"), None), {}, {},
+                      {}, TorchInfo("2.9.0", hip="7.1", cuda=None), False)  # fmt: skip
+    device = DeviceFacts(kind="gpu", name="AMD Radeon RX 7900 XTX", arch="gfx1100")
+    report = TuneReport(env, device, "/t/tuned.json", kernels, None, 0.03, 600.0, None, "")
+    screen = io.StringIO()
+    terminal = Console(file=screen, width=80, force_terminal=True, highlight=False)
+    monkeypatch.setattr(render, "out", lambda: terminal)
+    render.tune_table(report)
+    text = screen.getvalue()
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in text.splitlines()]
+    assert max(map(len, lines)) <= 80, text
+    words = " ".join(lines).split()
+    for word in ("(gfx1100)", "bf16_128", "1.200x", "128x256x64", "waves_per_eu=2", "rejected:"):
+        assert word in words, text
+    assert "tuned not read back" in " ".join(lines), text

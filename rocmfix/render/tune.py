@@ -6,23 +6,49 @@ import dataclasses
 from typing import Any
 
 from rich.markup import escape
-from rich.table import Table
 
 from rocmfix import __version__
 from rocmfix.guest.protocol import CandidateRow
 from rocmfix.render.console import (
+    Cell,
     config_text,
     document,
     duration,
     environment_line,
     err,
     failures,
+    grid,
     heading,
     out,
 )
-from rocmfix.results import TuneReport
+from rocmfix.results import KernelResult, TuneReport
 
 SCHEMA = "rocmfix-tune/1"
+HEADER = ("shipped", "fastest", "gain", "decision", "config")
+
+
+def _rows(k: KernelResult) -> list[list[Cell]]:
+    """A kernel's heading (a row of one cell) and its search: the shipped and the fastest
+    time, the decision, and the config the kernels will use; a failed search says why."""
+    head: list[Cell] = [(f"{k.id.split(':')[0]} {k.key or '-'} ({k.arch})", "bold")]
+    if k.status != "ok":
+        return [head, [("-", ""), ("-", ""), ("-", ""), (k.status, "red"), (k.message or "", "")]]
+    read_back = {True: " ✓", False: " not read back", None: ""}[k.verified]
+    style = "red" if k.verified is False else "green" if k.tuned else ""
+    tried = sum(1 for c in k.candidates if c.status not in ("skipped", "rejected"))
+    rejected = sum(1 for c in k.candidates if c.status == "rejected")
+    counts = f"{tried} tried" + (f", {rejected} rejected: spills or LDS" if rejected else "")
+    config = config_text(k.best.config if k.best else None)
+    return [
+        head,
+        [
+            (duration(k.shipped.ms if k.shipped else None), ""),
+            (duration(k.fastest.ms if k.fastest else None), ""),
+            ("-" if k.gain is None else f"{k.gain:.3f}x", ""),
+            (f"{'tuned' if k.tuned else 'kept shipped'}{read_back}", style),
+            (f"{config} ({counts})", ""),
+        ],
+    ]
 
 
 def tune_table(report: TuneReport) -> None:
@@ -31,34 +57,8 @@ def tune_table(report: TuneReport) -> None:
     d = report.device
     device = f"{d.name} ({d.arch})" if d.kind == "gpu" else "CPU (Triton interpreter)"
     heading(console, "Device", f"{device} · torch {d.torch} · triton {d.triton or '-'}")
-    table = Table(show_edge=False, pad_edge=False)
-    for name in ("kernel", "arch", "key", "shipped", "fastest", "gain", "decision", "config"):
-        table.add_column(name, no_wrap=name != "config", overflow="fold")
-    for k in report.kernels:
-        if k.status != "ok":
-            table.add_row(k.id, k.arch, k.key, "-", "-", "-", f"[red]{k.status}[/]",
-                          escape(k.message or ""))  # fmt: skip
-            continue
-        gain = "-" if k.gain is None else f"{k.gain:.3f}x"
-        decision = "[green]tuned[/]" if k.tuned else "kept shipped"
-        if k.verified is True:
-            decision += " ✓"
-        elif k.verified is False:
-            decision += " [red]not read back[/]"
-        tried = sum(1 for c in k.candidates if c.status not in ("skipped", "rejected"))
-        rejected = sum(1 for c in k.candidates if c.status == "rejected")
-        counts = f"{tried} tried" + (f", {rejected} rejected: spills or LDS" if rejected else "")
-        table.add_row(
-            k.id.split(":")[0],
-            k.arch,
-            k.key or "-",
-            duration(k.shipped.ms if k.shipped else None),
-            duration(k.fastest.ms if k.fastest else None),
-            gain,
-            f"{decision} ({counts})",
-            escape(config_text(k.best.config if k.best else None)),
-        )
-    console.print(table)
+    rows = [row for k in report.kernels for row in _rows(k)]
+    grid(console, HEADER, rows, right=(True, True, True))
     if any(k.method == "user" for k in report.kernels):
         console.print(
             "Times: median per call of eager calls through the patched entry point (what "
