@@ -11,8 +11,8 @@ from rocmfix.guest.protocol import GridSpec, OpSpec, ShapePair
 TensorShape = Mapping[str, Any]
 Config = Mapping[str, Any]
 
-# Short names of the dtypes the shapes use, for tables.
-DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# Short names of the dtypes the shapes (and the profiled calls) use, for tables.
+DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 # The plumbing templates a Triton scheme drops beside its kernel, config module first (every
 # kernel imports its config resolution from it, under this same name): the Triton import

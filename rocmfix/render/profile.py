@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from rocmfix import __version__
 from rocmfix.errors import printable
+from rocmfix.ops.base import DTYPES
 from rocmfix.profile.model import FLAG_SHARE, SCHEMA, OpStat, ProfileReport
 from rocmfix.render.console import document, err, wrapper
 
@@ -18,7 +19,6 @@ BAR = 10
 SHAPE = 34  # the op and call shape column
 INDENT = " " * 8
 HANG = " " * 10
-DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
 
 
 def _ms(value: float | None) -> str:
@@ -50,7 +50,7 @@ def _shape(row: OpStat) -> str:
             if any(v != neutral for v in values):
                 parts.append(tag + "x".join(str(v) for v in dict.fromkeys(values)))
     if row.dtypes:
-        parts.append(DTYPE.get(row.dtypes[0], row.dtypes[0]))
+        parts.append(DTYPES.get(row.dtypes[0], row.dtypes[0]))
     if row.layout == "channels-last":
         parts.append("NHWC")
     return " ".join(parts)
@@ -180,7 +180,7 @@ def profile_table(report: ProfileReport, stream: TextIO | None = None) -> None:
     cal = report.calibration
     if cal is not None:
         rates = ", ".join(
-            f"{DTYPE.get(k, k)} {_rate(v * 1e12, 'FLOP/s')}" for k, v in cal.matmul_tflops.items()
+            f"{DTYPES.get(k, k)} {_rate(v * 1e12, 'FLOP/s')}" for k, v in cal.matmul_tflops.items()
         )
         item(f"measured here: matmul {rates} · copy {_rate(cal.copy_gbps * 1e9, 'B/s')}")
     out += ["", " share             op  call shape                          calls     mean"]
