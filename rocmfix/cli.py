@@ -11,7 +11,7 @@ from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
-from . import __version__, crashlog, doctor, exports, fsops, kernels, tune
+from . import __version__, crashlog, doctor, exports, fsops, kernels, tune, tuned_file
 from .environment import Environment, discover
 from .errors import (
     EXIT_FAILED,
@@ -368,8 +368,8 @@ def tune_(
     Example: [bold]rocmfix tune --python ~/venvs/mineru/bin/python[/]
     """
     if reset:
-        path, removed = tune.reset()
-        tune_reset(path, removed)
+        path = tuned_file.tuned_path()
+        tune_reset(str(path), tuned_file.reset(path))
         return EXIT_OK
     ops = doctor.select_ops(op or [])
     env = discover(all_patches(), python)

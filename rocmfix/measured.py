@@ -30,6 +30,7 @@ nothing decides.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -276,15 +277,8 @@ def record(
 
 
 def _raw(m: Measured) -> dict[str, Any]:
-    return {
-        "arch": m.arch,
-        "torch": m.torch,
-        "hip": m.hip,
-        "scheme": m.scheme,
-        "speedup": m.speedup,
-        "measured_at": m.measured_at,
-        **({"speedups": dict(m.speedups)} if m.speedups else {}),
-    }
+    raw = {k: v for k, v in dataclasses.asdict(m).items() if k not in ("op", "speedups")}
+    return {**raw, "speedups": dict(m.speedups)} if m.speedups else raw
 
 
 def follow(

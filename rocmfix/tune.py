@@ -27,16 +27,6 @@ MIN_GAIN = 0.03
 DEFAULT_BUDGET_S = 300.0
 
 
-def _no_slower_kernel(
-    candidate: protocol.CandidateRow, shipped: protocol.CandidateRow, min_gain: float
-) -> bool:
-    """Where the host's launch cost sets the eager time, tiles tie there and noise would pick
-    one: a winner's kernel must be no slower than the shipped one's either."""
-    if candidate.kernel_ms is None or shipped.kernel_ms is None:
-        return True
-    return candidate.kernel_ms <= shipped.kernel_ms * (1.0 + min_gain)
-
-
 def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> KernelResult:
     if isinstance(event, protocol.Measured):
         # A target the worker timed out or died in: rocmfix.supervise wrote an item for it.
@@ -61,7 +51,13 @@ def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> Kerne
         and shipped.ms is not None
         and best.ms is not None
         and best.ms <= shipped.ms * (1.0 - min_gain)
-        and _no_slower_kernel(best, shipped, min_gain)
+        # Where the host's launch cost sets the eager time, tiles tie there and noise would
+        # pick one: a winner's kernel must be no slower than the shipped one's either.
+        and (
+            best.kernel_ms is None
+            or shipped.kernel_ms is None
+            or best.kernel_ms <= shipped.kernel_ms * (1.0 + min_gain)
+        )
     )
     return KernelResult(
         id=event.id,
@@ -201,9 +197,3 @@ def _verify(
         )
         out.append(replace(result, verified=ok, resolved=config))
     return out
-
-
-def reset() -> tuple[str, bool]:
-    """Remove the tuned file; the kernels go back to their shipped configs."""
-    path = tuned_file.tuned_path()
-    return str(path), tuned_file.reset(path)
