@@ -24,6 +24,7 @@ from .fsops import TEST_HOOKS_ENV
 from .guest import protocol
 from .guest.protocol import item_id
 from .ops import OPS, Op
+from .registry import choose
 from .results import (
     CaseResult,
     DoctorReport,
@@ -99,11 +100,8 @@ def _labels(ops: Sequence[Op], gpu: bool) -> dict[str, str]:
 
 
 def select_ops(names: Sequence[str]) -> tuple[Op, ...]:
-    known = [op.name for op in OPS]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise UsageError(f"unknown op {', '.join(unknown)}", hint=f"choose from {', '.join(known)}")
-    return tuple(op for op in OPS if op.name in names) if names else OPS
+    known = {op.name: op for op in OPS}
+    return tuple(known[name] for name in choose("op", names, list(known)))
 
 
 def run(

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 from . import worker
 from .environment import Environment
-from .errors import UsageError
 from .guest import protocol
 from .guest.aot import TARGETS
 from .ops import OPS, Op
@@ -23,15 +22,6 @@ from .results import KernelCheck, KernelsReport
 
 IDLE_LIMIT_S = 300.0
 ARCHS = tuple(TARGETS)
-
-
-def select_archs(names: Sequence[str]) -> tuple[str, ...]:
-    unknown = [n for n in names if n not in ARCHS]
-    if unknown:
-        raise UsageError(
-            f"unknown arch {', '.join(unknown)}", hint=f"choose from {', '.join(ARCHS)}"
-        )
-    return tuple(a for a in ARCHS if a in names) if names else ARCHS
 
 
 def _label(event: protocol.Checked, ops: Sequence[Op]) -> str:

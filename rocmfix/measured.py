@@ -133,13 +133,9 @@ def _entry(op: str, raw: object) -> Measured | None:
         return None
     if hip is not None and not (isinstance(hip, str) and _VERSION.match(hip)):
         return None
-    if not (isinstance(scheme, str) and _VERSION.match(scheme)):
+    if not (_ratio(scheme, speedup) and isinstance(when, str) and _DATE.match(when)):
         return None
-    if not _ratio(scheme, speedup):
-        return None
-    assert isinstance(speedup, int | float)
-    if not (isinstance(when, str) and _DATE.match(when)):
-        return None
+    assert isinstance(scheme, str) and isinstance(speedup, int | float)
     each = raw.get("speedups", {})
     if not isinstance(each, dict):
         return None
