@@ -264,19 +264,18 @@ def _compile_items(ops: Sequence[Op], answer: worker.Answer) -> list[protocol.Co
     return items
 
 
-# What a Measurement takes from the worker's Measured event: the fields they share.
-_MEASURED = {f.name for f in dataclasses.fields(Measurement)} & {
-    f.name for f in dataclasses.fields(protocol.Measured)
-}
-
-
 def _measurement(
-    impl: str, event: protocol.Measured | None, compiled: KernelCheck | None = None
+    case: str,
+    impl: str,
+    by_id: Mapping[str, protocol.Measured],
+    compiled: Mapping[str, KernelCheck],
 ) -> Measurement:
+    item = item_id(case, impl)
+    event = by_id.get(item)
     if event is None:
-        return Measurement(impl=impl, status="missing", message="the worker never ran it")
-    said = {name: getattr(event, name) for name in _MEASURED}
-    return Measurement(impl=impl, compiled=compiled, **said)
+        return Measurement(item, "missing", message="the worker never ran it", impl=impl)
+    said = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    return Measurement(**said, impl=impl, compiled=compiled.get(item))
 
 
 def build_report(
@@ -301,13 +300,8 @@ def build_report(
                 op=op,
                 case=case,
                 shape=case.gpu if variant == "gpu" else case.cpu,
-                native=_measurement("native", by_id.get(item_id(case.id, "native"))),
-                schemes=tuple(
-                    _measurement(
-                        s, by_id.get(item_id(case.id, s)), compiled.get(item_id(case.id, s))
-                    )
-                    for s in op.scheme_names
-                ),
+                native=_measurement(case.id, "native", by_id, compiled),
+                schemes=tuple(_measurement(case.id, s, by_id, compiled) for s in op.scheme_names),
                 timed=variant == "gpu",
             )
             for case in op.cases

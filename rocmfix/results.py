@@ -172,23 +172,14 @@ LAUNCH_BOUND = 1.25
 
 
 @dataclass(frozen=True)
-class Measurement:
-    """One implementation on one case. ``status``: ok, failed (wrong result), error,
-    timeout, crashed (the worker died in it), unavailable (cannot run here)."""
+class Measurement(protocol.Measured):
+    """One implementation on one case, as the worker measured it (:class:`protocol.Measured`:
+    ``ms`` is eager, back-to-back Python calls as MinerU makes them, what doctor's advice
+    compares; ``kernel_ms`` the kernel alone, by CUDA-graph replay, None where a graph cannot
+    record it), or ``missing`` where it never ran; ``compiled``: what the compiler made of the
+    config it ran, for this GPU (Triton schemes only)."""
 
-    impl: str
-    status: protocol.Status
-    first_ms: float | None = None
-    # Eager: back-to-back Python calls, as MinerU makes them. What doctor's advice compares.
-    ms: float | None = None
-    # The kernel alone (CUDA-graph replay, no host cost); None where a graph cannot record it.
-    kernel_ms: float | None = None
-    rel_err: float | None = None
-    tolerance: float | None = None
-    config: Mapping[str, Any] | None = None
-    message: str | None = None
-    limit_s: float | None = None
-    # What the compiler made of the config it ran, for this GPU (Triton schemes only).
+    impl: str = ""
     compiled: KernelCheck | None = None
 
     @property
