@@ -34,6 +34,7 @@ from .results import (
     PatchStatus,
     StatusReport,
     Verdict,
+    extended,
 )
 from .tuned_file import file_warnings as tuned_warnings
 from .tuned_file import read as read_tuned
@@ -274,8 +275,7 @@ def _measurement(
     event = by_id.get(item)
     if event is None:
         return Measurement(item, "missing", message="the worker never ran it", impl=impl)
-    said = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
-    return Measurement(**said, impl=impl, compiled=compiled.get(item))
+    return extended(Measurement, event, impl=impl, compiled=compiled.get(item))
 
 
 def build_report(

@@ -3,11 +3,12 @@ reports of doctor, kernels and tune). Nothing here prints."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .checks import EnvWarning
 from .environment import Environment
@@ -140,6 +141,14 @@ class RunResult:
     @property
     def changed(self) -> bool:
         return bool(self.changes)
+
+
+_R = TypeVar("_R")
+
+
+def extended(cls: type[_R], event: protocol.Event, **more: Any) -> _R:
+    """``event`` as ``cls``, a result that adds fields to the event's class, with ``more``."""
+    return cls(**{**{f.name: getattr(event, f.name) for f in dataclasses.fields(event)}, **more})
 
 
 class WorkerReport:
@@ -290,25 +299,19 @@ class KernelsReport(WorkerReport):
 
 
 @dataclass(frozen=True)
-class KernelResult:
-    id: str
-    kernel: str
-    arch: str
-    key: str
-    precision: str
-    status: protocol.Status
-    message: str | None
-    method: str | None
-    # Each config tune tried, as the worker sent it (``ms``: eager calls through the patched
-    # entry point, what users get on a GPU; ``kernel_ms``: the kernel alone).
-    shipped: protocol.CandidateRow | None
-    # The fastest correct candidate, and what the kernels will use: it, or the shipped one.
-    fastest: protocol.CandidateRow | None
-    best: protocol.CandidateRow | None
-    candidates: tuple[protocol.CandidateRow, ...]
-    tuned: bool
-    verified: bool | None
-    resolved: Mapping[str, Any] | None
+class KernelResult(protocol.Tuned):
+    """One tune target's search as the worker sent it (each config tried in ``candidates``:
+    ``ms``, eager calls through the patched entry point, what users get on a GPU;
+    ``kernel_ms``, the kernel alone), judged here: ``shipped`` (the first candidate), the
+    fastest correct one, and what the kernels will use (``best``: it where it won, ``tuned``,
+    else the shipped one); ``verified`` and ``resolved``: what a fresh process read back."""
+
+    shipped: protocol.CandidateRow | None = None
+    fastest: protocol.CandidateRow | None = None
+    best: protocol.CandidateRow | None = None
+    tuned: bool = False
+    verified: bool | None = None
+    resolved: Mapping[str, Any] | None = None
 
     @property
     def gain(self) -> float | None:

@@ -21,7 +21,7 @@ from .errors import RefusedError, UsageError
 from .guest import protocol
 from .manifest import now
 from .ops import OPS, Op
-from .results import KernelResult, TuneReport
+from .results import KernelResult, TuneReport, extended
 
 MIN_GAIN = 0.03
 DEFAULT_BUDGET_S = 300.0
@@ -59,22 +59,15 @@ def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> Kerne
             or best.kernel_ms <= shipped.kernel_ms * (1.0 + min_gain)
         )
     )
-    return KernelResult(
-        id=event.id,
-        kernel=event.kernel,
-        arch=event.arch,
-        key=event.key,
-        precision=event.precision,
+    return extended(
+        KernelResult,
+        event,
         status=status,
         message=message,
-        method=event.method,
         shipped=shipped,
         fastest=best,
         best=best if win else shipped,
-        candidates=candidates,
         tuned=win,
-        verified=None,
-        resolved=None,
     )
 
 
