@@ -77,18 +77,10 @@ def _runs(
 
 
 def _limit(ops: Sequence[Op], time_limit: float) -> Callable[[str], float]:
-    compiled = {
-        item_id(case.id, s.name)
-        for op in ops
-        for case in op.cases
-        for s in op.schemes
-        if s.needs_triton
+    triton = {
+        item_id(c.id, s.name) for op in ops for c in op.cases for s in op.schemes if s.needs_triton
     }
-
-    def limit_for(item: str) -> float:
-        return max(time_limit, TRITON_LIMIT_S) if item in compiled else time_limit
-
-    return limit_for
+    return lambda item: max(time_limit, TRITON_LIMIT_S) if item in triton else time_limit
 
 
 def _labels(ops: Sequence[Op], gpu: bool) -> dict[str, str]:
