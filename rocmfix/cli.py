@@ -11,7 +11,7 @@ from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
-from . import __version__, crashlog, doctor, exports, fsops, kernels, tune
+from . import __version__, crashlog, doctor, exports, fsops, kernels, tune, tuned_file
 from .environment import Environment, discover
 from .errors import (
     EXIT_FAILED,
@@ -25,7 +25,7 @@ from .errors import (
 )
 from .ops import OPS
 from .patch import Patch
-from .registry import all_patches, named, scheme_names, select
+from .registry import all_patches, choose, named, scheme_names, select
 from .render import console, help_hooks
 from .render.doctor import doctor_json, doctor_table
 from .render.kernels import kernels_json, kernels_table
@@ -36,9 +36,8 @@ from .results import WorkerReport
 from .write import commands as write
 
 # Choices come from the op registry and the patch list, and --help shows them; the values are
-# checked by the engine (registry.select, registry.check_scheme, doctor.select_ops,
-# exports.check_choices), whose errors name what is wrong in rocmfix's own words instead of
-# click's.
+# checked by the engine (registry.select, registry.check_scheme, registry.choose), whose errors
+# name what is wrong in rocmfix's own words instead of click's.
 SCHEMES = ", ".join(scheme_names())
 DEFAULT_SCHEMES = "; ".join(f"{op.title}: {op.default_scheme.name}" for op in OPS)
 OPS_CHOICE = ", ".join(op.name for op in OPS)
@@ -368,8 +367,8 @@ def tune_(
     Example: [bold]rocmfix tune --python ~/venvs/mineru/bin/python[/]
     """
     if reset:
-        path, removed = tune.reset()
-        tune_reset(path, removed)
+        path = tuned_file.tuned_path()
+        tune_reset(str(path), tuned_file.reset(path))
         return EXIT_OK
     ops = doctor.select_ops(op or [])
     env = discover(all_patches(), python)
@@ -407,7 +406,7 @@ def kernels_(
     Example: [bold]rocmfix kernels --arch gfx1100 --python ~/venvs/mineru/bin/python[/]
     """
     ops = doctor.select_ops(op or [])
-    archs = kernels.select_archs(arch or [])
+    archs = choose("arch", arch or [], kernels.ARCHS)
     env = discover(all_patches(), python)
     with console.progress("kernels") as progress:
         report = kernels.run(env, archs=archs, ops=ops, progress=progress)
@@ -440,7 +439,9 @@ def env_(
 
     Example: [bold]eval "$(rocmfix env --python ~/venvs/mineru/bin/python)"[/]
     """
-    exports.check_choices(shell, model_source)
+    # Refused before the probe runs.
+    choose("shell", [shell], exports.SHELLS)
+    choose("model source", [model_source] if model_source else [], list(exports.MODEL_SOURCES))
     env = discover(all_patches(), python)
     console.text(exports.script(env, shell, model_source))
     return EXIT_OK

@@ -24,6 +24,7 @@ from .fsops import TEST_HOOKS_ENV
 from .guest import protocol
 from .guest.protocol import item_id
 from .ops import OPS, Op
+from .registry import choose
 from .results import (
     CaseResult,
     DoctorReport,
@@ -33,6 +34,7 @@ from .results import (
     PatchStatus,
     StatusReport,
     Verdict,
+    extended,
 )
 from .tuned_file import file_warnings as tuned_warnings
 from .tuned_file import read as read_tuned
@@ -75,18 +77,10 @@ def _runs(
 
 
 def _limit(ops: Sequence[Op], time_limit: float) -> Callable[[str], float]:
-    compiled = {
-        item_id(case.id, s.name)
-        for op in ops
-        for case in op.cases
-        for s in op.schemes
-        if s.needs_triton
+    triton = {
+        item_id(c.id, s.name) for op in ops for c in op.cases for s in op.schemes if s.needs_triton
     }
-
-    def limit_for(item: str) -> float:
-        return max(time_limit, TRITON_LIMIT_S) if item in compiled else time_limit
-
-    return limit_for
+    return lambda item: max(time_limit, TRITON_LIMIT_S) if item in triton else time_limit
 
 
 def _labels(ops: Sequence[Op], gpu: bool) -> dict[str, str]:
@@ -99,11 +93,8 @@ def _labels(ops: Sequence[Op], gpu: bool) -> dict[str, str]:
 
 
 def select_ops(names: Sequence[str]) -> tuple[Op, ...]:
-    known = [op.name for op in OPS]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise UsageError(f"unknown op {', '.join(unknown)}", hint=f"choose from {', '.join(known)}")
-    return tuple(op for op in OPS if op.name in names) if names else OPS
+    known = {op.name: op for op in OPS}
+    return tuple(known[name] for name in choose("op", names, list(known)))
 
 
 def run(
@@ -266,19 +257,17 @@ def _compile_items(ops: Sequence[Op], answer: worker.Answer) -> list[protocol.Co
     return items
 
 
-# What a Measurement takes from the worker's Measured event: the fields they share.
-_MEASURED = {f.name for f in dataclasses.fields(Measurement)} & {
-    f.name for f in dataclasses.fields(protocol.Measured)
-}
-
-
 def _measurement(
-    impl: str, event: protocol.Measured | None, compiled: KernelCheck | None = None
+    case: str,
+    impl: str,
+    by_id: Mapping[str, protocol.Measured],
+    compiled: Mapping[str, KernelCheck],
 ) -> Measurement:
+    item = item_id(case, impl)
+    event = by_id.get(item)
     if event is None:
-        return Measurement(impl=impl, status="missing", message="the worker never ran it")
-    said = {name: getattr(event, name) for name in _MEASURED}
-    return Measurement(impl=impl, compiled=compiled, **said)
+        return Measurement(item, "missing", message="the worker never ran it", impl=impl)
+    return extended(Measurement, event, impl=impl, compiled=compiled.get(item))
 
 
 def build_report(
@@ -303,13 +292,8 @@ def build_report(
                 op=op,
                 case=case,
                 shape=case.gpu if variant == "gpu" else case.cpu,
-                native=_measurement("native", by_id.get(item_id(case.id, "native"))),
-                schemes=tuple(
-                    _measurement(
-                        s, by_id.get(item_id(case.id, s)), compiled.get(item_id(case.id, s))
-                    )
-                    for s in op.scheme_names
-                ),
+                native=_measurement(case.id, "native", by_id, compiled),
+                schemes=tuple(_measurement(case.id, s, by_id, compiled) for s in op.scheme_names),
                 timed=variant == "gpu",
             )
             for case in op.cases

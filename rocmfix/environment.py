@@ -222,13 +222,14 @@ def _python_version(python: str) -> str | None:
     return out if done.returncode == 0 and out.replace(".", "").isdigit() else None
 
 
-def _framed(out: bytes, begin: str, end: str) -> bytes:
-    """What a child wrote between ``begin`` and ``end``; ValueError when it wrote no frame."""
+def _framed(out: bytes, begin: str, end: str) -> tuple[bytes, bytes]:
+    """What a child wrote between ``begin`` and ``end``, and what it wrote around them;
+    ValueError when it wrote no frame."""
     first = out.rfind(begin.encode("ascii"))
     last = out.rfind(end.encode("ascii"))
     if first < 0 or last < first:
         raise ValueError("no answer in the output")
-    return out[first + len(begin) : last]
+    return out[first + len(begin) : last], out[:first] + out[last + len(end) :]
 
 
 def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -272,9 +273,7 @@ def _run_probe(python: str, request: dict[str, Any]) -> tuple[dict[str, Any], st
         )
     begin, end = probe.frame(nonce)
     try:
-        answer = _framed(done.stdout, begin, end)
-        first, last = done.stdout.rfind(begin.encode()), done.stdout.rfind(end.encode())
-        stray = done.stdout[:first] + done.stdout[last + len(end) :]
+        answer, stray = _framed(done.stdout, begin, end)
     except ValueError:
         # No frame at all: all of it is the answer, or none of it is.
         answer, stray = done.stdout, b""
@@ -501,7 +500,7 @@ def compile_errors(env: Environment, sources: Mapping[str, bytes]) -> dict[str, 
             stdin=payload.encode("ascii"),
         )
         if done.returncode == 0:
-            result = json.loads(_framed(done.stdout, begin, end))
+            result = json.loads(_framed(done.stdout, begin, end)[0])
     except (OSError, ValueError, RecursionError):
         result = None
     if not isinstance(result, dict):

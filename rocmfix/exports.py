@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from . import measured
 from .checks import is_rocm
 from .environment import Environment
-from .errors import UsageError, printable
+from .errors import printable
 from .ops import vit_attention
 from .ops.vit_attention import AOTRITON_ENV
 
@@ -31,17 +31,6 @@ MODEL_SOURCES = {
     "huggingface": "MinerU downloads its models from Hugging Face (its default, pinned here)",
     "local": "MinerU loads its models from the local paths in its config file, downloading nothing",
 }
-
-
-def check_choices(shell: str, model_source: str | None) -> None:
-    """Refuse a shell or a model source rocmfix does not know, before the probe runs."""
-    if shell not in SHELLS:
-        raise UsageError(f"unknown shell {shell!r}", hint=f"choose from {', '.join(SHELLS)}")
-    if model_source is not None and model_source not in MODEL_SOURCES:
-        raise UsageError(
-            f"unknown model source {model_source!r}",
-            hint=f"choose from {', '.join(MODEL_SOURCES)}",
-        )
 
 
 @dataclass(frozen=True)

@@ -10,28 +10,17 @@ Nothing here prints.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from . import worker
 from .environment import Environment
-from .errors import UsageError
 from .guest import protocol
 from .guest.aot import TARGETS
 from .ops import OPS, Op
-from .results import KernelCheck, KernelsReport
+from .results import KernelCheck, KernelsReport, extended
 
 IDLE_LIMIT_S = 300.0
 ARCHS = tuple(TARGETS)
-
-
-def select_archs(names: Sequence[str]) -> tuple[str, ...]:
-    unknown = [n for n in names if n not in ARCHS]
-    if unknown:
-        raise UsageError(
-            f"unknown arch {', '.join(unknown)}", hint=f"choose from {', '.join(ARCHS)}"
-        )
-    return tuple(a for a in ARCHS if a in names) if names else ARCHS
 
 
 def _label(event: protocol.Checked, ops: Sequence[Op]) -> str:
@@ -44,9 +33,8 @@ def _label(event: protocol.Checked, ops: Sequence[Op]) -> str:
 
 
 def _check(event: protocol.Checked, ops: Sequence[Op]) -> KernelCheck:
-    found = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
-    found["kernel"] = event.kernel or event.template
-    return KernelCheck(**found, shape_label=_label(event, ops))
+    kernel = event.kernel or event.template
+    return extended(KernelCheck, event, kernel=kernel, shape_label=_label(event, ops))
 
 
 def _planned(ops: Sequence[Op], archs: Sequence[str]) -> int:

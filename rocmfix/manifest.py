@@ -254,14 +254,7 @@ def dump_manifest(manifest: Manifest, rocmfix_version: str) -> bytes:
             "original_sha256": e.original_sha256,
             "patched_sha256": e.patched_sha256,
             "backup": f"backups/{e.original_sha256}",
-            "drops": [
-                {
-                    "path": d.path,
-                    "sha256": d.sha256,
-                    **({"replaced": d.replaced} if d.replaced else {}),
-                }
-                for d in e.drops
-            ],
+            "drops": [{k: v for k, v in dataclasses.asdict(d).items() if v} for d in e.drops],
             "record_updated": e.record_updated,
             "applied_at": e.applied_at,
             **(

@@ -30,6 +30,7 @@ nothing decides.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -132,13 +133,9 @@ def _entry(op: str, raw: object) -> Measured | None:
         return None
     if hip is not None and not (isinstance(hip, str) and _VERSION.match(hip)):
         return None
-    if not (isinstance(scheme, str) and _VERSION.match(scheme)):
+    if not (_ratio(scheme, speedup) and isinstance(when, str) and _DATE.match(when)):
         return None
-    if not _ratio(scheme, speedup):
-        return None
-    assert isinstance(speedup, int | float)
-    if not (isinstance(when, str) and _DATE.match(when)):
-        return None
+    assert isinstance(scheme, str) and isinstance(speedup, int | float)
     each = raw.get("speedups", {})
     if not isinstance(each, dict):
         return None
@@ -276,15 +273,8 @@ def record(
 
 
 def _raw(m: Measured) -> dict[str, Any]:
-    return {
-        "arch": m.arch,
-        "torch": m.torch,
-        "hip": m.hip,
-        "scheme": m.scheme,
-        "speedup": m.speedup,
-        "measured_at": m.measured_at,
-        **({"speedups": dict(m.speedups)} if m.speedups else {}),
-    }
+    raw = {k: v for k, v in dataclasses.asdict(m).items() if k not in ("op", "speedups")}
+    return {**raw, "speedups": dict(m.speedups)} if m.speedups else raw
 
 
 def follow(

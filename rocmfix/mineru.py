@@ -48,7 +48,7 @@ class Found:
         if use.own:
             return "holds it"
         for module in use.imports:
-            if any(m == module or m.startswith(module + ".") for m in self.imports):
+            if self.imports_package(module):
                 return f"imports {module}"
         for name in use.names:
             if name in self.names:

@@ -59,6 +59,17 @@ def _closest(name: str, known: Sequence[str]) -> list[str]:
     return close or [k for k in known if name in k][:3]
 
 
+def choose(what: str, names: Sequence[str], known: Sequence[str]) -> tuple[str, ...]:
+    """``names``, each one of ``known`` (a UsageError names any other), in ``known``'s order;
+    all of ``known`` where ``names`` is empty."""
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(
+            f"unknown {what} {', '.join(unknown)}", hint=f"choose from {', '.join(known)}"
+        )
+    return tuple(k for k in known if k in names) if names else tuple(known)
+
+
 def named(patches: Sequence[Patch], only: Iterable[str] = ()) -> frozenset[str]:
     """The patches ``only`` names by id: those the user asks for whatever MinerU runs. A
     distribution name filters within what applies; it overrides nothing."""

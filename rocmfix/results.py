@@ -3,11 +3,12 @@ reports of doctor, kernels and tune). Nothing here prints."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .checks import EnvWarning
 from .environment import Environment
@@ -142,6 +143,14 @@ class RunResult:
         return bool(self.changes)
 
 
+_R = TypeVar("_R")
+
+
+def extended(cls: type[_R], event: protocol.Event, **more: Any) -> _R:
+    """``event`` as ``cls``, a result that adds fields to the event's class, with ``more``."""
+    return cls(**{**{f.name: getattr(event, f.name) for f in dataclasses.fields(event)}, **more})
+
+
 class WorkerReport:
     """What the reports of the commands that run the worker (doctor, kernels, tune) share:
     their findings, then the worker's own error, make up the failures that exit 1."""
@@ -172,23 +181,14 @@ LAUNCH_BOUND = 1.25
 
 
 @dataclass(frozen=True)
-class Measurement:
-    """One implementation on one case. ``status``: ok, failed (wrong result), error,
-    timeout, crashed (the worker died in it), unavailable (cannot run here)."""
+class Measurement(protocol.Measured):
+    """One implementation on one case, as the worker measured it (:class:`protocol.Measured`:
+    ``ms`` is eager, back-to-back Python calls as MinerU makes them, what doctor's advice
+    compares; ``kernel_ms`` the kernel alone, by CUDA-graph replay, None where a graph cannot
+    record it), or ``missing`` where it never ran; ``compiled``: what the compiler made of the
+    config it ran, for this GPU (Triton schemes only)."""
 
-    impl: str
-    status: protocol.Status
-    first_ms: float | None = None
-    # Eager: back-to-back Python calls, as MinerU makes them. What doctor's advice compares.
-    ms: float | None = None
-    # The kernel alone (CUDA-graph replay, no host cost); None where a graph cannot record it.
-    kernel_ms: float | None = None
-    rel_err: float | None = None
-    tolerance: float | None = None
-    config: Mapping[str, Any] | None = None
-    message: str | None = None
-    limit_s: float | None = None
-    # What the compiler made of the config it ran, for this GPU (Triton schemes only).
+    impl: str = ""
     compiled: KernelCheck | None = None
 
     @property
@@ -299,25 +299,19 @@ class KernelsReport(WorkerReport):
 
 
 @dataclass(frozen=True)
-class KernelResult:
-    id: str
-    kernel: str
-    arch: str
-    key: str
-    precision: str
-    status: protocol.Status
-    message: str | None
-    method: str | None
-    # Each config tune tried, as the worker sent it (``ms``: eager calls through the patched
-    # entry point, what users get on a GPU; ``kernel_ms``: the kernel alone).
-    shipped: protocol.CandidateRow | None
-    # The fastest correct candidate, and what the kernels will use: it, or the shipped one.
-    fastest: protocol.CandidateRow | None
-    best: protocol.CandidateRow | None
-    candidates: tuple[protocol.CandidateRow, ...]
-    tuned: bool
-    verified: bool | None
-    resolved: Mapping[str, Any] | None
+class KernelResult(protocol.Tuned):
+    """One tune target's search as the worker sent it (each config tried in ``candidates``:
+    ``ms``, eager calls through the patched entry point, what users get on a GPU;
+    ``kernel_ms``, the kernel alone), judged here: ``shipped`` (the first candidate), the
+    fastest correct one, and what the kernels will use (``best``: it where it won, ``tuned``,
+    else the shipped one); ``verified`` and ``resolved``: what a fresh process read back."""
+
+    shipped: protocol.CandidateRow | None = None
+    fastest: protocol.CandidateRow | None = None
+    best: protocol.CandidateRow | None = None
+    tuned: bool = False
+    verified: bool | None = None
+    resolved: Mapping[str, Any] | None = None
 
     @property
     def gain(self) -> float | None:

@@ -114,8 +114,7 @@ class StateDir:
             raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
 
     def _write(self, path: Path, data: bytes) -> None:
-        self.check_layout()
-        self._make_root()
+        self._prepare()
         fsops.make_dirs(path.parent)
         fsops.atomic_write(path, data)
 
@@ -219,7 +218,7 @@ class StateDir:
         while this one waited: see :func:`rocmfix.fsops.held_lock`)."""
         held = contextlib.ExitStack()
         try:
-            fd = held.enter_context(fsops.held_lock(self.lock_path, wait_s, self._make_lock_folder))
+            fd = held.enter_context(fsops.held_lock(self.lock_path, wait_s, self._prepare))
         except BlockingIOError:
             raise self.busy_error() from None
         except fsops.NotRegularError as exc:
@@ -241,7 +240,8 @@ class StateDir:
             os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
             yield
 
-    def _make_lock_folder(self) -> None:
+    def _prepare(self) -> None:
+        """The state folder, made where it is missing, once its layout is checked."""
         self.check_layout()
         self._make_root()
 

@@ -1,28 +1,19 @@
-"""Run :mod:`rocmfix.guest.worker` in the target interpreter and hold it to its time limits.
-
-The worker streams JSON lines; this side reads them on a thread, so it can stop waiting at
-a deadline. An item (one native op, one scheme, one kernel's search) that outlasts its limit
-is not waited on: the worker's whole process group is killed (a GPU library blocked in C
-cannot be interrupted any other way) and a fresh worker carries on with the items left. A
-worker that dies inside an item is handled the same way, once per item. Nothing here prints.
+"""Every child rocmfix starts, and the signals that must reach it. Nothing here prints.
 
 Every child rocmfix starts in a target interpreter runs from ``/`` in a session of its own
-(:func:`capped` for the short ones: the probe, the compile check), so that a SIGTERM or
+(:func:`capped` for the short ones: the probe, the compile check; :func:`start` for the
+worker, which :mod:`rocmfix.worker` holds to its time limits), so that a SIGTERM or
 SIGINT to rocmfix would not reach it: :func:`forwarding` kills those groups first, then lets
 the signal do what it would have done.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import os
-import queue
 import selectors
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,21 +21,13 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
-from . import guest
-
-Event = dict[str, Any]
-
-_EOF = object()
-# Importing torch and initialising the GPU happen before the first event.
-STARTUP_LIMIT_S = 300.0
-_MAX_RESTARTS = 16
 # The process groups of the children running now, for a signal handler to kill.
 _LIVE: set[int] = set()
 _FORWARDED = (signal.SIGTERM, signal.SIGINT)
 
 
 # While a child is being started: the signals that arrived meanwhile, handled once it is
-# registered (see _start).
+# registered (see start).
 _HOLDING: list[bool] = [False]
 _HELD: list[int] = []
 
@@ -213,7 +196,7 @@ class Finished:
     overflow: bool = False
 
 
-def _start(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+def start(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     """``Popen(argv)`` from ``/`` in a session of its own, its group registered for the signal
     handler, with SIGTERM and SIGINT held meanwhile: handled inside Popen (after the fork) one
     would leave a child nobody kills, and handled before the registration it would kill every
@@ -248,7 +231,7 @@ def capped(
     """
     deadline = time.monotonic() + timeout
     with forwarding():
-        proc = _start(
+        proc = start(
             argv,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -257,9 +240,7 @@ def capped(
         try:
             return _collect(proc, deadline, limit, stdin)
         finally:
-            _LIVE.discard(proc.pid)
-            if proc.returncode is None:
-                _kill(proc)
+            stop(proc)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None:
                     with contextlib.suppress(OSError):
@@ -307,25 +288,6 @@ def _collect(
     )
 
 
-@dataclass
-class WorkerRun:
-    """What went wrong outside any item of a worker's run (its events go to ``on_event``, the
-    items it could not finish written as ``item`` events with status ``timeout`` or
-    ``crashed``)."""
-
-    hello: Event | None = None
-    fatal: str | None = None
-    stderr_tail: str = ""
-    restarts: int = 0
-
-
-def _tail(handle: IO[bytes], limit: int = 3000) -> str:
-    handle.seek(0, os.SEEK_END)
-    size = handle.tell()
-    handle.seek(max(0, size - limit))
-    return handle.read().decode("utf-8", "replace")
-
-
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     # start_new_session made the worker a group leader: its compile helpers die with it.
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -334,169 +296,8 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=30)
 
 
-def _reader(stream: IO[bytes], lines: queue.Queue[object]) -> None:
-    for raw in stream:
-        lines.put(raw)
-    lines.put(_EOF)
-
-
-def run(
-    python: str,
-    request: Mapping[str, Any],
-    *,
-    limit_for: Callable[[str], float],
-    on_event: Callable[[Event], None],
-    item_ids: Sequence[str] = (),
-    idle_limit_s: float = 600.0,
-    env: Mapping[str, str] | None = None,
-) -> WorkerRun:
-    """Run the worker until it ends, restarting it after each item it could not finish.
-
-    ``limit_for(item)`` gives an item's time limit in seconds, counted from the worker's
-    ``start`` event; ``idle_limit_s`` bounds the wait for any event at all; ``env``, where
-    given, is the worker's whole environment (else rocmfix's own).
-    """
-    outcome = WorkerRun()
-    finished: set[str] = set()
-    with forwarding():
-        while True:
-            body = {**request, "skip": sorted(finished)}
-            encoded = base64.b64encode(json.dumps(body).encode("utf-8")).decode("ascii")
-            argv = guest.command(python, "worker", encoded)
-            ended, current = one_worker(
-                argv, limit_for, on_event, idle_limit_s, outcome, finished, env
-            )
-            # A fresh worker carries on only after an item it was stopped in, while items
-            # are left.
-            if ended or outcome.fatal is not None or current is None:
-                return outcome
-            if item_ids and finished >= set(item_ids):
-                return outcome
-            outcome.restarts += 1
-            if outcome.restarts > _MAX_RESTARTS:
-                outcome.fatal = f"the worker was restarted {_MAX_RESTARTS} times; giving up"
-                return outcome
-
-
-def one_worker(
-    argv: list[str],
-    limit_for: Callable[[str], float],
-    on_event: Callable[[Event], None],
-    idle_limit_s: float,
-    outcome: WorkerRun,
-    finished: set[str],
-    env: Mapping[str, str] | None = None,
-) -> tuple[bool, str | None]:
-    """One worker process (``argv``, any guest module that speaks JSON lines with ``start``
-    and ``item`` events: the worker, through :func:`run`), held to its limits. Returns (ended
-    cleanly, the item it was stopped in)."""
-    with tempfile.TemporaryFile() as errors:
-        try:
-            proc = _start(
-                argv, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, env=env
-            )
-        except OSError as exc:
-            outcome.fatal = f"cannot run {argv[0]}: {exc.strerror or exc}"
-            return False, None
-        assert proc.stdout is not None
-        lines: queue.Queue[object] = queue.Queue()
-        thread = threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True)
-        thread.start()
-        current: str | None = None
-        started = 0.0
-        first_ms: float | None = None
-        last = time.monotonic()
-        limit = STARTUP_LIMIT_S
-
-        def stopped(said: Event) -> tuple[bool, str | None]:
-            """The item the worker was stopped in, written as the ``item`` it never sent."""
-            assert current is not None
-            on_event({"event": "item", "id": current, **said})
-            finished.add(current)
-            return False, current
-
-        try:
-            while True:
-                now = time.monotonic()
-                wait = (started + limit - now) if current is not None else (last + limit - now)
-                wait = min(wait, last + idle_limit_s - now)
-                try:
-                    raw = lines.get(timeout=max(0.0, wait))
-                except queue.Empty:
-                    _kill(proc)
-                    if current is not None:
-                        elapsed = round(time.monotonic() - started, 2)
-                        said = {"status": "timeout", "elapsed_s": elapsed, "limit_s": limit}
-                        if first_ms is not None:
-                            said["first_ms"] = first_ms
-                        return stopped(said)
-                    outcome.fatal = (
-                        f"the worker sent nothing for {limit:.0f} s"
-                        if outcome.hello is None
-                        else f"the worker stopped answering for {idle_limit_s:.0f} s"
-                    )
-                    outcome.stderr_tail = _tail(errors)
-                    return False, None
-                if raw is _EOF:
-                    code = proc.wait()
-                    outcome.stderr_tail = _tail(errors)
-                    if current is not None:
-                        return stopped(
-                            {
-                                "status": "crashed",
-                                "message": f"the worker died ({_exit_reason(code)}) inside "
-                                "this item",
-                                "stderr": outcome.stderr_tail[-1500:],
-                            }
-                        )
-                    if outcome.fatal is None:
-                        outcome.fatal = f"the worker ended early ({_exit_reason(code)})"
-                    return False, None
-                assert isinstance(raw, bytes)
-                last = time.monotonic()
-                try:
-                    event = json.loads(raw)
-                except ValueError:
-                    continue
-                if not isinstance(event, dict):
-                    continue
-                kind = event.get("event")
-                if kind == "start":
-                    current = str(event.get("id"))
-                    started = last
-                    first_ms = None
-                    limit = limit_for(current)
-                elif kind == "first":
-                    first_ms = event.get("ms")
-                elif kind in ("item", "tuned"):
-                    finished.add(str(event.get("id")))
-                    current = None
-                    limit = idle_limit_s
-                elif kind == "hello":
-                    outcome.hello = event
-                    limit = idle_limit_s
-                elif kind == "fatal":
-                    outcome.fatal = str(event.get("message"))
-                    tb = event.get("traceback")
-                    if tb:
-                        outcome.stderr_tail = str(tb)[-3000:]
-                elif kind == "end":
-                    proc.wait()
-                    on_event(event)
-                    return True, None
-                on_event(event)
-        finally:
-            _LIVE.discard(proc.pid)
-            if proc.poll() is None:
-                _kill(proc)
-            thread.join(timeout=5)
-            proc.stdout.close()
-
-
-def _exit_reason(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit status {code}"
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Unregister a child :func:`start` made and kill its group where it has not ended."""
+    _LIVE.discard(proc.pid)
+    if proc.returncode is None:
+        _kill(proc)

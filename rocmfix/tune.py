@@ -21,20 +21,10 @@ from .errors import RefusedError, UsageError
 from .guest import protocol
 from .manifest import now
 from .ops import OPS, Op
-from .results import KernelResult, TuneReport
+from .results import KernelResult, TuneReport, extended
 
 MIN_GAIN = 0.03
 DEFAULT_BUDGET_S = 300.0
-
-
-def _no_slower_kernel(
-    candidate: protocol.CandidateRow, shipped: protocol.CandidateRow, min_gain: float
-) -> bool:
-    """Where the host's launch cost sets the eager time, tiles tie there and noise would pick
-    one: a winner's kernel must be no slower than the shipped one's either."""
-    if candidate.kernel_ms is None or shipped.kernel_ms is None:
-        return True
-    return candidate.kernel_ms <= shipped.kernel_ms * (1.0 + min_gain)
 
 
 def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> KernelResult:
@@ -61,24 +51,23 @@ def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> Kerne
         and shipped.ms is not None
         and best.ms is not None
         and best.ms <= shipped.ms * (1.0 - min_gain)
-        and _no_slower_kernel(best, shipped, min_gain)
+        # Where the host's launch cost sets the eager time, tiles tie there and noise would
+        # pick one: a winner's kernel must be no slower than the shipped one's either.
+        and (
+            best.kernel_ms is None
+            or shipped.kernel_ms is None
+            or best.kernel_ms <= shipped.kernel_ms * (1.0 + min_gain)
+        )
     )
-    return KernelResult(
-        id=event.id,
-        kernel=event.kernel,
-        arch=event.arch,
-        key=event.key,
-        precision=event.precision,
+    return extended(
+        KernelResult,
+        event,
         status=status,
         message=message,
-        method=event.method,
         shipped=shipped,
         fastest=best,
         best=best if win else shipped,
-        candidates=candidates,
         tuned=win,
-        verified=None,
-        resolved=None,
     )
 
 
@@ -201,9 +190,3 @@ def _verify(
         )
         out.append(replace(result, verified=ok, resolved=config))
     return out
-
-
-def reset() -> tuple[str, bool]:
-    """Remove the tuned file; the kernels go back to their shipped configs."""
-    path = tuned_file.tuned_path()
-    return str(path), tuned_file.reset(path)

@@ -56,11 +56,6 @@ class TunedFile:
             arch for entries in kernels.values() if isinstance(entries, dict) for arch in entries
         }
 
-    def meta(self, arch: str) -> Mapping[str, Any]:
-        meta = (self.data or {}).get("meta") or {}
-        entry = meta.get(arch) if isinstance(meta, dict) else None
-        return entry if isinstance(entry, dict) else {}
-
 
 # The kernels' own cap (templates/rocmfix_kernel_config.py, CONFIG_LIMIT).
 READ_LIMIT = 1 << 20
@@ -128,8 +123,9 @@ def file_warnings(
                 "`rocmfix tune` adds entries for this GPU",
             )
         ]
-    meta = tuned.meta(arch)
-    if device is not None and meta:
+    meta = (tuned.data or {}).get("meta")
+    meta = meta.get(arch) if isinstance(meta, dict) else None
+    if device is not None and isinstance(meta, dict) and meta:
         then = (meta.get("torch"), meta.get("triton"))
         now = (device.torch, device.triton)
         if then != now:
