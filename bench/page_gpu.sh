@@ -23,7 +23,7 @@
 # (and wcwidth).
 # Results land in $OUT (page.json, page_memory.json, page.txt).
 # REC_BUCKET=1: the patched side's rec graphs patch with the width-bucket scheme (`rocmfix apply
-# --scheme bucket`: rec's batch width padded up to a multiple of 128, docs/performance-graphs.md):
+# --scheme bucket`: rec's batch width padded up to a multiple of 320, docs/performance-graphs.md):
 #   WHL=/work/main/.whl OUT=/tmp/out REC_BUCKET=1 bash bench/page_gpu.sh
 set -u
 W=${WHL:-.whl}

@@ -48,12 +48,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _pages
 
 BATCH = 6  # MinerU's rec batch
-BUCKETS: tuple[int | str, ...] = (64, 128, 256, "320x2^k")
+BUCKETS = "128,256,320,320x2^k"  # --buckets: multiples of a width, or 320 x a power of two
 
 
-def bucketed(width: int, bucket: int | str) -> int:
-    if isinstance(bucket, int):
-        return -(-width // bucket) * bucket
+def bucketed(width: int, bucket: str) -> int:
+    if bucket.isdigit():
+        return -(-width // int(bucket)) * int(bucket)
     wide = 320
     while wide < width:
         wide *= 2
@@ -152,15 +152,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         steps = stock.shape[1]
         row: dict[str, Any] = {"width": width, "steps": steps, "truth": gt,
                                "stock": rec.decode(stock), "buckets": {}}  # fmt: skip
-        for bucket in BUCKETS:
+        for bucket in args.buckets.split(","):
             wide = bucketed(width, bucket)
             if wide == width:
-                row["buckets"][str(bucket)] = {"wide": wide}
+                row["buckets"][bucket] = {"wide": wide}
                 continue
             out = rec.logits(np.pad(batch, ((0, 0), (0, 0), (0, 0), (0, wide - width))))
             stride = wide // out.shape[1] if wide % out.shape[1] == 0 else 0
             rule = _length({**lengths, wide: out.shape[1]}, stride, width) if stride else None
-            row["buckets"][str(bucket)] = {
+            row["buckets"][bucket] = {
                 "wide": wide,
                 "whole": rec.decode(out),
                 # What the runner returns: cut back where its rule knows the length, else the
@@ -173,10 +173,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if time.perf_counter() - start > args.seconds:
             print(f"stopped at {len(rows)} of {len(truth)} batches (--seconds)", file=sys.stderr)
             break
-    return {"batches": rows, "summary": summarise(rows)}
+    return {"batches": rows, "summary": summarise(rows, args.buckets.split(","))}
 
 
-def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(rows: list[dict[str, Any]], buckets: list[str]) -> dict[str, Any]:
     lines = sum(len(r["truth"]) for r in rows)
     truth_chars = sum(len(t) for r in rows for t in r["truth"])
 
@@ -187,7 +187,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     stock = [(p, t) for r in rows for p, t in zip(r["stock"], r["truth"], strict=True)]
     found: dict[str, Any] = {"batches": len(rows), "lines": lines, "truth chars": truth_chars,
                              "stock": against_truth(stock)}  # fmt: skip
-    for bucket in map(str, BUCKETS):
+    for bucket in buckets:
         done = [r for r in rows if "whole" in r["buckets"][bucket]]
         rules = [r["buckets"][bucket]["rule"] for r in done]
         each: dict[str, Any] = {
@@ -224,6 +224,7 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="PP-OCRv4's rec ONNX (rapidocr 1.4.4)")
     parser.add_argument("--pages-each", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--buckets", default=BUCKETS)
     parser.add_argument("--seconds", type=float, default=1800, help="stop decoding after this")
     parser.add_argument("--work", default=tempfile.mkdtemp(prefix="rec_bucket_"))
     parser.add_argument("--json")
@@ -237,7 +238,7 @@ def main() -> None:
           f" stock: CER {stock['cer']:.2%}, exact lines {stock['exact lines']}")  # fmt: skip
     print(f"{'bucket':<9} {'output':<6} {'bucketed':>8} {'lines changed':>14} {'chars':>6}"
           f" {'CER':>7} {'exact':>6}  runner's length rule (stock / none / other)")  # fmt: skip
-    for bucket in map(str, BUCKETS):
+    for bucket in args.buckets.split(","):
         each = s[bucket]
         for how in ("whole", "cut"):
             e = each[how]
@@ -247,7 +248,7 @@ def main() -> None:
                 f" {e['exact lines']:>6}  {each['rule gives the stock length']} /"
                 f" {each['rule gives no length']} / {each['rule gives another length']}"
             )
-    for bucket in map(str, BUCKETS):
+    for bucket in args.buckets.split(","):
         for example in s[bucket]["cut"]["examples"][:3]:
             print(f"  {bucket}, cut: {example}")
 

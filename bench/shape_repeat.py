@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # rec's width buckets weighed for the bucket scheme (0: exact, a graph per width).
-BUCKETS = (0, 64, 128, 256, 512)
+BUCKETS = (0, 64, 128, 256, 320, 384, 512)
 # (MIN_SEEN, PAYBACK): the old runner's, and the ones weighed for its default.
 POLICIES = [(2, 0), (2, 4), (3, 0), (3, 4), (3, 8), (4, 4)]
 # A rough price of each call, in eager forwards (H100, docs/performance-graphs.md): a replay

@@ -94,9 +94,9 @@ def test_rec_offers_the_width_bucket_as_a_scheme() -> None:
     after = rec.transformer("bucket")(cst.parse_module(before)).bytes
     # The golden rewrite (test_rewrite's), each routed call given the bucket, and nothing else.
     assert exact == (GOLDEN / "ocr_predictor.graphs.patched.py").read_bytes()
-    assert after.count(b"_rocmfix_graph_forward(self.net, inp, rocmfix_width_bucket=128)") == 1
-    assert after.count(b", rocmfix_width_bucket=128)") == 2
-    assert after.replace(b", rocmfix_width_bucket=128", b"") == exact
+    assert after.count(b"_rocmfix_graph_forward(self.net, inp, rocmfix_width_bucket=320)") == 1
+    assert after.count(b", rocmfix_width_bucket=320)") == 2
+    assert after.replace(b", rocmfix_width_bucket=320", b"") == exact
     assert rec.classify(rec.parse(after), CTX).shape is CodeShape.PATCHED
     assert rec.drops("bucket") == rec.drops("exact")  # the same runner, told by the call
 
@@ -211,7 +211,7 @@ def test_apply_dry_run_status_and_revert_through_the_cli(tmp_path: Path, version
         rec, predictor = f"{prefix}rec-graphs", env.site / folder / "predict_rec.py"
         result = env.cli("apply", "--scheme", "bucket", "--only", rec)
         assert result.returncode == 0, result.stderr
-        assert predictor.read_text().count("rocmfix_width_bucket=128)") == 3
+        assert predictor.read_text().count("rocmfix_width_bucket=320)") == 3
         found = {p["id"]: p for p in env.cli("status", "--json").json()["patches"]}
         assert (found[rec]["verdict"], found[rec]["scheme"]) == ("applied", "bucket")
         assert found[f"{prefix}det-graphs"]["scheme"] is None
