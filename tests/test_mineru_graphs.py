@@ -209,6 +209,10 @@ def test_apply_dry_run_status_and_revert_through_the_cli(tmp_path: Path, version
     assert statuses[f"{other}det-graphs"] == "not-needed"
     if new:  # rec's width bucket, chosen with --scheme, then the default again
         rec, predictor = f"{prefix}rec-graphs", env.site / folder / "predict_rec.py"
+        dry = env.cli("apply", "--dry-run", "--scheme", "bucket", "--only", rec)
+        assert dry.returncode == 0, dry.stderr
+        added = [line for line in dry.stdout.splitlines() if line.startswith("+")]
+        assert sum("(self.net, inp, rocmfix_width_bucket=320)" in line for line in added) == 3
         result = env.cli("apply", "--scheme", "bucket", "--only", rec)
         assert result.returncode == 0, result.stderr
         assert predictor.read_text().count("rocmfix_width_bucket=320)") == 3
