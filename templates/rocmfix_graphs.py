@@ -353,12 +353,13 @@ def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, **kwargs: Any
         pass
     state.count("eager")
     out = model(*args, **kwargs)
-    if rocmfix_width_bucket and state.lengths is not None and len(state.lengths) < _MAX_SEEN:
+    lengths = state.lengths  # (another thread may turn the bucket off meanwhile)
+    if rocmfix_width_bucket and lengths is not None and len(lengths) < _MAX_SEEN:
         outputs: list[torch.Tensor] = []
         with contextlib.suppress(_Unsupported):
             _flatten(out, outputs, inputs=False)
         if len(outputs) == 1 and outputs[0].dim() > 2:  # a stock length, for the bucket's cut
-            state.lengths[leaves[0].shape[-1]] = outputs[0].shape[1]
+            lengths[leaves[0].shape[-1]] = outputs[0].shape[1]
     return out
 
 
@@ -400,10 +401,9 @@ def _pad(state: _State, leaves: list[torch.Tensor], bucket: int
 
 
 def _length(state: _State, width: int) -> int | None:
-    """The sequence length a stock call at ``width`` makes, where known. A model that takes its
-    width down by a stride s (strided convs and pools; s read from a bucketed output) makes a
-    step more each s columns: the length at a known width of the same remainder mod s, moved."""
-    for known, length in (state.lengths or {}).items():
+    """The sequence length a stock call at ``width`` makes, where known: that at a known width
+    of the same remainder mod the stride s (from a bucketed output), a step more each s columns."""
+    for known, length in list((state.lengths or {}).items()):  # (a copy: others may add)
         if state.stride and (width - known) % state.stride == 0:
             return length + (width - known) // state.stride
     return None
