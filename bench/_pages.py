@@ -28,7 +28,7 @@ import os
 import random
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ class Page:
     image: np.ndarray  # H x W x 3 uint8, RGB
     lines: list[tuple[float, float, float, float]]  # pixel boxes x0, y0, x1, y1
     blocks: list[tuple[int, int, int, int]]
+    texts: list[str] = field(default_factory=list)  # each line's characters, spaces left out
 
 
 def _sentence(rng: random.Random, n: int) -> str:
@@ -167,8 +168,10 @@ def _table_region(found: dict[int, list[tuple[float, float]]], start: tuple[int,
         found.setdefault(end[0], []).append((0.0, end[1]))
 
 
-def _lines(textpage: Any, page_height: float) -> list[tuple[float, float, float, float]]:
-    """Runs of characters on one baseline (PDF points, top-left origin)."""
+def _lines(textpage: Any, page_height: float, texts: list[str] | None = None
+           ) -> list[tuple[float, float, float, float]]:  # fmt: skip
+    """Runs of characters on one baseline (PDF points, top-left origin); each run's characters
+    (spaces left out) appended to ``texts`` where given."""
     runs: list[list[float]] = []
     cur: list[float] | None = None
     for i in range(textpage.count_chars()):
@@ -184,9 +187,13 @@ def _lines(textpage: Any, page_height: float) -> list[tuple[float, float, float,
             same_line = abs((top + bottom) / 2 - (cur[1] + cur[3]) / 2) < 0.5 * h
             if same_line and x0 - cur[2] < 2 * h and x0 >= cur[0]:
                 cur[2], cur[1], cur[3] = max(cur[2], x1), min(cur[1], top), max(cur[3], bottom)
+                if texts is not None:
+                    texts[-1] += ch
                 continue
             runs.append(cur)
         cur = [x0, top, x1, bottom]
+        if texts is not None:
+            texts.append(ch)
     if cur is not None:
         runs.append(cur)
     return [(a, b, c, d) for a, b, c, d in runs]
@@ -230,7 +237,8 @@ def load_pages(paths: list[Path], limit: int | None = None) -> list[Page]:
         for index in range(len(pdf)):
             page = pdf[index]
             height = page.get_height()
-            lines = _lines(page.get_textpage(), height)
+            texts: list[str] = []
+            lines = _lines(page.get_textpage(), height, texts)
             image = page.render(scale=scale).to_numpy()[:, :, :3].copy()
             ih, iw = image.shape[:2]
             px = [
@@ -242,7 +250,7 @@ def load_pages(paths: list[Path], limit: int | None = None) -> list[Page]:
                  min(ih, int(d * scale) + 1))
                 for a, b, c, d in _blocks(lines, tables.get(str(index + 1), []))
             ]  # fmt: skip
-            pages.append(Page(f"{path.stem}:{index + 1}", image, px, blocks))
+            pages.append(Page(f"{path.stem}:{index + 1}", image, px, blocks, texts))
             if limit is not None and len(pages) >= limit:
                 return pages
     return pages
@@ -259,16 +267,19 @@ def block_crops(page: Page, paste: int = 50) -> list[np.ndarray]:
     return crops
 
 
-def line_crops(page: Page, mineru_image: Any) -> list[np.ndarray]:
+def line_crops(page: Page, mineru_image: Any, texts: list[str] | None = None) -> list[np.ndarray]:
     """Each text line cropped as MinerU crops a det box for rec
-    (``get_rotate_crop_image_for_text_rec``), from the BGR page."""
+    (``get_rotate_crop_image_for_text_rec``), from the BGR page; the text of each line kept
+    appended to ``texts`` where given."""
     bgr = np.ascontiguousarray(page.image[:, :, ::-1])
     crops = []
-    for x0, y0, x1, y1 in page.lines:
+    for index, (x0, y0, x1, y1) in enumerate(page.lines):
         pts = np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]], dtype=np.float32)
         crop = mineru_image.get_rotate_crop_image_for_text_rec(bgr, pts)
         if crop is not None and min(crop.shape[:2]) > 0:
             crops.append(crop)
+            if texts is not None:
+                texts.append(page.texts[index])
     return crops
 
 

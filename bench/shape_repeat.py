@@ -117,12 +117,15 @@ SCHEMES: dict[str, dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]]] = {
 
 
 def runner_counts(
-    shapes: list[tuple[int, ...]], pad: bool, policy: tuple[int, int] | None = None
-) -> dict[str, int]:
+    shapes: list[tuple[int, ...]], pad: bool, policy: tuple[int, int] | None = None,
+    bucket: int = 0,
+) -> dict[str, int]:  # fmt: skip
     """The calls through templates/rocmfix_graphs.py itself (its default caps and capture
-    policy, or ``policy``: (MIN_SEEN, PAYBACK); padding on or off), its device side a
+    policy, or ``policy``: (MIN_SEEN, PAYBACK); padding on or off; rec's width bucket where
+    ``bucket`` is given, as the bucket scheme's patched call passes it), its device side a
     stand-in that captures and replays on the CPU (tests/graphs_fake.py), the model a
-    stand-in that returns a row per input row."""
+    stand-in that returns a row per input row and, as PP-OCRv6 rec does (measured on MinerU
+    4.0.12's model), (width + 3) // 8 steps a row."""
     import importlib.util
 
     import torch
@@ -143,13 +146,13 @@ def runner_counts(
 
     class Rows(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x[:, 0, 0, :1] * 2
+            return x[:, 0, 0, : (x.shape[-1] + 3) // 8, None] * 2
 
     model = Rows().eval()
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for shape in shapes:
-            runner.forward(model, torch.empty(shape))
+            runner.forward(model, torch.zeros(shape), rocmfix_width_bucket=bucket)
     counts: dict[str, int] = runner.stats(model)["counts"]
     return counts
 
@@ -216,12 +219,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     found["all"]["det, whole page"] = summary(seen["det page"])
     found["runner"] = {}
     for model in ("det", "rec"):
-        widths = {"": lambda s: s, ", width /64": lambda s: (*s[:3], _up(s[3], 64)),
-                  ", width /128": lambda s: (*s[:3], _up(s[3], 128))}  # fmt: skip
-        for label, scheme in widths.items() if model == "rec" else [("", lambda s: s)]:
-            for pad in (False, True):
-                name = f"{model}{label}, padding {'on' if pad else 'off'}"
-                found["runner"][name] = runner_counts([scheme(s) for s in seen[model]], pad)
+        for pad in (False, True):
+            name = f"{model}, padding {'on' if pad else 'off'}"
+            found["runner"][name] = runner_counts(seen[model], pad, (2, 0))
+    # rec's width bucket (the bucket scheme), through the runner as it is now (its capture
+    # policy and caps), over the mix and the mix twice.
+    for bucket in BUCKETS:
+        for mix, calls in (("", seen["rec"]), (", twice", seen["rec"] * 2)):
+            name = f"rec{mix}: {f'width bucket {bucket}' if bucket else 'exact'}"
+            found["runner"][name] = runner_counts(calls, True, None, bucket)
     found["rec widths"] = sorted(collections.Counter(s[3] for s in seen["rec"]).items())
     # The capture policy (MIN_SEEN, PAYBACK) over the shapes as MinerU calls them, and over
     # the mix twice: what bench/page_gpu.py's 2nd pass sees (every shape once more).
@@ -236,6 +242,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
+# rec's width buckets weighed for the bucket scheme (0: exact, a graph per width).
+BUCKETS = (0, 64, 128, 256, 320, 384, 512)
 # (MIN_SEEN, PAYBACK): the old runner's, and the ones weighed for its default.
 POLICIES = [(2, 0), (2, 4), (3, 0), (3, 4), (3, 8), (4, 4)]
 # A rough price of each call, in eager forwards (H100, docs/performance-graphs.md): a replay
@@ -285,12 +293,14 @@ def main() -> None:
             f"{name:<36} {s['calls']:>5} {s['distinct']:>8} {s['seen once']:>4} "
             f"{s['replayable']:>5} ({share:.0%})"
         )
-    print("\nthrough the runner (8 graphs a model, capture at the 2nd sighting):")
+    print("\nthrough the runner (8 graphs a model; padding: capture at the 2nd sighting, no"
+          " payback; widths: its defaults):")  # fmt: skip
     for name, c in found["runner"].items():
         print(
             f"  {name:<30} captured {c.get('captured', 0):>3} replayed {c.get('replayed', 0):>4}"
-            f" eager {c.get('eager', 0):>4} (past the cap {c.get('past the cap', 0)})"
-            f" padded {c.get('padded', 0)}"
+            f" eager {c.get('eager', 0):>4} (past the cap {c.get('past the cap', 0)},"
+            f" not paying {c.get('not paying', 0)}, not bucketed {c.get('not bucketed', 0)})"
+            f" padded {c.get('padded', 0)} price {price(c):.2f}"
         )
     print(f"\ncapture policies (price: calls' time / stock's, at replay {REPLAY}, capture"
           f" {CAPTURE} eager forwards):")  # fmt: skip

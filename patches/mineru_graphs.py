@@ -41,6 +41,7 @@ from typing import Any
 import libcst as cst
 
 from rocmfix.errors import AnchorNotFoundError
+from rocmfix.ops import Scheme
 from rocmfix.patch import Classification, CodeShape, MinerUUse, Patch, TargetContext
 from rocmfix.rewrite import (
     call_name,
@@ -158,9 +159,10 @@ class _Route(cst.CSTTransformer):
     """Every ``<target> = <callee>(...)`` statement of the caller's, in its class where it
     names one, guarded by the runner's import (what transform writes, and classify counts)."""
 
-    def __init__(self, caller: Caller, module: cst.Module) -> None:
+    def __init__(self, caller: Caller, module: cst.Module, bucket: int) -> None:
         self.caller = caller
         self.module = module
+        self.bucket = bucket
         self.classes: list[str] = []
         self.routed = 0
 
@@ -183,8 +185,10 @@ class _Route(cst.CSTTransformer):
             return new
         assign = new.body[0]
         assert isinstance(assign, cst.Assign)
+        told = expression(self.module, f"f({BUCKET_ARG}={self.bucket})")
+        bucket = list(told.args) if self.bucket and isinstance(told, cst.Call) else []
         graphed: cst.BaseExpression = call.with_changes(
-            func=cst.Name(LOCAL), args=[cst.Arg(value=call.func), *call.args]
+            func=cst.Name(LOCAL), args=[cst.Arg(value=call.func), *call.args, *bucket]
         )
         value = assign.value
         if isinstance(value, cst.Attribute):
@@ -276,12 +280,15 @@ class _HostValues(cst.CSTTransformer):
         return new.with_changes(leading_lines=[*new.leading_lines, marker_line(HOST_WHY)])
 
 
-def transform(caller: Caller, path: str, scopes: tuple[str, ...], module: cst.Module) -> cst.Module:
-    """Route the caller's statements through the runner dropped beside ``path`` and, in the
-    classes ``scopes`` names, keep host values on the device (:class:`_HostValues`)."""
+def transform(
+    caller: Caller, path: str, scopes: tuple[str, ...], module: cst.Module, bucket: int = 0
+) -> cst.Module:
+    """Route the caller's statements through the runner dropped beside ``path`` (passing it
+    ``bucket``, where one is given) and, in the classes ``scopes`` names, keep host values on
+    the device (:class:`_HostValues`)."""
     if calls(module, LOCAL):
         raise AnchorNotFoundError(f"{LOCAL} is already called")
-    router = _Route(caller, module)
+    router = _Route(caller, module, bucket)
     routed = module.visit(router)
     if not router.routed:
         raise AnchorNotFoundError(f"no `x = {caller.callee}(...)` statement")
@@ -324,10 +331,14 @@ def _graphs(
 
 
 def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, what: str) -> Patch:
+    path, caller = f"{folder}/predict_{model}.py", Caller(cls_name)
+    bucketed = partial(transform, caller, path, (), bucket=BUCKET)
+    exact = partial(transform, caller, path, ())
     return _graphs(
         f"{prefix}-{model}-graphs",
-        f"{folder}/predict_{model}.py",
-        Caller(cls_name),
+        path,
+        caller,
+        settings=((EXACT, exact), (WIDTHS, bucketed)) if model == "rec" else (),
         summary=f"Replay predict_{model}.py's forward as CUDA/HIP graphs",
         # One wording for all nine, so that status and apply group them on one line.
         missing_reason=MISSING,
@@ -335,6 +346,24 @@ def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, w
         mineru=MinerUUse(what, own=True, small_model=True),
     )
 
+
+# rec's width bucket (issue 41): MinerU pads each batch of lines to its widest line, so rec
+# sees a new width nearly every batch and a graph per width rarely replays. The bucket scheme
+# has the runner pad the width with zeros (what MinerU pads with) up to a multiple of BUCKET
+# and cut the output's sequence back: more of MinerU's padding than stock gives the model, so
+# not exact; docs/performance-graphs.md measures what it does to the text with real weights.
+# 320: MinerU's narrowest batch (most batches) stays as it is, and its widest, 2560, makes 8
+# widths in all, the runner's graphs a model (bench/shape_repeat.py weighed 64 to 512).
+BUCKET = 320
+BUCKET_ARG = "rocmfix_width_bucket"
+EXACT = Scheme("exact", "a graph per input shape, as MinerU pads it (exact)", "exact", "")
+WIDTHS = Scheme(
+    "bucket",
+    f"rec's batch width padded up to a multiple of {BUCKET}: fewer shapes, more replays, "
+    "not bit for bit (docs/performance-graphs.md)",
+    f"width bucket {BUCKET}",
+    "",
+)
 
 OCR = tuple(_patch(*layout, *row) for layout in LAYOUTS for row in FILES)
 

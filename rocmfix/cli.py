@@ -25,7 +25,7 @@ from .errors import (
 )
 from .ops import OPS
 from .patch import Patch
-from .registry import all_patches, choose, named, scheme_names, select
+from .registry import all_patches, choose, named, scheme_names, select, setting_names
 from .render import console, help_hooks
 from .render.doctor import doctor_json, doctor_table
 from .render.kernels import kernels_json, kernels_table
@@ -39,6 +39,7 @@ from .write import commands as write
 # checked by the engine (registry.select, registry.check_scheme, registry.choose), whose errors
 # name what is wrong in rocmfix's own words instead of click's.
 SCHEMES = ", ".join(scheme_names())
+SETTINGS = ", ".join(setting_names())
 DEFAULT_SCHEMES = "; ".join(f"{op.title}: {op.default_scheme.name}" for op in OPS)
 OPS_CHOICE = ", ".join(op.name for op in OPS)
 DISTRIBUTIONS = ", ".join(dict.fromkeys(p.distribution for p in all_patches()))
@@ -204,8 +205,8 @@ def apply(
         typer.Option(
             "--scheme",
             metavar="SCHEME",
-            help=f"How the kernel patches run their op: {SCHEMES} (`rocmfix list` describes "
-            "each); a patch that does not offer it "
+            help=f"How the kernel patches run their op: {SCHEMES}; settings other patches "
+            f"offer: {SETTINGS} (`rocmfix list` describes each); a patch that does not offer it "
             f"keeps its own default ({DEFAULT_SCHEMES}).",
         ),
     ] = None,

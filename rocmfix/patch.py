@@ -128,6 +128,9 @@ class Patch:
     # are settings of the user's stack): it offers no other, and apply follows what doctor
     # measured of that scheme, not of the op's best.
     realizes: str | None = None
+    # A patch without an op may offer settings of its rewrite as schemes, each with its own
+    # transform (the first the default): the rec graph replay's width bucket, say.
+    settings: tuple[tuple[Scheme, Transformer], ...] = ()
 
     def parse(self, data: bytes) -> cst.Module:
         """The module ``classify`` reads: the whole file, or only its focus class."""
@@ -136,7 +139,7 @@ class Patch:
     @property
     def schemes(self) -> tuple[Scheme, ...]:
         if self.op is None:
-            return ()
+            return tuple(scheme for scheme, _ in self.settings)
         if self.realizes is not None:
             return (self.op.scheme(self.realizes),)
         return self.op.schemes
@@ -158,6 +161,10 @@ class Patch:
         if self.op is None:
             return None
         return self.op.scheme(name or self.schemes[0].name)
+
+    def transformer(self, scheme: str | None) -> Transformer:
+        """The transform that writes ``scheme``: a setting's own, else the patch's one."""
+        return next((t for s, t in self.settings if s.name == scheme), self.transform)
 
     def drops(self, scheme: str | None) -> tuple[Drop, ...]:
         if self.op is None and self.runner is not None and self.kernel_module is not None:

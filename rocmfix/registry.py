@@ -27,6 +27,11 @@ def scheme_names() -> tuple[str, ...]:
     return tuple(dict.fromkeys(s.name for op in OPS for s in op.schemes))
 
 
+def setting_names() -> tuple[str, ...]:
+    """The schemes of patches without an op: settings of their one rewrite."""
+    return tuple(dict.fromkeys(s.name for p in all_patches() for s, _ in p.settings))
+
+
 def select(patches: Sequence[Patch], only: Iterable[str] = ()) -> tuple[Patch, ...]:
     """Patches named by id or by distribution; all of them when ``only`` is empty."""
     wanted = list(dict.fromkeys(only))
@@ -91,8 +96,7 @@ def check_scheme(patches: Sequence[Patch], scheme: str | None) -> None:
         else f"{', '.join(ids)} {'have' if len(ids) > 1 else 'has'} one fixed rewrite, no schemes"
         for names, ids in groups.items()
     )
-    if scheme not in scheme_names():
-        raise UsageError(
-            f"unknown scheme {scheme!r}", hint=f"choose from {', '.join(scheme_names())}"
-        )
+    known = (*scheme_names(), *setting_names())
+    if scheme not in known:
+        raise UsageError(f"unknown scheme {scheme!r}", hint=f"choose from {', '.join(known)}")
     raise UsageError(f"no selected patch offers scheme {scheme!r}", hint=offers)

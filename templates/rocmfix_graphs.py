@@ -3,8 +3,8 @@
 rocmfix dropped this file beside a file of MinerU's that calls one of its small models
 (``self.net(inp)`` in the PaddleOCR predictors, say) and rewrote that call to
 :func:`forward`; ``rocmfix revert`` removes it. Once the slow ops are fast, these models are
-bound by Python and kernel launches: a PP-OCRv6 det forward does 1.6-1.9 ms of GPU work in a
-4.5 ms eager call on an H100. A graph replays the whole forward's launches at once.
+bound by Python and kernel launches (docs/performance-graphs.md): a graph replays the whole
+forward's launches at once.
 
 What it does, per model (a weak reference: the model's lifetime is the caller's):
 
@@ -22,8 +22,9 @@ What it does, per model (a weak reference: the model's lifetime is the caller's)
   until then new shapes run eager (more shapes in turn than the cap would otherwise be
   captured again on every call); the pool's memory is reused by the next capture;
 - no new shape captured while the model's graphs have paid back less than :data:`PAYBACK`
-  replays per capture (once it has :data:`PAYBACK_AFTER`): a mix whose shapes rarely come
-  back runs eager, at the cost of those first captures;
+  replays per capture, the capture calls not counted (once it has :data:`PAYBACK_AFTER`; 0
+  turns this off): a mix whose shapes rarely come back runs eager, at the cost of those first
+  captures, until the graphs it has are replayed enough;
 - at most :data:`MAX_CAPTURES` captures a model in all (a caller whose shapes never settle
   stops paying for captures), and no new capture once the model's pool holds
   :data:`MAX_BYTES` (the memory held can pass it by one capture's); :func:`held_bytes` and
@@ -35,27 +36,23 @@ class and reason in a ``RuntimeWarning`` that cannot become an exception (not ev
 tensors and constants (tuples, lists and dicts of them are taken apart), a capture that
 raised (no more captures for that model), a replay that failed (that graph dropped), a
 shape past the caps.
-Batches (issue 41): a call whose one input is a batch of images (one tensor of two or more
-dimensions) with fewer rows than the largest batch the model has been called with, but at
-least half as many, is padded with rows of zeros up to that batch, replayed from that batch's
-graph and its outputs cut back to the rows asked for (an output that is not a tensor with the
-batch as its first dimension turns padding off for the model). MinerU's predictors call det
-with up to 16 crops of a shape and rec with 6 lines but leave a short batch at the end of a
-group or window; padded, those calls replay the full batch's graph instead of capturing
-their own. The rows asked for are computed as eager computes them only where a batch's rows
-are independent of each other, as they are in every model the patches route (eval-mode
-convolutional and attention networks, whose attention runs within a row): the same values,
-though a GPU library may pick another kernel for the larger batch, so not always the same
-bits. ``ROCMFIX_GRAPHS_PAD_BATCH=0`` turns padding off.
+Batches (issue 41): MinerU's predictors leave a short batch at the end of a group or window
+(det takes up to 16 crops of a shape, rec 6 lines); padded with rows of zeros (:func:`_pad`),
+it replays the full batch's graph instead of capturing its own. Each row asked for is what
+eager computes where a batch's rows are independent, as in every model the patches route
+(eval-mode conv and attention networks, attention within a row): the same values, though a
+GPU library may pick another kernel for the larger batch, so not always the same bits.
+``ROCMFIX_GRAPHS_PAD_BATCH=0`` turns padding off.
+Widths (``--scheme bucket``, MinerU's rec): a call given ``rocmfix_width_bucket=B`` has its
+batch's width padded with zeros up to a multiple of B and its output's sequence cut back to a
+stock call's length (:func:`_length`): more zero columns than stock, not exact.
 CPU inputs and ``torch.compile``'d callers are left to the stock call without a word: there
 is nothing to replay on a CPU, and a warning would break the compiler's graph. So is a model
 called inside another model's capture (PP-DocLayoutV2's backbone inside the whole detector):
 the outer graph holds it; were that capture to fail, the inner one is replayed on its own.
 
-:func:`constant` is what patched files write host values into device tensors with
-(``torch.tensor(self.config.class_order, device=...)``, ``spatial_shapes[level, 0] = height``):
-a copy from the host waits for it, which a capture refuses; a device tensor kept per value
-is read by the graph instead.
+:func:`constant` keeps on the device the host values patched files write into device tensors
+(``torch.tensor(self.config.class_order, device=...)``): a capture refuses a host copy.
 ``ROCMFIX_GRAPHS=0`` in the environment (read at import) turns all of it off;
 ``ROCMFIX_GRAPHS_AFTER`` and ``ROCMFIX_GRAPHS_PAYBACK`` set :data:`MIN_SEEN` and
 :data:`PAYBACK`.
@@ -68,6 +65,7 @@ call :func:`reset` after changing a live model). Standard library and torch's pu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -81,7 +79,8 @@ from typing import Any
 import torch
 
 SCHEME = "graphs"
-ENABLED = os.environ.get("ROCMFIX_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
+_OFF = ("0", "false", "no", "off")
+ENABLED = os.environ.get("ROCMFIX_GRAPHS", "1").strip().lower() not in _OFF
 
 
 def _count_from_env(name: str, default: int) -> int:
@@ -90,31 +89,21 @@ def _count_from_env(name: str, default: int) -> int:
     return int(value) if value.isdigit() else default
 
 
-# A signature is captured at its MIN_SEEN-th sighting; the runs before are eager (and the
-# warm-up). MinerU's page mix shows most shapes once or twice (docs/performance-graphs.md):
-# a capture costs several forwards, so a shape seen twice does not pay one back.
+# MinerU's page mix shows most shapes once or twice (docs/performance-graphs.md): a capture
+# costs several forwards, so a shape seen twice does not pay one back.
 MIN_SEEN = max(1, _count_from_env("ROCMFIX_GRAPHS_AFTER", 3))
-# Once a model has PAYBACK_AFTER graphs, a new shape is captured only while its graphs have
-# been replayed at least PAYBACK times per capture (the capture calls themselves not
-# counted): a mix whose shapes do not come back stops paying for captures, and starts again
-# once the graphs it has are replayed enough. 0 turns this off.
 PAYBACK = _count_from_env("ROCMFIX_GRAPHS_PAYBACK", 4)
 PAYBACK_AFTER = 2
 MAX_GRAPHS = 8
 MAX_CAPTURES = 64
-# A graph not replayed in the last STALE_AFTER x MAX_GRAPHS calls of its model may be dropped
-# for a new shape once MAX_GRAPHS are kept.
 STALE_AFTER = 4
 # A model's graph memory cap (MiB; ROCMFIX_GRAPHS_MAX_MIB): PP-DocLayoutV2 at MinerU's batch of
 # two 800x800 pages takes more than 1 GiB in one graph (docs/performance-graphs.md).
 MAX_BYTES = _count_from_env("ROCMFIX_GRAPHS_MAX_MIB", 1024) << 20
-PAD_BATCH = os.environ.get("ROCMFIX_GRAPHS_PAD_BATCH", "1").strip().lower() not in (
-    "0", "false", "no", "off"
-)  # fmt: skip
-# Signatures counted per model before the count starts again (a bound, not a policy).
+PAD_BATCH = os.environ.get("ROCMFIX_GRAPHS_PAD_BATCH", "1").strip().lower() not in _OFF
+# Bounds, not policies: signatures counted per model (then the count starts again) and the
+# width bucket's stock lengths kept; values :func:`constant` keeps (then each call makes one).
 _MAX_SEEN = 1024
-
-# Values :func:`constant` keeps (a bound: past it, each call makes a fresh tensor).
 _MAX_CONSTANTS = 1024
 
 __all__ = ["ENABLED", "SCHEME", "constant", "forward", "held_bytes", "reset", "stats"]
@@ -136,9 +125,7 @@ def _flatten(value: Any, leaves: list[torch.Tensor], inputs: bool) -> Any:
         leaves.append(value)
         return ("T",)
     kind = type(value)
-    if kind in (tuple, list):
-        return (kind, tuple(_flatten(v, leaves, inputs) for v in value))
-    if isinstance(value, tuple) and hasattr(kind, "_fields"):
+    if kind in (tuple, list) or (isinstance(value, tuple) and hasattr(kind, "_fields")):
         return (kind, tuple(_flatten(v, leaves, inputs) for v in value))
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         keys = tuple(value)
@@ -219,9 +206,9 @@ class _Backend:
 
     def capture(self, device: torch.device, pool: Any, run: Callable[[], Any]) -> tuple[Any, Any]:
         """(graph, outputs) of ``run`` captured on a side stream, after a warm-up there."""
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device)
+        stream = self._streams.get(device) or self._streams.setdefault(
+            device, torch.cuda.Stream(device)
+        )
         current = torch.cuda.current_stream(device)
         stream.wait_stream(current)
         with torch.cuda.stream(stream):
@@ -229,8 +216,7 @@ class _Backend:
         current.wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         # What torch.cuda.graph() does, less its empty_cache(): that would hand the eager
-        # calls' cached blocks back to the driver, and every later eager forward would
-        # allocate them again.
+        # calls' cached blocks back to the driver, for later eager forwards to allocate again.
         torch.cuda.synchronize(device)
         with torch.cuda.stream(stream):
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
@@ -278,6 +264,9 @@ class _State:
         self.counts: dict[str, int] = {}
         self.calls = 0
         self.batch = 0  # the largest batch seen; -1 once padding is off for this model
+        # The width bucket's (:func:`_length`): the stride, 0 until known; None: never again.
+        self.stride = 0
+        self.lengths: dict[int, int] | None = {}
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -291,9 +280,7 @@ def _state(model: Any) -> _State:
     found = _states.get(model)
     if found is None:
         with _states_lock:
-            found = _states.get(model)
-            if found is None:
-                found = _states[model] = _State()
+            found = _states.setdefault(model, _State())
     return found
 
 
@@ -329,7 +316,7 @@ _capturing: threading.local = sys.modules.setdefault(
 ).__dict__.setdefault("capturing", threading.local())
 
 
-def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
+def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, **kwargs: Any) -> Any:
     """``model(*args, **kwargs)``, replayed from a graph where one was captured for these
     inputs; the stock call wherever it cannot be (see the module's docstring)."""
     if not ENABLED or _is_compiling() or getattr(_capturing, "on", False):
@@ -340,8 +327,7 @@ def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
     except _Unsupported as exc:
         _tell(model, "inputs", str(exc))
         return model(*args, **kwargs)
-    backend = _BACKEND
-    if not leaves or not all(backend.on_device(t) for t in leaves):
+    if not leaves or not all(_BACKEND.on_device(t) for t in leaves):
         return model(*args, **kwargs)
     state = _state(model)
     reason = _eager_reason(model, leaves[0].device.type)
@@ -351,22 +337,30 @@ def forward(model: Any, *args: Any, **kwargs: Any) -> Any:
         return model(*args, **kwargs)
     try:
         with state.lock:
-            rows, leaves = _pad(state, leaves)
+            cut, padded = _pad(state, leaves, rocmfix_width_bucket)
             key = (
                 spec,
-                tuple((t.shape, t.stride(), t.dtype, t.device) for t in leaves),
+                tuple((t.shape, t.stride(), t.dtype, t.device) for t in padded),
                 torch.is_inference_mode_enabled(),
             )
             state.calls += 1
             found = state.graphs.get(key)
             if found is not None:
-                return _replay(model, state, key, found, leaves, rows)
+                return _replay(model, state, key, found, padded, cut)
             if state.broken is None and key not in state.failed and _due(state, key):
-                return _capture(model, state, key, spec, leaves, backend, rows)
+                return _capture(model, state, key, spec, padded, cut)
     except _Fallback:
         pass
     state.count("eager")
-    return model(*args, **kwargs)
+    out = model(*args, **kwargs)
+    lengths = state.lengths  # (another thread may turn the bucket off meanwhile)
+    if rocmfix_width_bucket and lengths is not None and len(lengths) < _MAX_SEEN:
+        outputs: list[torch.Tensor] = []
+        with contextlib.suppress(_Unsupported):
+            _flatten(out, outputs, inputs=False)
+        if len(outputs) == 1 and outputs[0].dim() > 2:  # a stock length, for the bucket's cut
+            lengths[leaves[0].shape[-1]] = outputs[0].shape[1]
+    return out
 
 
 class _Fallback(Exception):
@@ -381,36 +375,66 @@ def _due(state: _State, key: Any) -> bool:
     return seen >= MIN_SEEN
 
 
-def _pad(state: _State, leaves: list[torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
-    """(rows asked for, the input padded to the largest batch seen) where padding applies,
-    else (0, the input as it is)."""
-    if not PAD_BATCH or state.batch < 0 or state.broken or len(leaves) != 1 or leaves[0].dim() < 2:
-        return 0, leaves
+def _pad(state: _State, leaves: list[torch.Tensor], bucket: int
+         ) -> tuple[tuple[int, int], list[torch.Tensor]]:  # fmt: skip
+    """((rows, width) asked for, the input padded with zeros: its rows up to the largest batch
+    seen, where that at most doubles them (a graph of its own costs less), its width up to a
+    multiple of ``bucket``) where padding applies, else ((0, 0), the input as it is)."""
+    if state.broken or len(leaves) != 1 or leaves[0].dim() < 2:
+        return (0, 0), leaves
     x = leaves[0]
-    rows = x.shape[0]
-    if rows >= state.batch:
+    rows, width = x.shape[0], x.shape[-1]
+    if PAD_BATCH and state.batch >= 0 and rows >= state.batch:
         state.batch = rows
-        return 0, leaves
-    if 2 * rows < state.batch:  # more padding than rows: a graph of its own costs less
-        return 0, leaves
+    more = state.batch - rows if PAD_BATCH and 2 * rows >= state.batch > rows else 0
+    wider = -width % bucket if bucket > 0 and x.dim() == 4 and state.lengths is not None else 0
+    if wider and state.stride and _length(state, width) is None:
+        wider = 0  # its stock length is not known yet: this call runs at its own width
+    if not (more or wider):
+        return (0, 0), leaves
     try:
-        padded = torch.cat((x, x.new_zeros((state.batch - rows, *x.shape[1:]))))
+        padded = torch.nn.functional.pad(x, (0, wider, *(0, 0) * (x.dim() - 2), 0, more))
     except Exception:  # noqa: BLE001 - out of memory, say: this call runs as it came
-        return 0, leaves
+        return (0, 0), leaves
     state.count("padded")
-    return rows, [padded]
+    return (rows if more else 0, width if wider else 0), [padded]
 
 
-def _cut(state: _State, outputs: list[torch.Tensor], rows: int, batch: int) -> list[torch.Tensor]:
-    if all(t.dim() and t.shape[0] == batch for t in outputs):
-        return [t[:rows] for t in outputs]
-    state.batch = -1  # not the batch first: never padded again
-    state.count("not padded")
-    raise _Fallback
+def _length(state: _State, width: int) -> int | None:
+    """The sequence length a stock call at ``width`` makes, where known: that at a known width
+    of the same remainder mod the stride s (from a bucketed output), a step more each s columns."""
+    for known, length in list((state.lengths or {}).items()):  # (a copy: others may add)
+        if state.stride and (width - known) % state.stride == 0:
+            return length + (width - known) // state.stride
+    return None
+
+
+def _cut(state: _State, outputs: list[torch.Tensor], cut: tuple[int, int], padded: torch.Tensor
+         ) -> list[torch.Tensor]:  # fmt: skip
+    """The outputs as the call asked for them (:func:`_pad`): its rows, its sequence (dim 1)
+    as long as a stock call at its width makes it, else the stock call."""
+    rows, width = cut
+    if rows and not all(t.dim() and t.shape[0] == padded.shape[0] for t in outputs):
+        state.batch = -1  # not the batch first: never padded again
+        state.count("not padded")
+        raise _Fallback
+    if width:
+        steps = outputs[0].shape[1] if len(outputs) == 1 and outputs[0].dim() > 2 else 0
+        if state.lengths is not None and steps and padded.shape[-1] % steps == 0:
+            state.stride = padded.shape[-1] // steps
+            state.lengths.setdefault(padded.shape[-1], steps)
+        else:
+            state.lengths = None  # an output that does not follow the width: never bucketed
+        length = _length(state, width)
+        if length is None:
+            state.count("not bucketed")
+            raise _Fallback
+        outputs = [t[:, :length] for t in outputs]
+    return [t[:rows] for t in outputs] if rows else outputs
 
 
 def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[torch.Tensor],
-            rows: int = 0) -> Any:  # fmt: skip
+            cut: tuple[int, int] = (0, 0)) -> Any:  # fmt: skip
     try:
         if list(map(torch.Tensor.data_ptr, found.weights)) != found.addresses:
             _drop(state, key)
@@ -419,10 +443,7 @@ def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[tor
         for static, t in zip(found.inputs, leaves):
             static.copy_(t)
         _BACKEND.replay(found.graph)
-        if rows:
-            outputs = [t.clone() for t in _cut(state, found.outputs, rows, leaves[0].shape[0])]
-        else:
-            outputs = [t.clone() for t in found.outputs]
+        outputs = [t.clone() for t in _cut(state, found.outputs, cut, leaves[0])]
     except _Fallback:
         raise
     except Exception as exc:
@@ -447,15 +468,15 @@ def _drop(state: _State, key: Any) -> None:
 
 
 def _in_use(state: _State) -> bool:
-    """Whether the least recently used graph was replayed lately: more shapes in turn than
-    the cap would otherwise drop and capture again on every call (a capture costs several
-    forwards), so a new shape waits, eager, until a graph has gone stale."""
+    """Whether the least recently used graph was replayed lately (a new shape waits, eager,
+    until one has gone stale: see the module's docstring)."""
     oldest = next(iter(state.graphs.values()))
     return state.calls - oldest.last <= STALE_AFTER * MAX_GRAPHS
 
 
 def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.Tensor],
-             backend: _Backend, rows: int = 0) -> Any:  # fmt: skip
+             cut: tuple[int, int] = (0, 0)) -> Any:  # fmt: skip
+    backend = _BACKEND
     busy = len(state.graphs) >= MAX_GRAPHS and _in_use(state)
     if state.full or state.captures >= MAX_CAPTURES or busy:
         state.count("past the cap")
@@ -471,9 +492,7 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
     try:
         static = [torch.empty_like(t).copy_(t) for t in leaves]
         call_args, call_kwargs = _rebuild(spec, static, [0])
-        pool = state.pools.get(device)
-        if pool is None:
-            pool = state.pools[device] = backend.new_pool(device)
+        pool = state.pools.get(device) or state.pools.setdefault(device, backend.new_pool(device))
         before = backend.reserve(device)
         state.captures += 1
         _capturing.on = True
@@ -516,7 +535,7 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
     while len(state.graphs) > MAX_GRAPHS:
         _drop(state, next(iter(state.graphs)))
         state.count("dropped")
-    return _replay(model, state, key, found, leaves, rows)
+    return _replay(model, state, key, found, leaves, cut)
 
 
 # -- host values as device tensors ----------------------------------------------------------
@@ -558,17 +577,14 @@ def held_bytes(model: Any = None) -> int:
     """Device memory the graphs hold: one model's, or every live model's (approximate: the
     growth of the allocator's reserve across each capture, plus the captured inputs)."""
     if model is not None:
-        found = _states.get(model)
-        return found.held if found is not None else 0
+        return (_states.get(model) or _State()).held
     return sum(s.held for s in list(_states.values()))
 
 
 def stats(model: Any) -> dict[str, Any]:
     """What the runner did with ``model``: graphs kept, bytes held, and counts of captures,
     replays and eager runs by reason."""
-    found = _states.get(model)
-    if found is None:
-        return {"graphs": 0, "held_bytes": 0, "captures": 0, "broken": None, "counts": {}}
+    found = _states.get(model) or _State()
     return {
         "graphs": len(found.graphs),
         "held_bytes": found.held,

@@ -542,7 +542,83 @@ def test_a_pad_that_fails_runs_the_call_as_it_came(
 
         x = torch.randn(4, 3, 8, 8)
         with monkeypatch.context() as patched:
-            patched.setattr(torch, "cat", no_memory)
+            patched.setattr(torch.nn.functional, "pad", no_memory)
             out = graphs.forward(net, x)  # eager, unpadded: nothing raised in the forward
         assert _same(out, net(x))
     assert "padded" not in graphs.stats(net)["counts"] and not said(told)
+
+
+class Lines(nn.Module):
+    """A text-line recogniser's shapes: (N, 3, 4, W) in, (N, T, 5) out, T the width taken down
+    by a stride of 4 as convs and pools do it (a conv's ceil, then a pool's floor). No bias:
+    zero columns stay zero, so cutting the bucketed output back is exact here; a trained
+    model's are not (docs/performance-graphs.md measures what they do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, (4, 3), stride=(4, 2), padding=(0, 1), bias=False)
+        self.pool = nn.AvgPool2d((1, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.conv(x)).squeeze(2).transpose(1, 2)
+
+
+class RecLines(Lines):
+    """PP-OCRv6 rec's output: a dict of the CTC logits and a constant."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, Any]:  # type: ignore[override]
+        return {"ctc_logits": super().forward(x), "ctc_use_raw_logits": True}
+
+
+@pytest.mark.parametrize("kind", [Lines, RecLines])
+def test_widths_in_one_bucket_replay_one_graph_cut_back_to_the_stock_length(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught, kind: type[nn.Module]
+) -> None:
+    net = kind().eval()
+    with torch.inference_mode():
+        for width in (33, 35, 37, 39, 36, 40, 34, 38, 41, 46):  # all in the bucket of 48
+            x = torch.randn(6, 3, 4, width)
+            out, want = graphs.forward(net, x, rocmfix_width_bucket=16), net(x)
+            assert [t.shape for t in leaves(out)] == [t.shape for t in leaves(want)], width
+            assert _same(out, want) and type(out) is type(want)
+    counts = graphs.stats(net)["counts"]
+    # 33: eager (its length noted). 35: captured at 48, whose output gives the stride 4; no
+    # width of 35's remainder mod 4 known yet: the stock call (noted). Then each width's length
+    # is known from one of the same remainder (37 from 33, 39 from 35, 36 and 40 from 48), but
+    # 34's: it runs at its own width, eager, and is noted (38 and 46 from it).
+    assert fake.captures == 1 and counts["captured"] == 1 and counts["padded"] == 9
+    assert counts["replayed"] == 7 and counts["not bucketed"] == 1, counts
+    assert counts["eager"] == 3 and not said(told)
+
+
+def test_a_bucket_only_where_the_output_follows_the_width(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    class Pooled(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.mean((2, 3))  # (N, 3): no sequence to cut back
+
+    net = Pooled().eval()
+    with torch.inference_mode():
+        for width in (33, 35, 37, 37, 37):
+            x = torch.randn(6, 3, 4, width)
+            assert torch.equal(graphs.forward(net, x, rocmfix_width_bucket=16), x.mean((2, 3)))
+    counts = graphs.stats(net)["counts"]
+    # The one bucketed capture shows no sequence: never bucketed again; 37 is its own graph.
+    assert counts["not bucketed"] == 1 and counts["captured"] == 2 and counts["replayed"] == 2
+    assert not said(told)
+
+
+def test_no_bucket_without_the_argument_or_for_other_inputs(
+    graphs: ModuleType, fake: CpuGraphs
+) -> None:
+    net = Lines().eval()
+    with torch.inference_mode():
+        for width in (33, 35, 37, 33, 35, 37):
+            graphs.forward(net, torch.randn(6, 3, 4, width))  # no bucket: a graph per width
+        assert fake.captures == 3 and "not bucketed" not in graphs.stats(net)["counts"]
+        other = Net().eval()
+        for _ in range(3):  # a 4-D input, but through a nested call: two tensors, not bucketed
+            out = graphs.forward(other, torch.randn(2, 3, 8, 9), scale=torch.ones(()),
+                                 rocmfix_width_bucket=16)  # fmt: skip
+            assert out["maps"].shape[-1] == 9

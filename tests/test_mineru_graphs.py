@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import libcst as cst
@@ -21,10 +22,12 @@ import pytest
 from graphs_fake import second_sighting
 from packaging.version import Version
 
-from rocmfix.errors import AnchorNotFoundError
+from rocmfix.errors import AnchorNotFoundError, ManifestError
+from rocmfix.manifest import ManifestEntry
 from rocmfix.patch import CodeShape, Patch, TargetContext
 from rocmfix.registry import all_patches
 from rocmfix.rewrite import MARKER
+from rocmfix.write.verdicts import check_entry
 
 import releases
 from conftest import ROOT, InstalledEnv, fake_torch, files_under, install_release
@@ -76,6 +79,39 @@ def test_rewrite() -> None:
     kept = [line for line in before.splitlines() if b"= self.net(" not in line]
     assert all(line in after.splitlines() for line in kept)
     assert after.count(b"_rocmfix_graph_forward(self.net, ") == 2
+
+
+def test_rec_offers_the_width_bucket_as_a_scheme() -> None:
+    """rec's graphs patch has two schemes, exact (the default: the call as before) and
+    bucket (the call passes the runner its width bucket); det and cls have none."""
+    rec = _patch("mineru-ocr-rec-graphs")
+    assert rec.scheme_names == ("exact", "bucket") and rec.default_scheme == "exact"
+    assert all(not _patch(f"mineru-ocr-{m}-graphs").schemes for m in ("det", "cls"))
+    before = (GOLDEN / "ocr_predictor.py").read_bytes()
+    exact = rec.transformer("exact")(cst.parse_module(before)).bytes
+    assert exact == rec.transformer(None)(cst.parse_module(before)).bytes
+    assert b"rocmfix_width_bucket" not in exact
+    after = rec.transformer("bucket")(cst.parse_module(before)).bytes
+    # The golden rewrite (test_rewrite's), each routed call given the bucket, and nothing else.
+    assert exact == (GOLDEN / "ocr_predictor.graphs.patched.py").read_bytes()
+    assert after.count(b"_rocmfix_graph_forward(self.net, inp, rocmfix_width_bucket=320)") == 1
+    assert after.count(b", rocmfix_width_bucket=320)") == 2
+    assert after.replace(b", rocmfix_width_bucket=320", b"") == exact
+    assert rec.classify(rec.parse(after), CTX).shape is CodeShape.PATCHED
+    assert rec.drops("bucket") == rec.drops("exact")  # the same runner, told by the call
+
+
+def test_a_rec_patch_applied_before_its_schemes_is_the_default() -> None:
+    """A manifest written before rec had schemes names none: read as applied (its default,
+    what it wrote then), where any other unknown scheme is refused."""
+    rec = _patch("mineru-ocr-rec-graphs")
+    entry = ManifestEntry(
+        rec.id, "mineru", "4.0.12", rec.path, None, "0" * 64, "1" * 64, (), False, "now"
+    )
+    check_entry(rec, entry)
+    check_entry(rec, replace(entry, scheme="bucket"))
+    with pytest.raises(ManifestError, match="unknown scheme 'gemm'"):
+        check_entry(rec, replace(entry, scheme="gemm"))
 
 
 def test_a_hand_made_runner_name_is_not_rocmfixs() -> None:
@@ -171,6 +207,25 @@ def test_apply_dry_run_status_and_revert_through_the_cli(tmp_path: Path, version
     assert {v for k, v in statuses.items() if k.startswith(prefix) and "graphs" in k} == {"applied"}
     other = "mineru-utils-ocr-" if new else "mineru-ocr-"
     assert statuses[f"{other}det-graphs"] == "not-needed"
+    if new:  # rec's width bucket, chosen with --scheme, then the default again
+        rec, predictor = f"{prefix}rec-graphs", env.site / folder / "predict_rec.py"
+        dry = env.cli("apply", "--dry-run", "--scheme", "bucket", "--only", rec)
+        assert dry.returncode == 0, dry.stderr
+        added = [line for line in dry.stdout.splitlines() if line.startswith("+")]
+        assert sum("(self.net, inp, rocmfix_width_bucket=320)" in line for line in added) == 3
+        result = env.cli("apply", "--scheme", "bucket", "--only", rec)
+        assert result.returncode == 0, result.stderr
+        assert predictor.read_text().count("rocmfix_width_bucket=320)") == 3
+        found = {p["id"]: p for p in env.cli("status", "--json").json()["patches"]}
+        assert (found[rec]["verdict"], found[rec]["scheme"]) == ("applied", "bucket")
+        assert found[f"{prefix}det-graphs"]["scheme"] is None
+        result = env.cli("apply", "--only", rec)
+        assert result.returncode == 0, result.stderr
+        assert "rocmfix_width_bucket" not in predictor.read_text()
+        refused = env.cli("apply", "--scheme", "bucket", "--only", f"{prefix}det-graphs")
+        assert refused.returncode != 0 and "no selected patch offers scheme 'bucket'" in (
+            refused.stderr
+        )
     result = env.cli("revert")
     assert result.returncode == 0, result.stderr
     assert files_under(env.site) == before

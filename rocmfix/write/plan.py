@@ -50,11 +50,13 @@ def _change(
     return FileChange(kind, dist, rel, root / rel, rel, before, after, mode_from)
 
 
-def rewrite(env: Environment, patch: Patch, original: bytes, dist: Distribution) -> bytes:
+def rewrite(
+    env: Environment, patch: Patch, original: bytes, dist: Distribution, scheme: str | None
+) -> bytes:
     """The patched bytes of ``original``, checked to be recognised as rocmfix's own."""
     module = cst.parse_module(original)
     try:
-        new = patch.transform(module)
+        new = patch.transformer(scheme)(module)
     except AnchorNotFoundError as exc:
         raise AnchorNotFoundError(
             f"cannot rewrite {patch.path}: {exc.message}", hint=exc.hint
@@ -234,7 +236,7 @@ def plan_apply(
             # is the original this run records.
             original = current
         try:
-            patched = rewrite(env, patch, original, dist)
+            patched = rewrite(env, patch, original, dist, chosen)
         except AnchorNotFoundError as exc:
             # Forced past a changed file whose code rocmfix does not recognise: refused
             # with the others, so the run still says why for every patch at once.

@@ -143,7 +143,9 @@ def check_entry(patch: Patch, entry: ManifestEntry) -> None:
                 f"{drop.path}",
                 hint=hint,
             )
-    if patch.schemes and entry.scheme not in patch.scheme_names:
+    # A patch whose settings became schemes was applied before with none: its default.
+    named = (*patch.scheme_names, *((None,) if patch.settings else ()))
+    if patch.schemes and entry.scheme not in named:
         raise ManifestError(f"manifest entry {patch.id!r} has an unknown scheme {entry.scheme!r}")
 
 
