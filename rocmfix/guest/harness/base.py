@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .. import context
 from ..context import Context
+from ..protocol import OpSpec
+from ..timing import dtype, poison, rel_err
+
+# Relative error allowed per precision class: bf16/fp16 operands, fp32 through TF32 dots (what
+# torch lets cuDNN/MIOpen do by default, which the Triton kernels follow), strict fp32.
+TOLERANCE = {"f16": 1e-2, "tf32": 5e-3, "fp32": 1e-4}
 
 
 def fresh_generator(ctx: Context) -> Any:
@@ -50,17 +57,33 @@ def bn_act_reference(y: Any, bn: Any, act: str) -> Any:
 
 class Bench:
     """Inputs and fp64 reference of one doctor case (``rocmfix.ops.Case``, a shape MinerU
-    runs), and the calls doctor measures on them; built once per process."""
+    runs), and the calls doctor measures on them; built once per process. ``op`` is None
+    where tune builds it for its kernel. ``x`` is the input whose dtype the output has;
+    ``config_args``: what a scheme template's ``resolve_config`` takes after the device."""
 
     ref: Any
-    out_bytes: int
+    x: Any
+    config_args: tuple[Any, ...] = ()
+
+    def __init__(self, ctx: Context, op: OpSpec | None, shape: dict[str, Any]) -> None:
+        self.ctx, self.op, self.shape = ctx, op, shape
+        self.dtype = dtype(shape["dtype"])
+        self.generator = fresh_generator(ctx)
+
+    @property
+    def out_bytes(self) -> int:
+        return int(self.ref.numel()) * int(self.x.element_size())
 
     def native(self) -> Callable[[], Any]:
         raise NotImplementedError
 
+    def entry(self, module: Any) -> Callable[[], Any]:
+        """The call of a scheme's template, through the entry point the patch calls."""
+        raise NotImplementedError
+
     def scheme(self, module: Any) -> tuple[Callable[[], Any], dict[str, Any] | None]:
         """The call to measure for a scheme's template and the tile config it resolves to."""
-        raise NotImplementedError
+        return self.entry(module), resolved(self.ctx, module, *self.config_args)
 
     def setting(self, scheme: str) -> Callable[[], Any]:
         """The call to measure for a scheme with no template: a setting of the user's own
@@ -68,7 +91,20 @@ class Bench:
         raise NotImplementedError
 
     def tolerance(self) -> float:
-        raise NotImplementedError
+        return TOLERANCE["fp32" if self.shape["dtype"] == "float32" else "f16"]
+
+
+class LayerBench(Bench):
+    """A layer's bench: native is ``layer(x)``, a scheme is its template's ``ENTRY(x, layer)``."""
+
+    ENTRY = ""
+    layer: Any
+
+    def native(self) -> Callable[[], Any]:
+        return functools.partial(self.layer, self.x)
+
+    def entry(self, module: Any) -> Callable[[], Any]:
+        return functools.partial(getattr(module, self.ENTRY), self.x, self.layer)
 
 
 # One launch for the ahead-of-time check: kernel, args, launch keywords, operand class.
@@ -76,17 +112,16 @@ Launch = tuple[Any, tuple[Any, ...], dict[str, Any], "str | None"]
 
 
 class Kernel:
-    """One tunable kernel at one of MinerU's shapes: resolve, run and check a config.
-    ``config_args``: what the template's ``resolve_config`` takes after the device."""
+    """One tunable kernel at one of MinerU's shapes: resolve, run and check a config over the
+    calls it makes there, one doctor bench each (``benches``). A harness defines ``run``
+    (the kernel's own launch with an explicit config), ``precision``, ``key`` and
+    ``tolerance``."""
 
-    def __init__(self, ctx: Context, module: Any, shape: dict[str, Any]) -> None:
-        self.ctx = ctx
-        self.module = module
-        self.shape = shape
+    def __init__(self, ctx: Context, module: Any, shape: dict[str, Any], benches: list[Any]):
+        self.ctx, self.module, self.shape, self.benches = ctx, module, shape, benches
         self.key = ""
         self.precision = ""
         self.tolerance = 0.0
-        self.config_args: tuple[Any, ...] = ()
 
     def arch(self) -> str:
         return str(self.module.device_arch(self.ctx.device))
@@ -99,15 +134,27 @@ class Kernel:
         """The config the template resolves now (its cache cleared: the tuned file or the
         environment may have changed since)."""
         self.module.clear_config_cache()
-        return resolved(self.ctx, self.module, *self.config_args) or {}
+        return resolved(self.ctx, self.module, *self.benches[0].config_args) or {}
+
+    def run(self, bench: Any, config: dict[str, Any]) -> Any:
+        raise NotImplementedError
 
     def calls(self, config: dict[str, Any]) -> list[Callable[[], Any]]:
-        raise NotImplementedError
+        return [functools.partial(self.run, b, self.stored(config)) for b in self.benches]
 
     def user_calls(self) -> list[Callable[[], Any]]:
         """The calls the patched model makes, through the template's entry point and its
         own config resolution (tune installs each candidate as the config it resolves)."""
-        raise NotImplementedError
+        return [b.entry(self.module) for b in self.benches]
 
     def check(self, config: dict[str, Any]) -> float:
-        raise NotImplementedError
+        """The worst relative error of the calls with ``config``, each output poisoned first."""
+        worst = 0.0
+        for bench, call in zip(self.benches, self.calls(config)):
+            poison(self.ctx, bench.out_bytes)
+            out = call()
+            self.ctx.sync()
+            err = rel_err(out.reshape(bench.ref.shape), bench.ref)
+            if not err <= worst:  # NaN is the worst
+                worst = err
+        return worst
