@@ -417,3 +417,16 @@ def test_the_command_lines_that_drop_the_profiler_are_read_as_python_and_env_rea
 def test_json_help_names_the_way_to_a_file_of_json_alone() -> None:
     result = run_cli("profile", "--help")
     assert "DIR/profile.json" in " ".join(result.stdout.split()), result.stdout
+
+
+def test_an_event_file_with_a_time_that_is_not_a_number_is_skipped_not_a_traceback() -> None:
+    """The event files are the user's processes' data: one op whose device time is a string
+    took the collection down with a TypeError before the ops were checked."""
+    write = (
+        "import json, os; open(os.path.join(os.environ['ROCMFIX_PROFILE_DIR'], 'events-1.json'),"
+        " 'w').write(json.dumps({'ops': [{'name': 'aten::mm', 'shapes': [], 'cpu_us': 1.0,"
+        " 'device_us': 'x'}]}))"
+    )
+    result = run_cli("profile", "--", PY, "-c", write)
+    assert result.returncode == 0 and not _errors(result.stderr), result.stderr
+    assert "Traceback" not in result.stderr and "nothing to profile" in result.stderr

@@ -115,11 +115,7 @@ def collect(folder: Path) -> Collected:
                 notes.append(f"process {path.stem[6:]}: {line[:300]}")
         except OSError:
             continue
-    cuda = any(
-        isinstance(op, dict) and op.get("device_us", 0) > 0
-        for body, _ in files
-        for op in body["ops"]
-    )
+    cuda = any(_valid(op) and op["device_us"] > 0 for body, _ in files for op in body["ops"])
     groups: dict[str, Group] = {}
     model_calls = 0
     for body, _path in files:
