@@ -7,6 +7,7 @@ that does not parse is skipped with a note.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,22 +58,22 @@ def layout(shape: list[int], strides: list[int]) -> str:
     """How a tensor sits in memory, in the words torch uses."""
     if not shape or not strides or len(shape) != len(strides):
         return "-"
-    expect, contiguous = 1, True
-    for size, stride in zip(reversed(shape), reversed(strides), strict=False):
-        if size != 1 and stride != expect:
-            contiguous = False
-        expect *= size
-    if contiguous:
-        return "contiguous"
-    if len(shape) in (4, 5):
-        order = [1, *range(len(shape) - 1, 1, -1), 0]  # C fastest, then W, H, (D), N
-        expect, last = 1, True
+
+    def dense(order: Sequence[int]) -> bool:
+        """Each dim's stride the product of the sizes before it in ``order``, fastest first
+        (size-1 dims aside)."""
+        expect = 1
         for dim in order:
             if shape[dim] != 1 and strides[dim] != expect:
-                last = False
+                return False
             expect *= shape[dim]
-        if last:
-            return "channels-last"
+        return True
+
+    if dense(range(len(shape) - 1, -1, -1)):
+        return "contiguous"
+    # C fastest, then W, H, (D), N.
+    if len(shape) in (4, 5) and dense([1, *range(len(shape) - 1, 1, -1), 0]):
+        return "channels-last"
     return "strided"
 
 
