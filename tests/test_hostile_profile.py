@@ -419,13 +419,23 @@ def test_json_help_names_the_way_to_a_file_of_json_alone() -> None:
     assert "DIR/profile.json" in " ".join(result.stdout.split()), result.stdout
 
 
-def test_an_event_file_with_a_time_that_is_not_a_number_is_skipped_not_a_traceback() -> None:
-    """The event files are the user's processes' data: one op whose device time is a string
-    took the collection down with a TypeError before the ops were checked."""
+@pytest.mark.parametrize(
+    "op",
+    [
+        {"name": "aten::mm", "shapes": [], "cpu_us": 1.0, "device_us": "x"},
+        {"name": "aten::mm", "shapes": [["a"], [2, 2]], "cpu_us": 1.0, "device_us": 0.0},
+        {"name": "aten::mm", "shapes": [3], "cpu_us": 1.0, "device_us": 0.0},
+    ],
+)
+def test_an_event_file_with_an_op_out_of_shape_is_skipped_not_a_traceback(
+    op: dict[str, Any],
+) -> None:
+    """The event files are the user's processes' data: an op whose device time is a string
+    took the collection down with a TypeError before the ops were checked, and one whose
+    shapes are not lists of numbers the analysis."""
     write = (
         "import json, os; open(os.path.join(os.environ['ROCMFIX_PROFILE_DIR'], 'events-1.json'),"
-        " 'w').write(json.dumps({'ops': [{'name': 'aten::mm', 'shapes': [], 'cpu_us': 1.0,"
-        " 'device_us': 'x'}]}))"
+        f" 'w').write(json.dumps({{'ops': [{op!r}]}}))"
     )
     result = run_cli("profile", "--", PY, "-c", write)
     assert result.returncode == 0 and not _errors(result.stderr), result.stderr

@@ -90,6 +90,7 @@ def _valid(op: Any) -> bool:
         isinstance(op, dict)
         and isinstance(op.get("name"), str)
         and isinstance(op.get("shapes"), list)
+        and all(isinstance(s, list) and all(isinstance(n, int) for n in s) for s in op["shapes"])
         and isinstance(op.get("cpu_us"), (int, float))
         and isinstance(op.get("device_us"), (int, float))
     )
