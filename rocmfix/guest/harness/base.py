@@ -44,6 +44,37 @@ def random_batchnorm(ctx: Context, c: int, generator: Any) -> Any:
     return bn
 
 
+def conv_reference(
+    x: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: tuple[int, int] = (1, 1),
+    padding: tuple[int, int] = (0, 0),
+    dilation: tuple[int, int] = (1, 1),
+    groups: int = 1,
+) -> Any:
+    """``F.conv2d`` in fp64 from its definition, a sum over the kernel's taps of each group's
+    channels: no conv library in the reference, so a library that blocks or errs cannot take
+    the check down with it."""
+    torch = context.torch
+    n, _, h, wd = x.shape
+    cout, cig, kh, kw = weight.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    xp = context.F.pad(x.double(), (pw, pw, ph, ph))
+    xp = xp.reshape(n, groups, cig, h + 2 * ph, wd + 2 * pw)
+    w = weight.double().reshape(groups, cout // groups, cig, kh, kw)
+    y = torch.zeros(n, groups, cout // groups, oh, ow, dtype=torch.float64, device=x.device)
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i * dh, i * dh + sh * (oh - 1) + 1, sh)
+            cols = slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
+            y += torch.einsum("ngihw,goi->ngohw", xp[..., rows, cols], w[..., i, j])
+    y = y.reshape(n, cout, oh, ow)
+    return y if bias is None else y + bias.double().view(1, -1, 1, 1)
+
+
 def bn_act_reference(y: Any, bn: Any, act: str) -> Any:
     """``act(bn(y))`` in fp64: the eval BatchNorm, then the activation by its name in
     ``torch.nn.functional`` ("none": none)."""

@@ -41,31 +41,15 @@ def _modules(ctx: Context, s: dict[str, Any], generator: Any) -> tuple[Any, Any,
     return x.to(kind), conv, bn, (make() if make is not None else None)
 
 
-def reference(x: Any, conv: Any, bn: Any, act: str) -> Any:
-    """``act(bn(conv(x)))`` in fp64 as a sum of shifted slices: no conv library in the
-    reference, so a library that blocks or errs cannot take the check down with it."""
-    torch = context.torch
-    F = context.F
-    w = conv.weight.double()
-    kh, kw = int(w.shape[2]), int(w.shape[3])
-    sh, sw = conv.stride
-    ph, pw = conv.padding
-    xp = F.pad(x.double(), (pw, pw, ph, ph))
-    oh = (x.shape[2] + 2 * ph - kh) // sh + 1
-    ow = (x.shape[3] + 2 * pw - kw) // sw + 1
-    y = torch.zeros(x.shape[0], x.shape[1], oh, ow, dtype=torch.float64, device=x.device)
-    for i in range(kh):
-        for j in range(kw):
-            tap = xp[:, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
-            y += tap * w[:, 0, i, j].view(1, -1, 1, 1)
-    return base.bn_act_reference(y, bn, act)
-
-
 class Bench(base.Bench):
     def __init__(self, ctx: Context, op: OpSpec | None, shape: dict[str, Any]) -> None:
         super().__init__(ctx, op, shape)
         self.x, self.conv, self.bn, self.act = _modules(ctx, shape, self.generator)
-        self.ref = reference(self.x, self.conv, self.bn, shape.get("act", "none"))
+        conv = self.conv
+        y = base.conv_reference(
+            self.x, conv.weight, None, conv.stride, conv.padding, groups=conv.groups
+        )
+        self.ref = base.bn_act_reference(y, self.bn, shape.get("act", "none"))
         self.config_args = (shape["kh"], shape["kw"], shape["s"], self.x.dtype)
 
     def native(self) -> Callable[[], Any]:

@@ -15,18 +15,6 @@ from ..timing import dtype
 from . import base
 
 
-def reference(x: Any, w: Any, d: int, p: int) -> Any:
-    """fp64 conv as unfold + matmul: no conv library in the reference, so a library that
-    blocks or errs cannot take the check down with it."""
-    n, _, h, wd = x.shape
-    co, _, k, _ = w.shape
-    oh = h + 2 * p - d * (k - 1)
-    ow = wd + 2 * p - d * (k - 1)
-    cols = context.F.unfold(x.double(), k, dilation=d, padding=p)
-    out = w.reshape(co, -1).double() @ cols
-    return out.reshape(n, co, oh, ow)
-
-
 def _precision(ctx: Context, op: OpSpec | None, s: dict[str, Any]) -> str:
     """The kernel template's own precision class for these inputs on this device."""
     try:
@@ -50,7 +38,7 @@ class Bench(base.Bench):
         self.act = torch.nn.SiLU()
         self.d = int(s["d"])
         self.p = self.d * (int(k) // 2)
-        conv = reference(self.x, self.w, self.d, self.p)
+        conv = base.conv_reference(self.x, self.w, None, (1, 1), (self.p,) * 2, (self.d,) * 2)
         self.ref = base.bn_act_reference(conv, self.bn, "silu")
         self.config_args = (c, c, k, self.dtype)
 

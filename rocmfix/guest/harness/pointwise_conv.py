@@ -12,18 +12,6 @@ from ..protocol import OpSpec
 from . import base
 
 
-def reference(x: Any, weight: Any, bias: Any, groups: int) -> Any:
-    """fp64 grouped 1x1 conv from its definition, per group a sum over its input channels.
-    No conv library."""
-    torch = context.torch
-    n, cin, h, w = x.shape
-    cout = weight.shape[0]
-    xg = x.double().reshape(n, groups, cin // groups, h * w)
-    wg = weight.double().reshape(groups, cout // groups, cin // groups)
-    out = torch.einsum("ngip,goi->ngop", xg, wg).reshape(n, cout, h, w)
-    return out + bias.double().view(1, -1, 1, 1) if bias is not None else out
-
-
 class Bench(base.LayerBench):
     ENTRY = "pointwise_conv2d"
 
@@ -43,4 +31,4 @@ class Bench(base.LayerBench):
         if s["layout"] == "channels-last":
             self.x = self.x.contiguous(memory_format=torch.channels_last)
             self.layer = self.layer.to(memory_format=torch.channels_last)
-        self.ref = reference(self.x, self.layer.weight, self.layer.bias, g)
+        self.ref = base.conv_reference(self.x, self.layer.weight, self.layer.bias, groups=g)
