@@ -19,6 +19,8 @@ import tempfile
 from types import SimpleNamespace
 from typing import Any
 
+from .context import one_line
+
 # The GPUs rocmfix ships configs for, or that users run MinerU on: (backend, warp size,
 # compute capability for CUDA, LDS/shared memory per workgroup in bytes, VGPRs per SIMD lane
 # for a wave's occupancy on AMD, the most waves a SIMD holds). `rocmfix kernels` checks these.
@@ -159,7 +161,7 @@ def check(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arch: str,
         compiled = _compile(kernel, args, kwargs, arch)
     except Exception as exc:  # noqa: BLE001 - a config this compiler refuses is the finding
         stats.ok = False
-        stats.error = (type(exc).__name__ + ": " + " ".join(str(exc).split()))[:400]
+        stats.error = one_line(exc)
         stats.problems.append("does not compile: " + stats.error)
         return vars(stats)
     stats.shared = int(getattr(compiled.metadata, "shared", 0) or 0)
