@@ -417,3 +417,26 @@ def test_the_command_lines_that_drop_the_profiler_are_read_as_python_and_env_rea
 def test_json_help_names_the_way_to_a_file_of_json_alone() -> None:
     result = run_cli("profile", "--help")
     assert "DIR/profile.json" in " ".join(result.stdout.split()), result.stdout
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        {"name": "aten::mm", "shapes": [], "cpu_us": 1.0, "device_us": "x"},
+        {"name": "aten::mm", "shapes": [["a"], [2, 2]], "cpu_us": 1.0, "device_us": 0.0},
+        {"name": "aten::mm", "shapes": [3], "cpu_us": 1.0, "device_us": 0.0},
+    ],
+)
+def test_an_event_file_with_an_op_out_of_shape_is_skipped_not_a_traceback(
+    op: dict[str, Any],
+) -> None:
+    """The event files are the user's processes' data: an op whose device time is a string
+    took the collection down with a TypeError before the ops were checked, and one whose
+    shapes are not lists of numbers the analysis."""
+    write = (
+        "import json, os; open(os.path.join(os.environ['ROCMFIX_PROFILE_DIR'], 'events-1.json'),"
+        f" 'w').write(json.dumps({{'ops': [{op!r}]}}))"
+    )
+    result = run_cli("profile", "--", PY, "-c", write)
+    assert result.returncode == 0 and not _errors(result.stderr), result.stderr
+    assert "Traceback" not in result.stderr and "nothing to profile" in result.stderr

@@ -400,3 +400,23 @@ def test_the_replay_kills_a_form_at_its_limit_and_keeps_the_others(
     assert "time limit (5 s)" in forms["as run"].error
     assert forms["channels-last"].ok and forms["channels-last"].ms is not None
     assert done.calibration is not None and done.fatal is None
+
+
+@pytest.mark.parametrize(
+    ("shape", "strides", "word"),
+    [
+        ([2, 3, 4, 5], [60, 20, 5, 1], "contiguous"),
+        ([1, 3, 1, 5], [99, 5, 7, 1], "contiguous"),  # size-1 dims: any stride
+        ([2, 3, 4, 5], [60, 1, 15, 3], "channels-last"),
+        ([2, 3, 4, 5, 6], [360, 1, 90, 18, 3], "channels-last"),  # channels_last_3d
+        ([2, 3, 4, 5], [60, 20, 1, 4], "strided"),  # H and W swapped
+        ([3, 4], [1, 3], "strided"),
+        ([2, 3], [], "-"),
+    ],
+)
+def test_the_layout_is_named_as_torch_names_it(
+    shape: list[int], strides: list[int], word: str
+) -> None:
+    from rocmfix.profile.collect import layout
+
+    assert layout(shape, strides) == word

@@ -19,6 +19,8 @@ import tempfile
 from types import SimpleNamespace
 from typing import Any
 
+from .context import one_line
+
 # The GPUs rocmfix ships configs for, or that users run MinerU on: (backend, warp size,
 # compute capability for CUDA, LDS/shared memory per workgroup in bytes, VGPRs per SIMD lane
 # for a wave's occupancy on AMD, the most waves a SIMD holds). `rocmfix kernels` checks these.
@@ -34,15 +36,6 @@ TARGETS: dict[str, Target] = {
 # Shared memory per block (opt-in maximum) of NVIDIA generations not in TARGETS.
 _CUDA_SHARED = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448,
                 120: 101376}  # fmt: skip
-# The matrix instruction each arch has for each operand class ("fp32": IEEE fp32, "tf32").
-MATRIX = {
-    "gfx1100": {"f16": "v_wmma"},
-    "gfx1201": {"f16": "v_wmma"},
-    "gfx90a": {"f16": "v_mfma", "fp32": "v_mfma"},
-    "gfx942": {"f16": "v_mfma", "fp32": "v_mfma", "tf32": "v_mfma"},
-    "gfx950": {"f16": "v_mfma", "fp32": "v_mfma"},
-    "sm_90": {"f16": "mma", "tf32": "mma"},
-}
 
 
 def describe(arch: str) -> Target | None:
@@ -65,14 +58,13 @@ def describe(arch: str) -> Target | None:
 
 
 def matrix(arch: str) -> dict[str, str]:
-    """The matrix instruction ``arch`` has per operand class."""
+    """The matrix instruction ``arch`` has per operand class ("fp32": IEEE fp32, "tf32")."""
     arch = arch.split(":")[0]
-    if arch in MATRIX:
-        return MATRIX[arch]
-    if re.match(r"gfx1[12]", arch):
+    if re.match(r"gfx1[12]", arch):  # RDNA3, RDNA4
         return {"f16": "v_wmma"}
-    if re.match(r"gfx9(08|4|5)", arch):
-        return {"f16": "v_mfma", "fp32": "v_mfma"}
+    if re.match(r"gfx9(08|0a|4|5)", arch):  # CDNA1-4; CDNA3 alone has xf32
+        mfma = {"f16": "v_mfma", "fp32": "v_mfma"}
+        return {**mfma, "tf32": "v_mfma"} if arch.startswith("gfx94") else mfma
     if re.fullmatch(r"sm_(8\d|9\d|1\d\d)a?", arch):
         return {"f16": "mma", "tf32": "mma"}
     return {}
@@ -169,7 +161,7 @@ def check(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], arch: str,
         compiled = _compile(kernel, args, kwargs, arch)
     except Exception as exc:  # noqa: BLE001 - a config this compiler refuses is the finding
         stats.ok = False
-        stats.error = (type(exc).__name__ + ": " + " ".join(str(exc).split()))[:400]
+        stats.error = one_line(exc)
         stats.problems.append("does not compile: " + stats.error)
         return vars(stats)
     stats.shared = int(getattr(compiled.metadata, "shared", 0) or 0)

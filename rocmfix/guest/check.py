@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -24,18 +25,12 @@ from .protocol import Checked, CompileItem, Request
 def sweep(request: Request) -> Iterator[CompileItem]:
     archs = request.archs or list(aot.TARGETS)
     for op in request.ops.values():
-        for scheme in op.triton_schemes:
-            for target, shapes in op.tune.items():
-                for dtype_name in op.dtypes:
-                    for arch in archs:
-                        yield CompileItem(
-                            op=op.name,
-                            scheme=scheme,
-                            shape=target,
-                            gpu=dict(shapes.gpu),
-                            dtype=dtype_name,
-                            arch=arch,
-                        )
+        every = itertools.product(op.triton_schemes, op.tune, op.dtypes, archs)
+        for scheme, target, dtype, arch in every:
+            gpu = dict(op.tune[target].gpu)
+            yield CompileItem(
+                op=op.name, scheme=scheme, shape=target, gpu=gpu, dtype=dtype, arch=arch
+            )
 
 
 def compile_item(ctx: Context, item: CompileItem) -> Checked:

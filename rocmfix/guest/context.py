@@ -67,11 +67,8 @@ def finite(value: float | None) -> float | None:
 
 
 def test_hooks() -> dict[str, Any]:
-    raw = os.environ.get(TEST_ENV)
-    if not raw:
-        return {}
     try:
-        data = json.loads(raw)
+        data = json.loads(os.environ.get(TEST_ENV) or "{}")
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}

@@ -4,6 +4,7 @@ second call's output against fp64, and the median of further calls."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
@@ -155,16 +156,13 @@ def _measure_item(
             result["tolerance"] = bench.tolerance()
             if not err < result["tolerance"]:  # NaN fails too
                 result["status"] = "failed"
-        if ctx.request.mode == "replay":  # the user's own call, on the device it ran on
-            result["ms"] = time_eager(ctx, fn, budget_s)
-        elif ctx.gpu:
-            # What users get (eager, one Python call per op) decides; the kernel's own time
-            # beside it shows how much of that is the host's launch cost.
-            result["ms"] = time_eager(ctx, fn, budget_s)
-            try:
+        # What users get (eager, one Python call per op) decides; the replay times the user's
+        # own call on the device it ran on. One interpreted call's time means nothing (the
+        # check does).
+        replay = ctx.request.mode == "replay"
+        result["ms"] = time_eager(ctx, fn, budget_s) if ctx.gpu or replay else result["first_ms"]
+        if ctx.gpu and not replay:
+            # The kernel's own time beside it shows how much of that is the host's launch cost
+            # (none where a CUDA graph cannot record the path).
+            with contextlib.suppress(Exception):
                 result["kernel_ms"] = time_graph(ctx, fn, budget_s)
-            except Exception:  # noqa: BLE001 - a path a CUDA graph cannot record: no kernel time
-                result["kernel_ms"] = None
-        else:
-            # One interpreted call: the timing means nothing, the check does.
-            result["ms"] = result["first_ms"]

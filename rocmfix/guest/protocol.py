@@ -37,13 +37,13 @@ def item_id(case: str, impl: str) -> str:
 _M = TypeVar("_M", bound="Message")
 # Every message class by name, for the annotations that name one (filled by Message).
 _CLASSES: dict[str, type[Message]] = {}
-_SCALARS: dict[str, tuple[type, ...]] = {
-    "str": (str,),
-    "int": (int,),
-    "float": (int, float),
-    "bool": (bool,),
+# Each scalar annotation: the JSON values it takes, and its words in an error.
+_SCALARS: dict[str, tuple[tuple[type, ...], str]] = {
+    "str": ((str,), "a string"),
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+    "bool": ((bool,), "true or false"),
 }
-_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}
 # What a JSON value is, in words (bool before the numbers: it is an int to Python).
 _KINDS = ((bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (list, "a list"),
           (dict, "an object"))  # fmt: skip
@@ -77,12 +77,12 @@ def _value(value: object, annotation: str, where: str) -> Any:
             return value
         got = repr(value[:40]) if isinstance(value, str) else _kind(value)
         raise ProtocolError(f"{where} must be one of {', '.join(choices)}, got {got}")
-    scalar = _SCALARS.get(annotation)
-    if scalar is not None:
+    if annotation in _SCALARS:
+        kinds, words = _SCALARS[annotation]
         # bool is an int to Python, never to this protocol.
-        if isinstance(value, scalar) and (annotation == "bool" or not isinstance(value, bool)):
+        if isinstance(value, kinds) and (annotation == "bool" or not isinstance(value, bool)):
             return value
-        raise ProtocolError(f"{where} must be {_WORDS[annotation]}, got {_kind(value)}")
+        raise ProtocolError(f"{where} must be {words}, got {_kind(value)}")
     if annotation.startswith("list["):
         if not isinstance(value, list):
             raise ProtocolError(f"{where} must be a list, got {_kind(value)}")

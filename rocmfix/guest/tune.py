@@ -228,160 +228,156 @@ def _rejection(compiled: Checked | None) -> str | None:
 
 
 def _targets(ctx: Context) -> list[tuple[OpSpec, str]]:
-    return [
-        (op, target)
-        for op in ctx.request.ops.values()
-        for target in op.tune
-    ]  # fmt: skip
+    return [(op, target) for op in ctx.request.ops.values() for target in op.tune]
 
 
 def tune(ctx: Context, info: DeviceFacts) -> None:
     request = ctx.request
-    skip = set(request.skip)
-    hooks = ctx.hooks.get("slow", {})
-    scratch = tempfile.mkdtemp(prefix="rocmfix-tune-")
-    real_file = request.tuned_file
+    # A tuned file that is not there: the template's data alone.
+    none = os.path.join(tempfile.mkdtemp(prefix="rocmfix-tune-"), "none.json")
     budget_s = request.budget_s if request.budget_s is not None else 300.0
     deadline = time.monotonic() + budget_s
     for op, target in _targets(ctx):
-        if target in skip:
+        if target in request.skip:
             continue
         ctx.channel.send(Start(id=target))
-        result: dict[str, Any] = {"id": target}
+        result: dict[str, Any] = {"id": target, "status": "ok"}
         try:
-            ctx.needs_triton()
-            kernel = _kernel(ctx, op, op.tune[target].on(ctx.variant))
-            result.update(
-                {
-                    "kernel": op.kernel,
-                    "arch": kernel.arch(),
-                    "key": kernel.key,
-                    "precision": kernel.precision,
-                    "shape": kernel.shape,
-                    "tolerance": kernel.tolerance,
-                }
-            )
-            # Shipped: the template's data alone; current: what the tuned file gives now.
-            os.environ[TUNED_FILE_ENV] = os.path.join(scratch, "none.json")
-            shipped = kernel.resolve()
-            os.environ[TUNED_FILE_ENV] = real_file
-            current = kernel.resolve()
-            os.environ[TUNED_FILE_ENV] = os.path.join(scratch, "none.json")
-            configs = [shipped]
-            if not _same(current, shipped):
-                configs.append(current)
-            for partial in grid(op, facts(ctx, info, kernel.precision)):
-                cfg = dict(shipped)
-                cfg.update(partial)
-                if not any(_same(cfg, seen) for seen in configs):
-                    configs.append(cfg)
-            ctx.channel.send(Plan(id=target, total=len(configs)))
-            arch = _aot_arch(ctx, info)
-            compiled: list[Checked | None] = [None] * len(configs)
-            if arch:
-                compiled = screen(ctx, op, target, configs, arch,
-                                  max(30.0, deadline - time.monotonic()))  # fmt: skip
-            how, kernel_how = "host", None
-            if ctx.gpu:
-                # Ranked by what users get (eager calls through the patched entry point);
-                # the kernel alone (graph replay) is kept beside it, and a candidate must not
-                # be slower there (the host decides between tiles only where it is the limit).
-                how, kernel_how = "user", "graph"
-                try:
-                    _timer(ctx, kernel, shipped, 0.0, "graph")
-                except Exception:  # noqa: BLE001 - a backend without graph capture
-                    kernel_how = None
-            result["method"] = how
-            rows = [
-                _candidate(ctx, kernel, target, index, cfg, shipped, current, deadline, hooks,
-                           (how, kernel_how), len(configs), compiled[index])
-                for index, cfg in enumerate(configs)
-            ]  # fmt: skip
-            _confirm(ctx, kernel, rows, hooks, how)
-            for row in rows:
-                row.pop("_cfg", None)
-            result["candidates"] = [CandidateRow(**row) for row in rows]
+            _search(ctx, info, op, target, deadline, none, result)
         except Unavailable as exc:
-            result["status"] = "unavailable"
-            result["message"] = str(exc)
+            result.update(status="unavailable", message=str(exc))
         except Exception as exc:  # noqa: BLE001
-            result["status"] = "error"
-            result["message"] = one_line(exc)
-            result["traceback"] = traceback.format_exc()[-2000:]
-        result.setdefault("status", "ok")
-        os.environ[TUNED_FILE_ENV] = real_file
+            result.update(
+                status="error", message=one_line(exc), traceback=traceback.format_exc()[-2000:]
+            )
+        os.environ[TUNED_FILE_ENV] = request.tuned_file
         ctx.channel.send(Tuned(**result))
+
+
+def _search(
+    ctx: Context,
+    info: DeviceFacts,
+    op: OpSpec,
+    target: str,
+    deadline: float,
+    none: str,
+    result: dict[str, Any],
+) -> None:
+    """One target's search into ``result``: the kernel's fields, then a row per candidate."""
+    ctx.needs_triton()
+    kernel = _kernel(ctx, op, op.tune[target].on(ctx.variant))
+    result.update(
+        kernel=op.kernel,
+        arch=kernel.arch(),
+        key=kernel.key,
+        precision=kernel.precision,
+        shape=kernel.shape,
+        tolerance=kernel.tolerance,
+    )
+    # Shipped: the template's data alone; current: what the tuned file gives now.
+    os.environ[TUNED_FILE_ENV] = none
+    shipped = kernel.resolve()
+    os.environ[TUNED_FILE_ENV] = ctx.request.tuned_file
+    current = kernel.resolve()
+    os.environ[TUNED_FILE_ENV] = none
+    configs = [shipped]
+    for partial in [current, *grid(op, facts(ctx, info, kernel.precision))]:
+        cfg = dict(shipped, **partial)
+        if not any(_same(cfg, seen) for seen in configs):
+            configs.append(cfg)
+    ctx.channel.send(Plan(id=target, total=len(configs)))
+    arch = _aot_arch(ctx, info)
+    compiled: list[Checked | None] = [None] * len(configs)
+    if arch:
+        compiled = screen(ctx, op, target, configs, arch, max(30.0, deadline - time.monotonic()))
+    methods = ["host"]
+    if ctx.gpu:
+        # Ranked by what users get (eager calls through the patched entry point); the kernel
+        # alone (graph replay) is kept beside it, and a candidate must not be slower there
+        # (the host decides between tiles only where it is the limit).
+        methods = ["user", "graph"]
+        try:
+            _timer(ctx, kernel, shipped, 0.0, "graph")
+        except Exception:  # noqa: BLE001 - a backend without graph capture
+            methods = ["user"]
+    result["method"] = methods[0]
+    slow = ctx.hooks.get("slow", {})
+
+    def timed(cfg: dict[str, Any], index: int, how: str) -> float:
+        delay = float(slow.get("shipped" if index == 0 else "candidates", 0))
+        return _timer(ctx, kernel, cfg, delay, how)
+
+    rows = []
+    for index, cfg in enumerate(configs):
+        role = "shipped" if index == 0 else ("current" if _same(cfg, current) else "grid")
+        row = _candidate(ctx, kernel, index, cfg, role, compiled[index], deadline, timed, methods)
+        rows.append(row)
+        ctx.channel.send(
+            Tried(
+                id=target, index=index, total=len(configs), status=row["status"], ms=row.get("ms")
+            )
+        )
+    _confirm(rows, configs, timed, methods[0])
+    result["candidates"] = [CandidateRow(**row) for row in rows]
 
 
 def _candidate(
     ctx: Context,
     kernel: Kernel,
-    target: str,
     index: int,
     cfg: dict[str, Any],
-    shipped: dict[str, Any],
-    current: dict[str, Any],
-    deadline: float,
-    hooks: dict[str, Any],
-    methods: tuple[str, str | None],
-    total: int,
+    role: str,
     compiled: Checked | None,
+    deadline: float,
+    timed: Callable[..., float],
+    methods: list[str],
 ) -> dict[str, Any]:
-    how, kernel_how = methods
-    role = "shipped" if index == 0 else ("current" if _same(cfg, current) else "grid")
+    """One config's row: checked against fp64, then timed by each method in ``methods``."""
     row: dict[str, Any] = {"config": kernel.stored(cfg), "role": role, "status": "ok"}
     if compiled is not None:
         row["compiled"] = {k: getattr(compiled, k) for k in COMPILED_FIELDS}
     rejected = _rejection(compiled)
     if index > 0 and rejected:
         # The shipped config is the baseline and runs whatever tune decides: never rejected.
-        row["status"] = "rejected"
-        row["message"] = rejected
-    elif index > 0 and time.monotonic() > deadline:
-        row["status"] = "skipped"
-        row["message"] = "the time budget was spent"
-    else:
-        try:
-            with context.torch.no_grad():
-                err = kernel.check(cfg)
-            row["rel_err"] = finite(err)
-            if not err < kernel.tolerance:
-                row["status"] = "failed"
-            else:
-                delay = float(hooks.get("shipped" if index == 0 else "candidates", 0))
-                row["ms"] = _timer(ctx, kernel, cfg, delay, how)
-                if kernel_how is not None:
-                    row["kernel_ms"] = _timer(ctx, kernel, cfg, delay, kernel_how)
-        except Exception as exc:  # noqa: BLE001 - a config too big for this GPU
-            row["status"] = "error"
-            row["message"] = one_line(exc)
-        if ctx.gpu:
-            context.torch.cuda.empty_cache()
-    row["_cfg"] = cfg
-    ctx.channel.send(
-        Tried(id=target, index=index, total=total, status=row["status"], ms=row.get("ms"))
-    )
+        row.update(status="rejected", message=rejected)
+        return row
+    if index > 0 and time.monotonic() > deadline:
+        row.update(status="skipped", message="the time budget was spent")
+        return row
+    try:
+        with context.torch.no_grad():
+            err = kernel.check(cfg)
+        row["rel_err"] = finite(err)
+        if not err < kernel.tolerance:
+            row["status"] = "failed"
+        else:
+            for key, how in zip(("ms", "kernel_ms"), methods):
+                row[key] = timed(cfg, index, how)
+    except Exception as exc:  # noqa: BLE001 - a config too big for this GPU
+        row.update(status="error", message=one_line(exc))
+    if ctx.gpu:
+        context.torch.cuda.empty_cache()
     return row
 
 
 def _confirm(
-    ctx: Context, kernel: Kernel, rows: list[dict[str, Any]], hooks: dict[str, Any], how: str
+    rows: list[dict[str, Any]],
+    configs: list[dict[str, Any]],
+    timed: Callable[..., float],
+    how: str,
 ) -> None:
     """Time the shipped config and the two fastest others again, interleaved: the fastest of
     a dozen noisy medians is optimistic, so the final comparison uses fresh numbers."""
-    timed = [r for r in rows if r["status"] == "ok" and r.get("ms") is not None]
-    if not any(r is rows[0] for r in timed):
+    timed_rows = [i for i, r in enumerate(rows) if r["status"] == "ok" and r.get("ms") is not None]
+    if 0 not in timed_rows:
         return
-    others = sorted((r for r in timed if r is not rows[0]), key=lambda r: r["ms"])[:2]
-    finalists = [rows[0], *others]
-    samples: dict[int, list[float]] = {id(r): [] for r in finalists}
+    others = sorted((i for i in timed_rows if i), key=lambda i: rows[i]["ms"])[:2]
+    samples: dict[int, list[float]] = {i: [] for i in [0, *others]}
     for _ in range(3):
-        for row in finalists:
-            delay = float(hooks.get("shipped" if row is rows[0] else "candidates", 0))
-            samples[id(row)].append(_timer(ctx, kernel, row["_cfg"], delay, how))
-    for row in finalists:
-        values = sorted(samples[id(row)])
-        row["ms"] = values[len(values) // 2]
+        for i, values in samples.items():
+            values.append(timed(configs[i], i, how))
+    for i, values in samples.items():
+        rows[i]["ms"] = sorted(values)[len(values) // 2]
 
 
 def resolve(ctx: Context) -> None:

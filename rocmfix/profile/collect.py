@@ -7,6 +7,7 @@ that does not parse is skipped with a note.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,22 +58,22 @@ def layout(shape: list[int], strides: list[int]) -> str:
     """How a tensor sits in memory, in the words torch uses."""
     if not shape or not strides or len(shape) != len(strides):
         return "-"
-    expect, contiguous = 1, True
-    for size, stride in zip(reversed(shape), reversed(strides), strict=False):
-        if size != 1 and stride != expect:
-            contiguous = False
-        expect *= size
-    if contiguous:
-        return "contiguous"
-    if len(shape) in (4, 5):
-        order = [1, *range(len(shape) - 1, 1, -1), 0]  # C fastest, then W, H, (D), N
-        expect, last = 1, True
+
+    def dense(order: Sequence[int]) -> bool:
+        """Each dim's stride the product of the sizes before it in ``order``, fastest first
+        (size-1 dims aside)."""
+        expect = 1
         for dim in order:
             if shape[dim] != 1 and strides[dim] != expect:
-                last = False
+                return False
             expect *= shape[dim]
-        if last:
-            return "channels-last"
+        return True
+
+    if dense(range(len(shape) - 1, -1, -1)):
+        return "contiguous"
+    # C fastest, then W, H, (D), N.
+    if len(shape) in (4, 5) and dense([1, *range(len(shape) - 1, 1, -1), 0]):
+        return "channels-last"
     return "strided"
 
 
@@ -89,6 +90,7 @@ def _valid(op: Any) -> bool:
         isinstance(op, dict)
         and isinstance(op.get("name"), str)
         and isinstance(op.get("shapes"), list)
+        and all(isinstance(s, list) and all(isinstance(n, int) for n in s) for s in op["shapes"])
         and isinstance(op.get("cpu_us"), (int, float))
         and isinstance(op.get("device_us"), (int, float))
     )
@@ -115,11 +117,7 @@ def collect(folder: Path) -> Collected:
                 notes.append(f"process {path.stem[6:]}: {line[:300]}")
         except OSError:
             continue
-    cuda = any(
-        isinstance(op, dict) and op.get("device_us", 0) > 0
-        for body, _ in files
-        for op in body["ops"]
-    )
+    cuda = any(_valid(op) and op["device_us"] > 0 for body, _ in files for op in body["ops"])
     groups: dict[str, Group] = {}
     model_calls = 0
     for body, _path in files:

@@ -69,6 +69,7 @@ class Bench(base.Bench):
             for i, shape in enumerate(call.shapes[:3])
         ]
         self.inputs = inputs + [None] * (3 - len(inputs))
+        self.x = self.inputs[0]
         self._ref: Any = None
         self.args: tuple[Any, ...] = ()
         if call.name == "aten::copy_":
@@ -133,10 +134,6 @@ class Bench(base.Bench):
         if self._ref is None:
             self._ref = self.as_run().double()
         return self._ref
-
-    @property
-    def out_bytes(self) -> int:  # type: ignore[override]
-        return int(self.ref.numel()) * int(self.inputs[0].element_size())
 
     def native(self) -> Callable[[], Any]:
         return self.as_run

@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 from .. import context
 from ..context import Context
 from ..protocol import OpSpec
-from ..timing import dtype
 from . import base
 
 
@@ -25,12 +23,12 @@ def reference(x: Any, weight: Any, bias: Any) -> Any:
     return out + bias.double().view(1, -1, 1, 1) if bias is not None else out
 
 
-class Bench(base.Bench):
-    def __init__(self, ctx: Context, op: OpSpec, shape: dict[str, Any]) -> None:
-        torch = context.torch
-        generator = base.fresh_generator(ctx)
-        s = self.shape = shape
-        kind = dtype(s["dtype"])
+class Bench(base.LayerBench):
+    ENTRY = "conv_transpose2d"
+
+    def __init__(self, ctx: Context, op: OpSpec | None, shape: dict[str, Any]) -> None:
+        super().__init__(ctx, op, shape)
+        torch, s, generator = context.torch, shape, self.generator
         k = s["k"]
         x = torch.randn(s["n"], s["cin"], s["h"], s["w"], generator=generator, device=ctx.device)
         deconv = torch.nn.ConvTranspose2d(s["cin"], s["cout"], k, k)
@@ -38,18 +36,6 @@ class Bench(base.Bench):
             w = torch.randn(s["cin"], s["cout"], k, k, generator=generator, device=ctx.device)
             deconv.weight.copy_(w.cpu() / math.sqrt(s["cin"]))
             deconv.bias.copy_(torch.randn(s["cout"], generator=generator, device=ctx.device).cpu())
-        self.x = x.to(kind)
-        self.deconv = deconv.to(ctx.device, kind).eval()
-        self.ref = reference(self.x, self.deconv.weight, self.deconv.bias)
-        self.out_bytes = int(self.ref.numel()) * self.x.element_size()
-
-    def native(self) -> Callable[[], Any]:
-        x, deconv = self.x, self.deconv
-        return lambda: deconv(x)
-
-    def scheme(self, module: Any) -> tuple[Callable[[], Any], dict[str, Any] | None]:
-        x, deconv = self.x, self.deconv
-        return (lambda: module.conv_transpose2d(x, deconv)), None
-
-    def tolerance(self) -> float:
-        return 1e-4 if self.shape["dtype"] == "float32" else 1e-2
+        self.x = x.to(self.dtype)
+        self.layer = deconv.to(ctx.device, self.dtype).eval()
+        self.ref = reference(self.x, self.layer.weight, self.layer.bias)

@@ -4,17 +4,15 @@ BatchNorm and its activation. The native op is the three modules called in turn.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 from .. import context
 from ..context import Context
 from ..protocol import OpSpec
-from ..timing import dtype, poison, rel_err
+from ..timing import dtype
 from . import base
 
-TOLERANCE = {"f16": 1e-2, "fp32": 1e-4}
 # Activation codes of the kernel's store (templates/rocmfix_kernel_support.py).
 ACT_CODES = {"none": 0, "relu": 1, "silu": 2, "gelu": 3, "hardswish": 4}
 
@@ -25,14 +23,9 @@ def _act(name: str) -> Any:
             "hardswish": nn.Hardswish}[name]  # fmt: skip
 
 
-def _precision(s: dict[str, Any]) -> str:
-    return "fp32" if s["dtype"] == "float32" else "f16"
-
-
-def _modules(ctx: Context, s: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+def _modules(ctx: Context, s: dict[str, Any], generator: Any) -> tuple[Any, Any, Any, Any]:
     """x, the depthwise ``nn.Conv2d``, an eval BatchNorm with random statistics, the act."""
     torch = context.torch
-    generator = base.fresh_generator(ctx)
     c, kh, kw, kind = s["c"], s["kh"], s["kw"], dtype(s["dtype"])
     x = torch.randn(s["n"], c, s["h"], s["w"], generator=generator, device=ctx.device)
     conv = torch.nn.Conv2d(
@@ -48,33 +41,16 @@ def _modules(ctx: Context, s: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     return x.to(kind), conv, bn, (make() if make is not None else None)
 
 
-def reference(x: Any, conv: Any, bn: Any, act: str) -> Any:
-    """``act(bn(conv(x)))`` in fp64 as a sum of shifted slices: no conv library in the
-    reference, so a library that blocks or errs cannot take the check down with it."""
-    torch = context.torch
-    F = context.F
-    w = conv.weight.double()
-    kh, kw = int(w.shape[2]), int(w.shape[3])
-    sh, sw = conv.stride
-    ph, pw = conv.padding
-    xp = F.pad(x.double(), (pw, pw, ph, ph))
-    oh = (x.shape[2] + 2 * ph - kh) // sh + 1
-    ow = (x.shape[3] + 2 * pw - kw) // sw + 1
-    y = torch.zeros(x.shape[0], x.shape[1], oh, ow, dtype=torch.float64, device=x.device)
-    for i in range(kh):
-        for j in range(kw):
-            tap = xp[:, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw]
-            y += tap * w[:, 0, i, j].view(1, -1, 1, 1)
-    return base.bn_act_reference(y, bn, act)
-
-
 class Bench(base.Bench):
-    def __init__(self, ctx: Context, op: OpSpec, shape: dict[str, Any]) -> None:
-        self.ctx = ctx
-        self.shape = shape
-        self.x, self.conv, self.bn, self.act = _modules(ctx, shape)
-        self.ref = reference(self.x, self.conv, self.bn, shape.get("act", "none"))
-        self.out_bytes = int(self.ref.numel()) * self.x.element_size()
+    def __init__(self, ctx: Context, op: OpSpec | None, shape: dict[str, Any]) -> None:
+        super().__init__(ctx, op, shape)
+        self.x, self.conv, self.bn, self.act = _modules(ctx, shape, self.generator)
+        conv = self.conv
+        y = base.conv_reference(
+            self.x, conv.weight, None, conv.stride, conv.padding, groups=conv.groups
+        )
+        self.ref = base.bn_act_reference(y, self.bn, shape.get("act", "none"))
+        self.config_args = (shape["kh"], shape["kw"], shape["s"], self.x.dtype)
 
     def native(self) -> Callable[[], Any]:
         x, conv, bn, act = self.x, self.conv, self.bn, self.act
@@ -82,14 +58,9 @@ class Bench(base.Bench):
             return lambda: bn(conv(x))
         return lambda: act(bn(conv(x)))
 
-    def scheme(self, module: Any) -> tuple[Callable[[], Any], dict[str, Any] | None]:
+    def entry(self, module: Any) -> Callable[[], Any]:
         x, conv, bn, act = self.x, self.conv, self.bn, self.act
-        s = self.shape
-        config = base.resolved(self.ctx, module, s["kh"], s["kw"], s["s"], x.dtype)
-        return (lambda: module.depthwise_conv2d(x, conv, bn, act)), config
-
-    def tolerance(self) -> float:
-        return TOLERANCE[_precision(self.shape)]
+        return lambda: module.depthwise_conv2d(x, conv, bn, act)
 
 
 def launch(
@@ -108,43 +79,28 @@ def launch(
 
 class Kernel(base.Kernel):
     def __init__(self, ctx: Context, module: Any, shape: dict[str, Any]) -> None:
-        super().__init__(ctx, module, shape)
-        self.x, self.conv, self.bn, self.act = _modules(ctx, shape)
-        self.act_name = shape.get("act", "none")
-        self.ref = reference(self.x, self.conv, self.bn, self.act_name)
-        self.precision = str(module.precision_class(self.x.dtype))
-        s = shape
-        self.key = str(module.shape_class(s["kh"], s["kw"], s["s"])) + "_" + self.precision
-        self.tolerance = TOLERANCE[self.precision]
-        self.config_args = (s["kh"], s["kw"], s["s"], self.x.dtype)
-        torch = context.torch
-        with torch.no_grad():
-            scale = torch.rsqrt(self.bn.running_var.float() + self.bn.eps) * self.bn.weight.float()
-            shift = self.bn.bias.float() - self.bn.running_mean.float() * scale
-        self.scale, self.shift = scale.contiguous(), shift.contiguous()
+        bench = Bench(ctx, None, shape)
+        super().__init__(ctx, module, shape, [bench])
+        self.precision = str(module.precision_class(bench.x.dtype))
+        self.key = str(module.shape_class(shape["kh"], shape["kw"], shape["s"]))
+        self.key += "_" + self.precision
+        self.tolerance = base.TOLERANCE[self.precision]
+        bn = bench.bn
+        with context.torch.no_grad():
+            scale = context.torch.rsqrt(bn.running_var.float() + bn.eps) * bn.weight.float()
+            self.shift = (bn.bias.float() - bn.running_mean.float() * scale).contiguous()
+        self.scale = scale.contiguous()
 
-    def calls(self, config: dict[str, Any]) -> list[Callable[[], Any]]:
-        return [functools.partial(self._kernel, config=dict(config))]
-
-    def user_calls(self) -> list[Callable[[], Any]]:
-        x, conv, bn, act = self.x, self.conv, self.bn, self.act
-        return [lambda: self.module.depthwise_conv2d(x, conv, bn, act)]
-
-    def _kernel(self, config: dict[str, Any] | None = None) -> Any:
-        conv = self.conv
+    def run(self, bench: Any, config: dict[str, Any]) -> Any:
+        conv = bench.conv
+        act = ACT_CODES[bench.shape.get("act", "none")]
         return self.module.conv(
-            self.x,
+            bench.x,
             conv.weight,
             conv.stride,
             conv.padding,
             scale=self.scale,
             shift=self.shift,
-            act=ACT_CODES[self.act_name],
+            act=act,
             config=config,
         )
-
-    def check(self, config: dict[str, Any]) -> float:
-        poison(self.ctx, int(self.ref.numel()) * self.x.element_size())
-        out = self._kernel(config=dict(config))
-        self.ctx.sync()
-        return rel_err(out, self.ref)

@@ -13,7 +13,6 @@ from typing import Any
 from .. import context
 from ..context import Context, Unavailable, one_line
 from ..protocol import OpSpec
-from ..timing import dtype
 from . import base
 
 # Read by ROCm torch's SDPA before it first dispatches: the host starts the worker that
@@ -41,25 +40,23 @@ def reference(q: Any, k: Any, v: Any, lengths: list[int], scale: float) -> Any:
 
 
 class Bench(base.Bench):
-    def __init__(self, ctx: Context, op: OpSpec, shape: dict[str, Any]) -> None:
-        torch = context.torch
-        generator = base.fresh_generator(ctx)
-        s = self.shape = shape
-        self.ctx = ctx
+    def __init__(self, ctx: Context, op: OpSpec | None, shape: dict[str, Any]) -> None:
+        super().__init__(ctx, op, shape)
+        torch, s = context.torch, shape
         self.lengths = [int(n) for n in s["seqlens"]]
         size = (1, sum(self.lengths), int(s["heads"]), int(s["head_dim"]))
         q, k, v = (
-            torch.randn(size, generator=generator, device=ctx.device).to(dtype(s["dtype"]))
+            torch.randn(size, generator=self.generator, device=ctx.device).to(self.dtype)
             for _ in range(3)
         )
         self.q, self.k, self.v = q, k, v
+        self.x = q  # the output has q's shape and dtype
         self.scale = float(s["head_dim"]) ** -0.5
         bounds = [0]
         for n in self.lengths:
             bounds.append(bounds[-1] + n)
         self.cu_seqlens = torch.tensor(bounds, dtype=torch.int32, device=ctx.device)
         self.ref = reference(q, k, v, self.lengths, self.scale)
-        self.out_bytes = int(q.numel()) * q.element_size()
 
     def _sdpa(self) -> Any:
         """vLLM's ``torch_sdpa_wrapper``: the lengths read back from ``cu_seqlens``, one
