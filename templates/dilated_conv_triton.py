@@ -9,11 +9,10 @@ original method.
 Why: on ROCm, MIOpen has no fast solver for dilation > 1 and falls back to a naive kernel.  This
 module computes the same thing as ``F.conv2d(x, w, None, stride=1, padding=p, dilation=d)``
 (then, where the block passes them, its BatchNorm and SiLU) with a Triton kernel, an implicit
-GEMM (no im2col buffer): ``tl.dot`` by default, rank-1 FMA updates with config
-``"kernel": "fma"`` (for GPUs or compilers where ``tl.dot`` misbehaves). Config flags pick how
-the input is read: ``nhwc`` (a channels-last copy of x, so each thread moves 16 bytes), ``tma``
-(tensor descriptors: Hopper's TMA, one output-row segment per program) or neither (strided
-loads straight from x, any layout).
+GEMM (no im2col buffer) through ``tl.dot``. Config flags pick how the input is read: ``nhwc``
+(a channels-last copy of x, so each thread moves 16 bytes), ``tma`` (tensor descriptors:
+Hopper's TMA, one output-row segment per program) or neither (strided loads straight from x,
+any layout).
 
 The kernel and how a launch is prepared live in ``dilated_conv_kernels``, the launch
 configurations (data keyed by GPU arch) in ``dilated_conv_config``, both dropped beside this
