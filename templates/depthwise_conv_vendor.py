@@ -64,11 +64,7 @@ def depthwise_conv2d(
                            conv.groups)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - never take the model down
         y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
-        ks.warn_once(
-            "depthwise-channels-last:" + type(exc).__name__,
-            f"rocmfix: the channels-last depthwise conv failed ({type(exc).__name__}: {exc}); "
-            "running the stock modules",
-        )
+        ks.failed("the channels-last depthwise conv", exc)
         return y
     if bn is not None:
         y = bn(y)

@@ -140,11 +140,7 @@ def pointwise_conv2d(
         y = gemm(x, conv.weight, conv.bias, conv.groups) if handled(x, conv) else None
     except Exception as exc:  # noqa: BLE001 - never take the model down
         y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
-        ks.warn_once(
-            "pointwise-gemm:" + type(exc).__name__,
-            f"rocmfix: the 1x1 conv as a GEMM failed ({type(exc).__name__}: {exc}); "
-            "running the stock modules",
-        )
+        ks.failed("the 1x1 conv as a GEMM", exc)
         return y
     if y is None:
         return ks.stock(x, conv, bn, act)

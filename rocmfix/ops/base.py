@@ -18,12 +18,11 @@ DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 # the kernel under this same name, so the kernel's relative import works in both places.
 KERNEL_CONFIG_TEMPLATE = "rocmfix_kernel_config.py"
 # The plumbing templates a Triton scheme drops beside its kernel, config module first: the
-# Triton import switch, the launcher, the custom-op registration and the shared helpers
+# Triton import switch with the launcher, the custom-op registration and the shared helpers
 # (caches, BatchNorm folds, activation codes). They import each other, so they go together.
 TRITON_SUPPORT = (
     KERNEL_CONFIG_TEMPLATE,
     "rocmfix_triton.py",
-    "rocmfix_launcher.py",
     "rocmfix_custom_op.py",
     "rocmfix_kernel_support.py",
 )
