@@ -22,21 +22,11 @@ import torch
 from . import rocmfix_kernel_support as ks
 
 SCHEME = "linear"
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def handled(x: torch.Tensor, deconv: Any) -> bool:
     """Whether the GEMM computes ``deconv(x)``: kernel == stride, no padding, no overlap."""
-    if not (
-        isinstance(deconv, torch.nn.ConvTranspose2d)
-        and type(deconv).forward is torch.nn.ConvTranspose2d.forward
-        and not deconv._forward_hooks
-        and not deconv._forward_pre_hooks
-        and deconv.padding_mode == "zeros"
-        and x.dim() == 4
-        and x.dtype in SUPPORTED_DTYPES
-        and x.shape[0] > 0
-    ):
+    if not (ks.plain(x, deconv, torch.nn.ConvTranspose2d) and x.shape[0] > 0):
         return False
     weight = deconv.weight
     k = (int(weight.shape[2]), int(weight.shape[3]))

@@ -37,7 +37,6 @@ from . import rocmfix_triton as rt
 
 SCHEME = "triton"
 OP_NAME = "depthwise_conv2d"
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KERNEL = 9
 _INT32_MAX = 2**31 - 1
 
@@ -232,15 +231,7 @@ def conv(
 
 def _conv_geometry(x: torch.Tensor, layer: Any) -> tuple[tuple[int, int], tuple[int, int]] | None:
     """(stride, padding) where the kernel computes ``layer(x)``, else None."""
-    if (
-        not isinstance(layer, torch.nn.Conv2d)
-        or type(layer).forward is not torch.nn.Conv2d.forward
-        or type(layer)._conv_forward is not torch.nn.Conv2d._conv_forward
-        or ks.hooked(layer)
-        or layer.padding_mode != "zeros"
-        or x.dim() != 4
-        or x.dtype not in SUPPORTED_DTYPES
-    ):
+    if not ks.plain(x, layer, torch.nn.Conv2d):
         return None
     weight = layer.weight
     c = x.shape[1]

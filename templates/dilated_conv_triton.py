@@ -48,7 +48,6 @@ triton = rt.triton
 INTERPRETING = rt.INTERPRETING
 device_arch = kc.device_arch
 
-_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
 
 # Only an explicit config (the kernel alone: tune, tests) gets here with autograd recording;
@@ -204,7 +203,7 @@ def _conv(
         not _triton_usable(x)
         or x.dim() != 4
         or weight.dim() != 4
-        or x.dtype not in _SUPPORTED_DTYPES
+        or x.dtype not in ks.DTYPES
         or weight.dtype != x.dtype
         or weight.device != x.device
         or weight.shape[1] != x.shape[1]
@@ -405,7 +404,7 @@ def _graph(
         x.device.type != "cuda"
         or INTERPRETING
         or not rt.HAS_TRITON
-        or x.dtype not in _SUPPORTED_DTYPES
+        or x.dtype not in ks.DTYPES
         or weight.dtype != x.dtype
         or weight.device != x.device
         or weight.shape[1] != x.shape[1]

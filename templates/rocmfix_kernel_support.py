@@ -112,6 +112,25 @@ def hooked(module: Any) -> bool:
         return False
 
 
+# The dtypes every dropped entry computes in.
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def plain(x: torch.Tensor, layer: Any, cls: Any) -> bool:
+    """Whether ``layer`` is a ``cls`` (``nn.Conv2d``, ``nn.ConvTranspose2d``) that runs torch's
+    own forward, zero-padded, with no hooks of its own, on ``x``, 4-D in one of :data:`DTYPES`:
+    a call whose module an entry may replace (each checks its own geometry after)."""
+    return (
+        isinstance(layer, cls)
+        and type(layer).forward is cls.forward
+        and getattr(type(layer), "_conv_forward", None) is getattr(cls, "_conv_forward", None)
+        and not hooked(layer)
+        and layer.padding_mode == "zeros"
+        and x.dim() == 4
+        and x.dtype in DTYPES
+    )
+
+
 def act_code(act: Any) -> int | None:
     """The store's code for ``act`` (None: ACT_NONE), or None where the module must be called
     itself: an unknown type or subclass, a hook that would see it called, GELU's tanh form,
