@@ -6,7 +6,7 @@ Each case is launched through each tree's own config resolution and launch prepa
 compiles them, and timed as GPU time in CUDA-graph replay (``do_bench_cudagraph``, median ms;
 ``do_bench`` where a capture fails), old and new alternating for ``--rounds`` rounds. Cases:
 DocLayout-YOLO's dilated convs (96ch 5x5 d=2,3 at 160x116, 192ch 3x3 d=3,5 at 80x58; batch 1
-and 4; fp32 with TF32, strict fp32, bf16; the shipped config, and the ``fma`` kind),
+and 4; fp32 with TF32, strict fp32, bf16; the shipped config),
 MinerU2.5's patch embed (M = 5476 and 1024, K = 1176, N = 1280; bf16, fp16, fp32; the shipped
 config, and the pointer kernel without a persistent grid). Prints one JSON line per case (old
 and new medians of the rounds, new/old) and a summary; writes ``kernel_ab.json`` to ``$OUT``
@@ -58,12 +58,9 @@ def _dilated_cases(mod: ModuleType) -> list[tuple[str, Callable[[], None]]]:
                     gen = torch.Generator(device="cuda").manual_seed(0)
                     x = torch.randn(n, c, h, w, device="cuda", generator=gen).to(dtype)
                     wt = torch.randn(c, c, k, k, device="cuda", generator=gen).to(dtype)
-                    for label, config in (("shipped", None), ("fma", {"kernel": "fma"})):
-                        if label == "fma" and (n, d) != (1, dilations[-1]):
-                            continue  # the FMA kind is a fallback: one case a shape
-                        prep = mod.prepare(x, wt, d, d * (k // 2), config, epilogue=2)
-                        name = f"dilated c{c} k{k} d{d} n{n} {mode} {label}"
-                        cases.append((name, _launcher(prep)))
+                    prep = mod.prepare(x, wt, d, d * (k // 2), None, epilogue=2)
+                    name = f"dilated c{c} k{k} d{d} n{n} {mode} shipped"
+                    cases.append((name, _launcher(prep)))
     return cases
 
 

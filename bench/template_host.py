@@ -159,7 +159,12 @@ def one(folder: str, bursts: int, calls: int) -> dict[str, Any]:
             for fn in fns.values():
                 fn()  # compiles, plans
             entry = fns["entry"]
-            launcher = sys.modules[f"{module.__package__}.rocmfix_launcher"]
+            package = module.__package__
+            # rocmfix_launcher in trees before it joined rocmfix_triton.
+            launcher = (
+                sys.modules.get(f"{package}.rocmfix_launcher")
+                or sys.modules[f"{package}.rocmfix_triton"]
+            )
             public = getattr(launcher, "_public_only", None)
 
             def public_entry(entry: Callable[[], Any] = entry, flag: Any = public) -> Any:

@@ -119,7 +119,7 @@ def case(tri: Any, dw: Any, dtype: Any, device: str, smoke: bool) -> dict[str, A
         row["kernels_in_code"] = {k: src.count(f"def {k}") for k in KERNEL_NAMES}
         row["op_calls_in_code"] = src.count("torch.ops.rocmfix.")
         row["err_default"] = _rel(out, refs[0])
-        mods = [tri, dw, sys.modules[dw.__name__.rsplit(".", 1)[0] + ".depthwise_conv_op"]]
+        mods = [tri, dw]
         row["python_per_forward"] = _calls(
             mods, ["_conv", "_replay", "_op_conv", "_impl", "graph", "_graph"],
             lambda: compiled(pages[0]),

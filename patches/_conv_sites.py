@@ -266,17 +266,14 @@ def _guarded(
 def _route_method(
     module: cst.Module, router: Router, site: Site, method: cst.FunctionDef
 ) -> cst.FunctionDef:
+    ours = {id(block) for block in _blocks(method)}  # the blocks _found reads, no others
+
     class _Swap(cst.CSTTransformer):
-        # The blocks _blocks reads, no others.
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is method
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
         def leave_IndentedBlock(
             self, old: cst.IndentedBlock, new: cst.IndentedBlock
         ) -> cst.IndentedBlock:
+            if id(old) not in ours:
+                return new
             lines = list(new.body)
             out: list[cst.BaseStatement] = []
             i = 0

@@ -119,9 +119,7 @@ def classify(
     if init is None or forward is None:
         return Classification(CodeShape.UNKNOWN, f"{class_name} has no __init__/forward")
     ours = rewrite.calls(forward, FUNCTION)
-    proj_calls = [
-        c for c in rewrite.nodes(forward, cst.Call) if rewrite.call_name(c) == "self.proj"
-    ]
+    proj_calls = _proj_calls(forward)
     if ours and not proj_calls:
         if rewrite.module_has_marker(module):
             return Classification(CodeShape.PATCHED, f"{FUNCTION} replaces the Conv3d")
@@ -195,9 +193,7 @@ def transform(module: cst.Module, class_name: str, kernel_import: str) -> cst.Mo
     lines[first] = line.with_changes(
         leading_lines=[
             *line.leading_lines,
-            rewrite.marker_line(
-                "Conv3d with kernel == stride is a GEMM; MIOpen has no fast kernel"
-            ),
+            rewrite.marker_line(MARKER),
         ]
     )
     new_forward = new_forward.with_changes(body=body.with_changes(body=lines))

@@ -121,9 +121,7 @@ def transform(module: cst.Module) -> cst.Module:
         body=guard.body.with_changes(body=[routed.with_changes(leading_lines=[])]),
         leading_lines=[
             *original.leading_lines,
-            rewrite.marker_line(
-                "MIOpen runs dilation > 1 on a naive kernel; GPU inputs go around it"
-            ),
+            rewrite.marker_line(WHY),
         ],
     )
     lines[index : index + 1] = [guard, original.with_changes(leading_lines=[])]

@@ -22,21 +22,11 @@ import torch
 from . import rocmfix_kernel_support as ks
 
 SCHEME = "linear"
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def handled(x: torch.Tensor, deconv: Any) -> bool:
     """Whether the GEMM computes ``deconv(x)``: kernel == stride, no padding, no overlap."""
-    if not (
-        isinstance(deconv, torch.nn.ConvTranspose2d)
-        and type(deconv).forward is torch.nn.ConvTranspose2d.forward
-        and not deconv._forward_hooks
-        and not deconv._forward_pre_hooks
-        and deconv.padding_mode == "zeros"
-        and x.dim() == 4
-        and x.dtype in SUPPORTED_DTYPES
-        and x.shape[0] > 0
-    ):
+    if not (ks.plain(x, deconv, torch.nn.ConvTranspose2d) and x.shape[0] > 0):
         return False
     weight = deconv.weight
     k = (int(weight.shape[2]), int(weight.shape[3]))
@@ -297,18 +287,13 @@ def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
                     if len(specs) >= _SPECS_SIZE:  # a page size each: start afresh
                         specs.clear()
                     specs[layout] = run
-        if plan and run is None:
-            with _lock:  # the replay runs the module itself for this layout from now on
-                _layers[id(deconv)] = (*plan[:-2], (*layout, None), plan[-1])
+        if plan:
+            with _lock:  # the replay's layout from now on (None: it runs the module itself)
+                _layers[id(deconv)] = (*plan[:-2], (*layout, run), plan[-1])
         if not (
             run is None or deconv._forward_hooks or deconv._forward_pre_hooks or ks.global_hooks()
         ):
-            if plan:
-                with _lock:  # the replay's layout from now on
-                    _layers[id(deconv)] = (*plan[:-2], (*layout, run), plan[-1])
-                wm, wt, bias6 = plan[8:11]
-            else:
-                wm, wt, bias6 = _views(weight, bias)
+            wm, wt, bias6 = plan[8:11] if plan else _views(weight, bias)
             return _run(x, wm, wt, bias6, run)
     except Exception as exc:  # noqa: BLE001 - never take the model down
         y: torch.Tensor = deconv(x)
@@ -318,11 +303,7 @@ def _first(x: torch.Tensor, deconv: Any) -> torch.Tensor:
 
 
 def _failed(exc: Exception) -> None:
-    ks.warn_once(
-        "conv-transpose:" + type(exc).__name__,
-        f"rocmfix: the transposed conv as a GEMM failed ({type(exc).__name__}: {exc}); "
-        "running the module",
-    )
+    ks.failed("the transposed conv as a GEMM", exc, "running the module")
 
 
 def _current(plan: tuple[Any, ...], deconv: Any, weight: torch.Tensor, bias: Any) -> bool:

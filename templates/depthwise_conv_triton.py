@@ -15,8 +15,8 @@ NCHW-contiguous output; fp32, fp16, bf16.
 :func:`depthwise_conv2d` never fails: a shape it does not handle (not depthwise, dilation > 1,
 CPU tensors outside Triton's interpreter, autograd recording, a training BatchNorm), Triton
 missing, or any error of the kernel runs the layer's own modules, with one warning for an error.
-Tile configs are data (``depthwise_conv_config.SHIPPED_CONFIGS``), merged with the tuned file
-and ``$ROCMFIX_DEPTHWISE_CONV_CONFIG`` by ``rocmfix_kernel_config``. The kernel, and how a
+Tile configs are data (:data:`SHIPPED_CONFIGS`), merged with the tuned file and
+``$ROCMFIX_DEPTHWISE_CONV_CONFIG`` by ``rocmfix_kernel_config``. The kernel, and how a
 call becomes its launch, live in ``depthwise_conv_kernels``; Triton itself, the launcher and the
 custom op come from the shared ``rocmfix_*`` modules; all are dropped beside this file.
 """
@@ -27,25 +27,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from . import depthwise_conv_config as dc
 from . import depthwise_conv_kernels as dk
-from . import depthwise_conv_op as dop
 from . import rocmfix_custom_op as rop
 from . import rocmfix_kernel_config as kc
 from . import rocmfix_kernel_support as ks
-from . import rocmfix_launcher as rl
 from . import rocmfix_triton as rt
 
 SCHEME = "triton"
 OP_NAME = "depthwise_conv2d"
-# The configs live in depthwise_conv_config; tune, doctor and the tests read them here.
-KERNEL = dc.KERNEL
-CONFIG_ENV = dc.CONFIG_ENV
-CONFIG = dc.CONFIG
-precision_class, shape_class, layout_class = dc.precision_class, dc.shape_class, dc.layout_class
-resolve_config = dc.resolve_config
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KERNEL = 9
 _INT32_MAX = 2**31 - 1
 
@@ -53,14 +44,108 @@ device_arch = kc.device_arch
 triton = rt.triton
 INTERPRETING = rt.INTERPRETING
 prepare_launch = dk.prepare_launch
-# The kernel alone (tune, doctor, tests), and the (stride, padding) pair parse, beside the op.
-conv, _pair = dop.conv, ks.pair
+_pair = ks.pair
 # The kernel itself (None without Triton), where rocmfix's profiler looks for it.
 _dw_kernel = dk.KERNEL
 
+# --------------------------------------------------------------------------------------------
+# Tile configs
+# --------------------------------------------------------------------------------------------
+
+KERNEL = "depthwise_conv"
+CONFIG_ENV = "ROCMFIX_DEPTHWISE_CONV_CONFIG"
+
+# Layers, least specific first: "any", the input layout ("nchw" or "nhwc"), the precision
+# class ("fp32", "f16"), the shape class ("k5_s1", "k1x7_s1") and "<shape>_<precision>".
+# BLOCK_P output pixels (whole rows and more of a plane) by BLOCK_C channels per program. An
+# arch's entry replaces the default's fields, whatever their layer: each arch names its own
+# channels-last tile.
+_NCHW = {"BLOCK_P": 256, "BLOCK_C": 1, "num_warps": 4, "num_stages": 1}
+# Channels-last input: channels are the contiguous axis, so a program reads them first.
+_NHWC = {"BLOCK_P": 32, "BLOCK_C": 32}
+
+
+def _arch(**layers: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {"any": dict(_NCHW), "nhwc": dict(_NHWC), **layers}
+
+
+SHIPPED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
+    "default": _arch(),
+    # CDNA (wave64): 512 pixels on 4 waves, so that a pair tile (VEC 2) holds a pair per
+    # lane. Unmeasured.
+    "gfx90a": _arch(any=dict(_NCHW, BLOCK_P=512)),
+    "gfx942": _arch(any=dict(_NCHW, BLOCK_P=512)),
+    "gfx950": _arch(any=dict(_NCHW, BLOCK_P=512)),
+    # RDNA (wave32): 256 pixels on 4 warps, a pair per lane. Unmeasured.
+    "gfx1100": _arch(),
+    "gfx1201": _arch(),
+    # Hopper: from bench/depthwise_conv.py's sweep at MinerU's 25 shapes (H100, torch 2.11,
+    # Triton 3.6, 2026-11-25; docs/performance-depthwise.md). Two output rows a position
+    # (ROWS 2) on 128 positions and 4 warps (a pair tile: 256) is within 8% of the best of 17
+    # tiles at every fp32 shape of 50x50 and up, stride 1 and 2, and within 0.5 us at the
+    # launch-bound smaller ones (5x5 240x168: 11.4 us, 13.3 with one row). Recognition's
+    # fp16 3x3s at 12x80, 6x80 and 3x80 want one row (two waste a third of a 3-row plane's
+    # tile), as do the formula encoder's fp16 5x5s (10.5 and 8.6 us on 2 channels of 128
+    # pixels, 2 warps, against 11.1 and 7.8 with two rows: a wash at 36 and 18 calls a
+    # page); its fp16 stride-2 3x3s take two rows on 2 channels (18.1, 14.5 and 10.1 us at
+    # 96x96, 48x48 and 24x24, was 21.3, 18.3 and 12.8). Channels-last keeps one row:
+    # unmeasured. A pair tile (VEC 2) is at least 64 positions a warp whatever the entry says.
+    "sm_90": _arch(
+        any=dict(_NCHW, BLOCK_P=128, ROWS=2),
+        nhwc=dict(_NHWC, ROWS=1),
+        k3_s1_f16={"BLOCK_P": 128, "BLOCK_C": 2, "num_warps": 2, "ROWS": 1},
+        k5_s1_f16={"BLOCK_P": 128, "BLOCK_C": 2, "num_warps": 2, "ROWS": 1},
+        k3_s2_f16={"BLOCK_P": 128, "BLOCK_C": 2, "num_warps": 2, "ROWS": 2},
+    ),
+}
+
+CONFIG = kc.KernelConfig(
+    KERNEL,
+    CONFIG_ENV,
+    SHIPPED_CONFIGS,
+    {
+        "BLOCK_P": kc.pow2(16, 4096),
+        "BLOCK_C": kc.pow2(1, 128),
+        "VEC": kc.pow2(1, 2),
+        "ROWS": kc.pow2(1, 2),
+    },
+)
+
+
+def precision_class(dtype: torch.dtype, arch: str = "") -> str:
+    """``f16`` for fp16/bf16, ``fp32`` for fp32 (no dot: no TF32 class)."""
+    return "fp32" if dtype == torch.float32 else "f16"
+
+
+def shape_class(kh: int, kw: int, stride: int) -> str:
+    size = f"k{kh}" if kh == kw else f"k{kh}x{kw}"
+    return f"{size}_s{stride}"
+
+
+def layout_class(x: torch.Tensor) -> str:
+    return "nhwc" if x.dim() == 4 and x.stride(1) == 1 and x.shape[1] > 1 else "nchw"
+
+
+def resolve_config(
+    device: torch.device | str | int | None = None,
+    kh: int = 3,
+    kw: int = 3,
+    stride: int = 1,
+    dtype: torch.dtype = torch.float32,
+    layout: str = "nchw",
+    *,
+    arch: str | None = None,
+) -> dict[str, Any]:
+    """The tile config of one conv shape on ``device`` (see rocmfix_kernel_config)."""
+    arch = arch or kc.device_arch(device)
+    prec = precision_class(dtype, arch)
+    shape = shape_class(kh, kw, stride)
+    return CONFIG.resolve(arch, ("any", layout, prec, shape, f"{shape}_{prec}"))
+
+
 # The launch of each key: (Launcher, the arguments after the output, the output's shape, the
 # weight's contiguity). A key holds everything Triton specialises on (each tensor's shape,
-# strides, dtype, device and 16-byte alignment, as rl.layout_key, the conv's stride and
+# strides, dtype, device and 16-byte alignment, as rt.layout_key, the conv's stride and
 # padding, the fused activation) and nothing derived from a tensor's values, so a plan cannot
 # go stale. What is (the folded BatchNorm) is ks.fold_bn's, which re-checks its sources on
 # every call. The eager key holds the layer's type and settings in place of the stride and
@@ -88,6 +173,16 @@ def clear_config_cache() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _config(
+    x: torch.Tensor, weight: torch.Tensor, stride: int, config: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The config a call of ``x`` resolves, with ``config``'s fields over it (tune, doctor)."""
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
+    cfg = resolve_config(x.device, kh, kw, stride, x.dtype, layout_class(x))
+    cfg.update(CONFIG.validate(config or {}))
+    return cfg
+
+
 def prepare(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -98,14 +193,35 @@ def prepare(
     """One MinerU call's launch ("same" padding, a folded BatchNorm, ``act``) for the
     ahead-of-time compile check: the resolved config with ``config`` over it."""
     kh, kw = int(weight.shape[2]), int(weight.shape[3])
-    cfg = resolve_config(x.device, kh, kw, stride, x.dtype, layout_class(x))
-    cfg.update(CONFIG.validate(config or {}))
     ones = torch.ones(x.shape[1], dtype=torch.float32, device=x.device)
     pad = ((kh - 1) // 2, (kw - 1) // 2)
     kernel, grid, args, kwargs, _ = prepare_launch(
-        x, weight, (stride, stride), pad, cfg, ones, ones, act
+        x, weight, (stride, stride), pad, _config(x, weight, stride, config), ones, ones, act
     )
     return kernel, grid, args, kwargs
+
+
+def conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    *,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    act: int = 0,
+    config: dict[str, Any] | None = None,
+) -> torch.Tensor:
+    """The kernel alone, no checks and no fallback, for ``rocmfix tune``/``doctor`` and tests:
+    ``act(conv(x) * scale + shift)``; ``config`` over the resolved one."""
+    if dk.KERNEL is None:
+        raise RuntimeError("triton is not importable")
+    st, pad = _pair(stride), _pair(padding)
+    assert st is not None and pad is not None
+    cfg = _config(x, weight, st[0], config)
+    kernel, grid, args, kwargs, out = prepare_launch(x, weight, st, pad, cfg, scale, shift, act)
+    rt.Launcher(kernel, grid, kwargs, rt.device_index(x)).launch_once(*args)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,15 +231,7 @@ def prepare(
 
 def _conv_geometry(x: torch.Tensor, layer: Any) -> tuple[tuple[int, int], tuple[int, int]] | None:
     """(stride, padding) where the kernel computes ``layer(x)``, else None."""
-    if (
-        not isinstance(layer, torch.nn.Conv2d)
-        or type(layer).forward is not torch.nn.Conv2d.forward
-        or type(layer)._conv_forward is not torch.nn.Conv2d._conv_forward
-        or ks.hooked(layer)
-        or layer.padding_mode != "zeros"
-        or x.dim() != 4
-        or x.dtype not in SUPPORTED_DTYPES
-    ):
+    if not ks.plain(x, layer, torch.nn.Conv2d):
         return None
     weight = layer.weight
     c = x.shape[1]
@@ -204,7 +312,7 @@ def _launch(
     kernel, grid, args, kwargs, out = prepare_launch(
         x, weight, stride, padding, cfg, scale, shift, act
     )
-    launcher = rl.Launcher(kernel, grid, kwargs, rl.device_index(x))
+    launcher = rt.Launcher(kernel, grid, kwargs, rt.device_index(x))
     try:
         launcher(*args)
     except Exception:
@@ -260,13 +368,13 @@ def depthwise_conv2d(
             epilogue = _epilogue(bias, bn, act)
         if weight is not None and epilogue is not None:
             scale, shift, code, bn_done, act_done = epilogue
-            # rl.layout_key of x and the weight, flat (a nested tuple costs a frame a tensor).
+            # rt.layout_key of x and the weight, flat (a nested tuple costs a frame a tensor).
             key = (x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() % 16,
                    weight.shape, weight.stride(), weight.dtype, weight.get_device(),
                    weight.data_ptr() % 16, type(conv), conv.stride, conv.padding,
                    conv.dilation, conv.groups, conv.padding_mode, code,
-                   None if scale is None else rl.layout_key(scale),
-                   None if shift is None else rl.layout_key(shift))  # fmt: skip
+                   None if scale is None else rt.layout_key(scale),
+                   None if shift is None else rt.layout_key(shift))  # fmt: skip
             out = _launch(key, x, weight, scale, shift, (1, 1), (0, 0), code, conv)
             if out is not None:
                 if not bn_done and bn is not None:
@@ -308,11 +416,7 @@ def _traced(x: torch.Tensor, layer: Any, bn: Any, act: Any) -> torch.Tensor | No
 
 
 def _failed(exc: Exception) -> None:
-    ks.warn_once(
-        "depthwise:" + type(exc).__name__,
-        f"rocmfix: the depthwise conv kernel failed ({type(exc).__name__}: {exc}); "
-        "running the stock modules",
-    )
+    ks.failed("the depthwise conv kernel", exc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,35 +436,90 @@ def _impl(
     if dk.KERNEL is not None and (x.is_cuda or INTERPRETING):
         try:
             st, pad = (int(stride[0]), int(stride[1])), (int(padding[0]), int(padding[1]))
-            key = (rl.layout_key(x), rl.layout_key(weight), st, pad, act,
-                   None if scale is None else rl.layout_key(scale),
-                   None if shift is None else rl.layout_key(shift))  # fmt: skip
+            key = (rt.layout_key(x), rt.layout_key(weight), st, pad, act,
+                   None if scale is None else rt.layout_key(scale),
+                   None if shift is None else rt.layout_key(shift))  # fmt: skip
             out = _launch(key, x, weight, scale, shift, st, pad, act)
             if out is not None:
                 return out  # else: warned when it broke
         except Exception as exc:  # noqa: BLE001
-            y = _reference(x, weight, scale, shift, stride, padding, act)
+            y = reference(x, weight, scale, shift, stride, padding, act)
             _failed(exc)
             return y
-    return _reference(x, weight, scale, shift, stride, padding, act)
+    return reference(x, weight, scale, shift, stride, padding, act)
 
 
-def _reference(*args: Any) -> torch.Tensor:
-    # NCHW-contiguous, as the fake says: Inductor reads the result by the fake's strides, and
-    # F.conv2d keeps a channels-last input's layout (Inductor on the CPU runs convs so).
-    return dop.reference(*args).contiguous()
+def reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    act: int,
+) -> torch.Tensor:
+    """The op in torch, NCHW-contiguous as the fake says: Inductor reads the result by the
+    fake's strides, and F.conv2d keeps a channels-last input's layout (Inductor on the CPU runs
+    convs so)."""
+    y = F.conv2d(x, weight, None, stride, padding, 1, x.shape[1]).float()
+    if scale is not None:
+        y = y * scale.view(1, -1, 1, 1)
+    if shift is not None:
+        y = y + shift.view(1, -1, 1, 1)
+    return ks.apply_act(y, act).to(x.dtype).contiguous()
 
 
-# A triton op where torch has them (its graph body in depthwise_conv_op), else opaque; eager
+def fake(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    act: int,
+) -> torch.Tensor:
+    """The op's output on fake tensors (its opaque op's fake implementation)."""
+    n, c, h, w = x.shape
+    oh = (h + 2 * padding[0] - weight.shape[2]) // stride[0] + 1
+    ow = (w + 2 * padding[1] - weight.shape[3]) // stride[1] + 1
+    return x.new_empty((n, c, oh, ow))
+
+
+def graph(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    act: int,
+) -> torch.Tensor:
+    """``act(conv(x) * scale + shift)``, NCHW-contiguous: the kernel's launch for CUDA/HIP
+    tensors (the entry's traced path checked the geometry), :func:`reference` elsewhere (the
+    interpreter's kernel is not compiled: ``wrap_triton`` cannot trace it)."""
+    if dk.KERNEL is None or INTERPRETING or x.device.type != "cuda":
+        return reference(x, weight, scale, shift, stride, padding, act)
+    st, pad = (int(stride[0]), int(stride[1])), (int(padding[0]), int(padding[1]))
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
+    cfg = resolve_config(x.device, kh, kw, st[0], x.dtype, layout_class(x))
+    # The eager plan's launch; whether it reads pairs is chosen from what the fake promises.
+    kernel, grid, args, kwargs, out = dk.prepare_launch(
+        x, weight, st, pad, cfg, scale, shift, act, aligned=rop.offset_aligned
+    )
+    rop.launch_traced(kernel, grid, args, kwargs)
+    return out
+
+
+# A triton op where torch has them (its graph body: graph), else opaque; eager
 # calls of it run _impl either way.
 _OP = rop.register_triton_op(
     OP_NAME,
     "(Tensor x, Tensor weight, Tensor? scale, Tensor? shift, int[] stride, int[] padding, "
     "int act) -> Tensor",
-    dop.graph,
+    graph,
     _impl,
     _impl,
-    dop.fake,
+    fake,
 )
 
 

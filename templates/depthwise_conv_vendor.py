@@ -21,20 +21,12 @@ import torch.nn.functional as F
 from . import rocmfix_kernel_support as ks
 
 SCHEME = "channels-last"
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _handled(x: torch.Tensor, conv: Any) -> bool:
     return (
         x.is_cuda
-        and isinstance(conv, torch.nn.Conv2d)
-        and type(conv).forward is torch.nn.Conv2d.forward
-        and type(conv)._conv_forward is torch.nn.Conv2d._conv_forward
-        and not conv._forward_hooks
-        and not conv._forward_pre_hooks
-        and conv.padding_mode == "zeros"
-        and x.dim() == 4
-        and x.dtype in SUPPORTED_DTYPES
+        and ks.plain(x, conv, torch.nn.Conv2d)
         and conv.groups == x.shape[1] == conv.weight.shape[0]
         and conv.weight.shape[1] == 1
         and conv.weight.dtype == x.dtype
@@ -64,11 +56,7 @@ def depthwise_conv2d(
                            conv.groups)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - never take the model down
         y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
-        ks.warn_once(
-            "depthwise-channels-last:" + type(exc).__name__,
-            f"rocmfix: the channels-last depthwise conv failed ({type(exc).__name__}: {exc}); "
-            "running the stock modules",
-        )
+        ks.failed("the channels-last depthwise conv", exc)
         return y
     if bn is not None:
         y = bn(y)

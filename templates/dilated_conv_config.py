@@ -99,7 +99,6 @@ CONFIG = kc.KernelConfig(
         "nhwc": kc.flag,
         "tma": kc.flag,
         "w_kmajor": kc.flag,
-        "kernel": kc.one_of("dot", "fma"),
         "input_precision": kc.one_of("tf32", "tf32x3", "bf16x3", "bf16x6", "ieee"),
     },
 )

@@ -2,11 +2,11 @@
 ``dilated_conv_triton``, which rocmfix drops as DocLayout-YOLO's ``g2l_crm_triton.py``).
 
 rocmfix drops this file, under this name, beside that module; ``rocmfix revert`` removes it
-with it. One kernel, three reductions (its constexpr ``KIND``) over one tiling (output pixels
+with it. One kernel, two reductions (its constexpr ``KIND``) over one tiling (output pixels
 N*OH*OW x output channels, the C*KH*KW reduction in an fp32 accumulator) and one store (the
 block's eval BatchNorm as a per-channel scale and shift, then SiLU, applied as the tile is
-written): ``dot`` (implicit GEMM through ``tl.dot``), ``fma`` (rank-1 FMA updates) and ``tma``
-(the dot fed by tensor descriptors). Its prologue and store are the ``@triton.jit`` helpers
+written): ``dot`` (implicit GEMM through ``tl.dot``) and ``tma`` (the dot fed by tensor
+descriptors). Its prologue and store are the ``@triton.jit`` helpers
 below, inlined by Triton. :func:`prepare_launch` turns one call and its config
 (``dilated_conv_config``) into a launch.
 
@@ -117,8 +117,8 @@ if rt.HAS_TRITON:
         DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TAPS_INNER: tl.constexpr,
         NHWC: tl.constexpr, W_KMAJOR: tl.constexpr, EPILOGUE: tl.constexpr, KIND: tl.constexpr,
     ):  # fmt: skip
-        # KIND (a constexpr: each compiles to its own loop alone) is the reduction: "dot",
-        # "fma" or "tma" (see the module docstring).
+        # KIND (a constexpr: each compiles to its own loop alone) is the reduction: "dot" or
+        # "tma" (see the module docstring).
         pid_m, pid_n = _tile(CO, BLOCK_N)
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # builtin; tl.zeros is @jit (*)
         CB: tl.constexpr = C_PAD // BLOCK_K
@@ -160,24 +160,6 @@ if rt.HAS_TRITON:
             offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             m_ok, ohw, n_idx, pix, ih0, iw0 = _pixels(offs_m, M, OH, OW, pad_h, pad_w)
-        if KIND == "fma":
-            # Rank-1 fp32 FMA updates instead of tl.dot.
-            x_rows = x_ptr + n_idx * sxn
-            for rs in range(0, KH * KW):
-                r = rs // KW
-                s = rs - r * KW
-                ih = ih0 + r * dil
-                iw = iw0 + s * dil
-                row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                a_ptrs = x_rows + (ih * sxh + iw if X_W_UNIT else ih * sxh + iw * sxw)
-                if W_KMAJOR:
-                    w_ptrs = w_ptr + (rs * CO_PAD + offs_n) * C_PAD
-                else:
-                    w_ptrs = w_ptr + rs * C_PAD * CO_PAD + offs_n
-                for c in range(0, C):
-                    a = tl.load(a_ptrs + (c if X_C_UNIT else c * sxc), mask=row_ok, other=0.0)
-                    b = tl.load(w_ptrs + (c if W_KMAJOR else c * CO_PAD))
-                    acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]
         if KIND == "dot":
             # Implicit GEMM through tl.dot.
             offs_k = tl.arange(0, BLOCK_K)
@@ -333,12 +315,10 @@ def launch_args(
     pad_h, pad_w = padding
     oh = h + 2 * pad_h - dilation * (kh - 1)
     ow = w + 2 * pad_w - dilation * (kw - 1)
-    kind = config.get("kernel", "dot")
+    kind = "dot"
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    if kind == "fma":
-        bk = 1  # no dot: no channel padding needed
     c_pad, co_pad = _cdiv(c, bk) * bk, _cdiv(co, bn) * bn
-    nhwc = kind != "fma" and bool(config.get("nhwc", True))
+    nhwc = bool(config.get("nhwc", True))
     if nhwc and not (eager and x.is_contiguous(memory_format=torch.channels_last)):
         # One copy to channels-last buys vector loads of whole channel runs (see kernel); said
         # in torch, the graph's copy is a node Inductor may fuse into the producer of x.
@@ -362,7 +342,7 @@ def launch_args(
         kind, grid = "tma", (n * oh * _cdiv(ow, bm) * _cdiv(co, bn),)
     constexprs = dict(
         C=c, CO=co, C_PAD=c_pad, CO_PAD=co_pad, KH=kh, KW=kw,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=max(bk, 16),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         # bool(): under torch.compile a stride may be symbolic; the comparison guards on it.
         X_W_UNIT=bool(sxw == 1), X_C_UNIT=bool(sxc == 1),
         DOT_PRECISION=config["input_precision"],

@@ -9,11 +9,10 @@ original method.
 Why: on ROCm, MIOpen has no fast solver for dilation > 1 and falls back to a naive kernel.  This
 module computes the same thing as ``F.conv2d(x, w, None, stride=1, padding=p, dilation=d)``
 (then, where the block passes them, its BatchNorm and SiLU) with a Triton kernel, an implicit
-GEMM (no im2col buffer): ``tl.dot`` by default, rank-1 FMA updates with config
-``"kernel": "fma"`` (for GPUs or compilers where ``tl.dot`` misbehaves). Config flags pick how
-the input is read: ``nhwc`` (a channels-last copy of x, so each thread moves 16 bytes), ``tma``
-(tensor descriptors: Hopper's TMA, one output-row segment per program) or neither (strided
-loads straight from x, any layout).
+GEMM (no im2col buffer) through ``tl.dot``. Config flags pick how the input is read: ``nhwc``
+(a channels-last copy of x, so each thread moves 16 bytes), ``tma`` (tensor descriptors:
+Hopper's TMA, one output-row segment per program) or neither (strided loads straight from x,
+any layout).
 
 The kernel and how a launch is prepared live in ``dilated_conv_kernels``, the launch
 configurations (data keyed by GPU arch) in ``dilated_conv_config``, both dropped beside this
@@ -36,7 +35,6 @@ from . import dilated_conv_kernels as dk
 from . import rocmfix_custom_op as rop
 from . import rocmfix_kernel_config as kc
 from . import rocmfix_kernel_support as ks
-from . import rocmfix_launcher as rl
 from . import rocmfix_triton as rt
 
 if TYPE_CHECKING:
@@ -50,7 +48,6 @@ triton = rt.triton
 INTERPRETING = rt.INTERPRETING
 device_arch = kc.device_arch
 
-_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
 
 # Only an explicit config (the kernel alone: tune, tests) gets here with autograd recording;
@@ -75,7 +72,7 @@ def clear_config_cache() -> None:
 ks.derived(dk.clear_packs)
 
 
-def _triton_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _triton_usable(x: torch.Tensor) -> bool:
     if not rt.HAS_TRITON:
         ks.warn_once(
             "no-triton",
@@ -101,11 +98,7 @@ def prepare(
     GPUs it does not have. ``epilogue`` 2 is the kernel a block with an eval BatchNorm and
     SiLU runs (1: BatchNorm alone)."""
     c_out, c_in, kh, kw = weight.shape
-    cfg = (
-        _explicit(x, c_in, c_out, max(kh, kw), config)
-        if config
-        else (resolve_config(x.device, c_in, c_out, max(kh, kw), x.dtype))
-    )
+    cfg = _explicit(x, c_in, c_out, max(kh, kw), config or {})
     fold = None
     if epilogue:
         zeros = torch.zeros(c_out, dtype=torch.float32, device=x.device)
@@ -171,11 +164,7 @@ def dilated_conv2d(
             if config is not None:  # tune and the tests asked for the kernel itself
                 raise
             y, fused = F.conv2d(x, weight, None, 1, padding, dilation), False
-            ks.warn_once(
-                "dilated:" + type(exc).__name__,
-                f"rocmfix: the dilated conv kernel failed ({type(exc).__name__}: {exc}); "
-                "running F.conv2d",
-            )
+            ks.failed("the dilated conv kernel", exc, "running F.conv2d")
     if not fused:  # the kernel did not apply them: the modules see a plain conv
         if bn is not None:
             y = bn(y)
@@ -211,16 +200,18 @@ def _conv(
         dilation = dilation[0]
     dilation = int(dilation)
     if (
-        not _triton_usable(x, weight)
+        not _triton_usable(x)
         or x.dim() != 4
         or weight.dim() != 4
-        or x.dtype not in _SUPPORTED_DTYPES
+        or x.dtype not in ks.DTYPES
         or weight.dtype != x.dtype
         or weight.device != x.device
         or weight.shape[1] != x.shape[1]
         or x.shape[0] == 0
         or dilation < 1
-        or (epilogue is not None and not _epilogue_fits(epilogue, x, weight))
+        # The fold's device and length (a key holds them, so a later call need not check).
+        or (epilogue is not None and epilogue[0].device != x.device)
+        or (epilogue is not None and epilogue[0].numel() != weight.shape[0])
     ):
         return F.conv2d(x, weight, None, 1, padding, dilation), False
     pad_h, pad_w = dk._pair(padding, "padding")
@@ -230,24 +221,19 @@ def _conv(
     c, co, k = x.shape[1], weight.shape[0], max(weight.shape[2:])
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         raise RuntimeError(_NO_BACKWARD_MSG)
-    device = rl.device_index(x)
-    if config:  # explicit configs (tests, `rocmfix tune`) skip the plan cache
-        cfg = _explicit(x, c, co, k, config)
-        kernel, grid, args, kwargs, out = dk.prepare_launch(
-            x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
-        )
-        rl.Launcher(kernel, grid, kwargs, device).launch_once(*args)
-        return out, epilogue is not None
     # The tuned file and the environment are read here, when a key is first seen (and again
     # after clear_config_cache()), not per call: each lookup is host time.
-    cfg = resolve_config(x.device, c, co, k, x.dtype)
+    cfg = _explicit(x, c, co, k, config) if config else resolve_config(x.device, c, co, k, x.dtype)
     kernel, grid, args, kwargs, out = dk.prepare_launch(
         x, weight, dilation, (pad_h, pad_w), cfg, epilogue=epilogue
     )
     # Every tensor's alignment is fixed by the key (the input is keyed; its channels-last copy,
     # the packed weight, the output and the epilogue's scale and shift are fresh allocations),
     # as the Launcher needs.
-    launcher = rl.Launcher(kernel, grid, kwargs, device)
+    launcher = rt.Launcher(kernel, grid, kwargs, rt.device_index(x))
+    if config:  # explicit configs (tests, `rocmfix tune`) skip the plan cache
+        launcher.launch_once(*args)
+        return out, epilogue is not None
     launcher(*args)
     if key is not None:
         pack = (kwargs["C_PAD"], kwargs["CO_PAD"], x.dtype, kwargs["W_KMAJOR"])
@@ -266,8 +252,8 @@ def _plan_key(
     ):
         return None
     return (
-        rl.layout_key(x),
-        rl.layout_key(weight),
+        rt.layout_key(x),
+        rt.layout_key(weight),
         dilation,
         padding,
         # TF32 or IEEE is read from torch per call, as cuDNN reads it (fp32 only).
@@ -301,30 +287,18 @@ _PLANS: ks.BoundedCache[tuple[Any, ...], tuple[Any, ...]] = ks.BoundedCache(PLAN
 # The block's BatchNorm and activation, folded into the kernel's store
 # --------------------------------------------------------------------------------------------
 
-_ACTS = {torch.nn.Identity: dk.EPILOGUE_FOLD, torch.nn.SiLU: dk.EPILOGUE_FOLD_SILU}
-
-
-def _store_code(bn: Any, act: Any) -> int | None:
-    """The kernel's store code for ``act(bn(y))``: an ``nn.BatchNorm2d`` the kernel may fold
-    (rocmfix_kernel_support.foldable_bn) and an ``nn.SiLU``/``nn.Identity``/None activation
-    without hooks; None for anything else, where a hook would see the modules called (a
-    subclass, a forward hook, train mode: the block calls them itself)."""
-    code = dk.EPILOGUE_FOLD if act is None else _ACTS.get(type(act))
-    if (
-        code is None
-        or not ks.foldable_bn(bn)
-        or (act is not None and ks.hooked(act))
-        or ks.global_hooks()
-    ):
-        return None
-    return code
+# The store's code of each activation it applies after the fold (by ks.act_code's codes).
+_STORE: dict[int | None, int] = {ks.ACT_NONE: dk.EPILOGUE_FOLD, ks.ACT_SILU: dk.EPILOGUE_FOLD_SILU}
 
 
 def _epilogue(bn: Any, act: Any, traced: bool = False) -> Epilogue | None:
     """``act(bn(y))`` as a per-channel scale and shift (and SiLU), or None where the modules
-    must run (see :func:`_store_code`), where autograd records through the BatchNorm's
-    parameters (to autograd the fold is a constant), or where its tensors are inference
-    tensors (a model built under inference_mode), which have no version to see an update by.
+    must run: anything but an ``nn.BatchNorm2d`` the kernel may fold
+    (rocmfix_kernel_support.foldable_bn) and an ``nn.SiLU``/``nn.Identity``/None activation
+    without hooks (a subclass, a forward hook, train mode: the block calls them itself), where
+    autograd records through the BatchNorm's parameters (to autograd the fold is a constant),
+    or where its tensors are inference tensors (a model built under inference_mode), which have
+    no version to see an update by.
 
     The fold is computed once per module and reused while its statistics, affine parameters
     and eps are the same tensors at the same addresses and versions (an in-place update, a
@@ -332,8 +306,8 @@ def _epilogue(bn: Any, act: Any, traced: bool = False) -> Epilogue | None:
     (a few per-channel ops the graph recomputes) instead of looked up by the module's id and
     versions, which would guard the graph on them.
     """
-    code = _store_code(bn, act)
-    if code is None:
+    code = _STORE.get(ks.act_code(act))
+    if code is None or not ks.foldable_bn(bn) or ks.global_hooks():
         return None
     fold: ks.Fold | None
     if traced:
@@ -347,11 +321,6 @@ def _epilogue(bn: Any, act: Any, traced: bool = False) -> Epilogue | None:
         return None
     scale, shift = fold
     return scale, shift, code  # type: ignore[return-value]  # bn given: both are tensors
-
-
-def _epilogue_fits(epilogue: Epilogue, x: torch.Tensor, weight: torch.Tensor) -> bool:
-    scale = epilogue[0]
-    return scale.device == x.device and scale.numel() == weight.shape[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,44 +394,32 @@ def _graph(
     """The op as Inductor sees it (a triton op's body, see rocmfix_custom_op): the kernel
     launched through ``wrap_triton`` with the config and the tile the eager plan resolves,
     everything around it torch ops the compiler schedules (``dk.launch_args``): the
-    channels-last copy of x, the packed weight, the output. A call the kernel does not take is
-    F.conv2d and the fold in torch, as :func:`_conv` falls back."""
-    launch = _graph_launch(x, weight, dilation, padding)
-    if launch is None:
-        y = F.conv2d(x, weight, None, 1, padding, dilation)
-        if act and scale is not None and shift is not None:
-            y = _apply_fold(y, scale, shift, act)
-        return y.contiguous()
+    channels-last copy of x, the packed weight, the output. A call the kernel does not take
+    (the checks of :func:`_conv` on what a fake tensor knows; sizes may be symbolic: a
+    comparison guards) is F.conv2d and the fold in torch, as :func:`_conv` falls back; so is
+    every CPU graph, and any under TRITON_INTERPRET=1: the interpreter's kernels are not
+    compiled ones, which wrap_triton cannot trace."""
     epilogue = (scale, shift, act) if act and scale is not None and shift is not None else None
-    pads = (padding[0], padding[1])
-    _kind, grid, args, kwargs = dk.launch_args(x, weight, dilation, pads, launch, epilogue, False)
-    # Of the launch options only warps and stages, which Inductor takes for a user kernel.
-    options = {key: launch[key] for key in rop.GRAPH_LAUNCH_KEYS}
-    rop.wrap_triton(dk.KERNEL)[grid](*args, **kwargs, **options)
-    out: torch.Tensor = args[2]
-    return out
-
-
-def _graph_launch(
-    x: torch.Tensor, weight: torch.Tensor, dilation: int, padding: list[int]
-) -> dict[str, Any] | None:
-    """The resolved config of a call the kernel takes in the graph, else None: the checks of
-    :func:`_conv` on what a fake tensor knows (sizes may be symbolic: a comparison guards)."""
-    if x.device.type != "cuda" or INTERPRETING:
-        # The interpreter's kernels are not compiled ones: wrap_triton cannot trace them, so a
-        # CPU graph (and any graph under TRITON_INTERPRET=1) holds F.conv2d.
-        return None
     if (
-        not rt.HAS_TRITON
-        or x.dtype not in _SUPPORTED_DTYPES
+        x.device.type != "cuda"
+        or INTERPRETING
+        or not rt.HAS_TRITON
+        or x.dtype not in ks.DTYPES
         or weight.dtype != x.dtype
         or weight.device != x.device
         or weight.shape[1] != x.shape[1]
         or not _fits(x, weight, dilation, padding[0], padding[1])
     ):
-        return None  # F.conv2d raises its own error, or handles what 32 bits cannot
+        # F.conv2d raises its own error, or handles what 32 bits cannot.
+        y = F.conv2d(x, weight, None, 1, padding, dilation)
+        return (y if epilogue is None else _apply_fold(y, *epilogue)).contiguous()
     c, co, k = x.shape[1], weight.shape[0], max(weight.shape[2:])
-    return resolve_config(x.device, c, co, k, x.dtype)
+    launch = resolve_config(x.device, c, co, k, x.dtype)
+    pads = (padding[0], padding[1])
+    _kind, grid, args, kwargs = dk.launch_args(x, weight, dilation, pads, launch, epilogue, False)
+    rop.launch_traced(dk.KERNEL, grid, args, {**kwargs, **kc.launch_options(launch)})
+    out: torch.Tensor = args[2]
+    return out
 
 
 def _fits(x: torch.Tensor, weight: torch.Tensor, dilation: int, pad_h: Any, pad_w: Any) -> bool:

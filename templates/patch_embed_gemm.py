@@ -28,11 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from . import patch_embed_kernels as pk
-from . import patch_embed_op as po
 from . import rocmfix_custom_op as rop
 from . import rocmfix_kernel_config as kc
 from . import rocmfix_kernel_support as ks
-from . import rocmfix_launcher as rl
 from . import rocmfix_triton as rt
 
 SCHEME = "gemm"
@@ -209,11 +207,11 @@ def _launch(
     out: torch.Tensor,
     plan: _Plan,
     keep: bool = True,
-) -> tuple[rl.Launcher, tuple[Any, ...]] | None:
+) -> tuple[rt.Launcher, tuple[Any, ...]] | None:
     """Launch one call; with ``keep``, return the Launcher and arguments it used, which a
     later call with the same key (see :func:`_call_key`) repeats with its own tensors."""
     kernel, grid, args, kwargs = prepare_launch(a, w, bias, out, plan)
-    launcher = rl.Launcher(kernel, grid, kwargs, device=rl.device_index(a))
+    launcher = rt.Launcher(kernel, grid, kwargs, device=rt.device_index(a))
     if not keep:
         launcher.launch_once(*args)
         return None
@@ -240,7 +238,7 @@ class _Call:
                  "tail", "w_stride")  # fmt: skip
 
     def __init__(
-        self, launcher: rl.Launcher, args: tuple[Any, ...], plan: _Plan, w: torch.Tensor,
+        self, launcher: rt.Launcher, args: tuple[Any, ...], plan: _Plan, w: torch.Tensor,
         out: torch.Tensor,
     ) -> None:  # fmt: skip
         self.launcher = launcher
@@ -274,9 +272,9 @@ class _Call:
 def _call_key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
     """Everything Triton specialises on and prepare_launch reads: the tensors' layouts."""
     return (
-        rl.layout_key(x),
-        rl.layout_key(weight),
-        None if bias is None else rl.layout_key(bias),
+        rt.layout_key(x),
+        rt.layout_key(weight),
+        None if bias is None else rt.layout_key(bias),
     )
 
 
@@ -366,7 +364,7 @@ def _run(
     plan: _Plan,
     out: torch.Tensor | None,
     keep: bool = True,
-) -> tuple[torch.Tensor, tuple[rl.Launcher, tuple[Any, ...]] | None]:
+) -> tuple[torch.Tensor, tuple[rt.Launcher, tuple[Any, ...]] | None]:
     """The output, and with ``keep`` the launch made (None where nothing was launched)."""
     _check(a, w, bias)
     if w.dtype != a.dtype:
@@ -493,12 +491,13 @@ def _impl_fake(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
 
 
 def _graph(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The op as Inductor sees it: patch_embed_op's launch with the eager plan, or F.linear."""
-    if not po.takes(x, weight, bias):
+    """The op as Inductor sees it: ``patch_embed_kernels.graph`` with the eager plan, or
+    F.linear."""
+    if not pk.takes(x, weight, bias):
         return _linear_fallback(x, weight, bias)
     _check(x, weight, bias)
     plan = _Plan(resolve_config(x.device, x.dtype), x.device)
-    return po.graph(x, weight, bias, plan, PACK_ROW_BYTES)
+    return pk.graph(x, weight, bias, plan, PACK_ROW_BYTES)
 
 
 # Eager calls never reach the op (triton_conv3d_patchify calls _cached_call): it is the

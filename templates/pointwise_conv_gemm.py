@@ -23,7 +23,6 @@ import torch
 from . import rocmfix_kernel_support as ks
 
 SCHEME = "gemm"
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LAST = torch.channels_last
 
 
@@ -105,14 +104,7 @@ def handled(x: torch.Tensor, conv: Any) -> bool:
     stride 1, no padding, no hooks, in x's dtype and on x's device, outside autograd and
     autocast."""
     if not (
-        isinstance(x, torch.Tensor)
-        and isinstance(conv, torch.nn.Conv2d)
-        and type(conv).forward is torch.nn.Conv2d.forward
-        and type(conv)._conv_forward is torch.nn.Conv2d._conv_forward
-        and not ks.hooked(conv)
-        and not ks.global_hooks()
-        and x.dim() == 4
-        and x.dtype in SUPPORTED_DTYPES
+        isinstance(x, torch.Tensor) and ks.plain(x, conv, torch.nn.Conv2d) and not ks.global_hooks()
     ):
         return False
     weight, bias = conv.weight, conv.bias
@@ -140,11 +132,7 @@ def pointwise_conv2d(
         y = gemm(x, conv.weight, conv.bias, conv.groups) if handled(x, conv) else None
     except Exception as exc:  # noqa: BLE001 - never take the model down
         y = ks.stock(x, conv, bn, act)  # the stock result first, then the report
-        ks.warn_once(
-            "pointwise-gemm:" + type(exc).__name__,
-            f"rocmfix: the 1x1 conv as a GEMM failed ({type(exc).__name__}: {exc}); "
-            "running the stock modules",
-        )
+        ks.failed("the 1x1 conv as a GEMM", exc)
         return y
     if y is None:
         return ks.stock(x, conv, bn, act)

@@ -25,16 +25,13 @@ from typing import Any
 
 import torch
 
+from . import rocmfix_kernel_config as kc
 from . import rocmfix_triton as rt
 
 OP_NAMESPACE = "rocmfix"
 
 Impl = Callable[..., torch.Tensor]
 
-# What Inductor takes as a user kernel's launch options in a triton op's graph body; a HIP
-# config's other options (waves_per_eu, ...) are not kernel arguments it knows, so the graph
-# launches without them.
-GRAPH_LAUNCH_KEYS = ("num_warps", "num_stages")
 # Inductor's buffers, and the graph inputs it checks at run time, are aligned to this.
 GRAPH_ALIGN = 16
 
@@ -149,10 +146,13 @@ def is_triton_op(op: Any) -> bool:
     return type(getattr(holder, name, None)).__name__ == "CustomOpDef"
 
 
-def wrap_triton(kernel: Any) -> Any:
-    """``torch.library.wrap_triton(kernel)``: a launch the op's body makes through it is a node
-    the compiler sees (the kernel launched directly on real tensors outside tracing)."""
-    return torch.library.wrap_triton(kernel)
+def launch_traced(kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``kernel[grid](*args, **kwargs)`` in a triton op's body, through
+    ``torch.library.wrap_triton``: a node the compiler sees. Of the launch options only those
+    Inductor takes for a user kernel: a HIP config's others (waves_per_eu, ...) are not kernel
+    arguments it knows, so the graph launches without them."""
+    kept = {k: v for k, v in kwargs.items() if k not in kc.HIP_LAUNCH_KEYS}
+    torch.library.wrap_triton(kernel)[grid](*args, **kept)
 
 
 _compiler = getattr(torch, "compiler", None)

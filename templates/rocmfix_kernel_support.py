@@ -54,6 +54,13 @@ def warn_once(key: str, message: str) -> None:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+def failed(what: str, exc: Exception, then: str = "running the stock modules") -> None:
+    """The one report of a dropped module's failure (:func:`warn_once`, once per ``what``
+    and kind of exception): ``what`` failed, with the exception, and what runs instead."""
+    kind = type(exc).__name__
+    warn_once(f"{what}:{kind}", f"rocmfix: {what} failed ({kind}: {exc}); {then}")
+
+
 class BoundedCache(dict[K, V]):
     """A map that forgets the entry stored first beyond ``size``. A lookup is the plain
     dict's ``get`` (one C call, read on every kernel call): no recency to update, so a full
@@ -74,15 +81,6 @@ class BoundedCache(dict[K, V]):
     def clear(self) -> None:
         with self._lock:
             super().clear()
-
-    def values(self) -> list[V]:  # type: ignore[override]
-        """A snapshot of the values, first stored first (for tests and benches)."""
-        with self._lock:
-            return list(super().values())
-
-    def items(self) -> list[tuple[K, V]]:  # type: ignore[override]
-        with self._lock:
-            return list(super().items())
 
 
 # The activations a kernel applies in its store, by code; 0 is none. GELU only in its exact
@@ -112,6 +110,25 @@ def hooked(module: Any) -> bool:
         return bool(module._forward_hooks or module._forward_pre_hooks)
     except AttributeError:
         return False
+
+
+# The dtypes every dropped entry computes in.
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def plain(x: torch.Tensor, layer: Any, cls: Any) -> bool:
+    """Whether ``layer`` is a ``cls`` (``nn.Conv2d``, ``nn.ConvTranspose2d``) that runs torch's
+    own forward, zero-padded, with no hooks of its own, on ``x``, 4-D in one of :data:`DTYPES`:
+    a call whose module an entry may replace (each checks its own geometry after)."""
+    return (
+        isinstance(layer, cls)
+        and type(layer).forward is cls.forward
+        and getattr(type(layer), "_conv_forward", None) is getattr(cls, "_conv_forward", None)
+        and not hooked(layer)
+        and layer.padding_mode == "zeros"
+        and x.dim() == 4
+        and x.dtype in DTYPES
+    )
 
 
 def act_code(act: Any) -> int | None:
@@ -291,14 +308,21 @@ derived(clear_folds)
 def _fold(tensors: tuple[Any, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     mean, var, gamma, beta, bias = tensors
     with torch.no_grad():
-        scale = torch.rsqrt(var.float() + eps)
-        if gamma is not None:
-            scale = scale * gamma.float()
-        centre = -mean.float() if bias is None else bias.float() - mean.float()
-        shift = centre * scale
-        if beta is not None:
-            shift = shift + beta.float()
+        scale, shift = _fold_math(mean, var, gamma, beta, bias, eps)
     return scale.contiguous(), shift.contiguous()
+
+
+def _fold_math(
+    mean: Any, var: Any, gamma: Any, beta: Any, bias: Any, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = torch.rsqrt(var.float() + eps)
+    if gamma is not None:
+        scale = scale * gamma.float()
+    centre = -mean.float() if bias is None else bias.float() - mean.float()
+    shift = centre * scale
+    if beta is not None:
+        shift = shift + beta.float()
+    return scale, shift
 
 
 def fold_traced(bn: Any, bias: torch.Tensor | None) -> Fold:
@@ -306,14 +330,7 @@ def fold_traced(bn: Any, bias: torch.Tensor | None) -> Fold:
     version reads); the caller checked :func:`foldable_bn`."""
     if bn is None:
         return None, None if bias is None else bias.float()
-    scale = torch.rsqrt(bn.running_var.float() + bn.eps)
-    if bn.weight is not None:
-        scale = scale * bn.weight.float()
-    centre = -bn.running_mean.float() if bias is None else bias.float() - bn.running_mean.float()
-    shift = centre * scale
-    if bn.bias is not None:
-        shift = shift + bn.bias.float()
-    return scale, shift
+    return _fold_math(bn.running_mean, bn.running_var, bn.weight, bn.bias, bias, bn.eps)
 
 
 def pair(v: Any) -> tuple[int, int] | None:

@@ -378,7 +378,7 @@ def test_the_depthwise_op_launches_from_a_plan_after_its_first_call(
         # process, by the template's first import, which an earlier test may have made
         # (under another interpreter setting).
         got = dw._impl(x, weight, scale, shift, [1, 1], [1, 1], 1)
-        want = dw.dop.reference(x, weight, scale, shift, [1, 1], [1, 1], 1)
+        want = dw.reference(x, weight, scale, shift, [1, 1], [1, 1], 1)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
     with torch.no_grad():
@@ -405,5 +405,5 @@ def test_the_depthwise_op_gives_the_layout_its_fake_says() -> None:
         y = dw._impl(x, torch.randn(6, 1, 3, 3), torch.ones(6), torch.zeros(6), [1, 1], [1, 1], 1)
     finally:
         dw.dk.KERNEL = kernel
-    fake = dw.dop.fake(x, torch.randn(6, 1, 3, 3), None, None, [1, 1], [1, 1], 1)
+    fake = dw.fake(x, torch.randn(6, 1, 3, 3), None, None, [1, 1], [1, 1], 1)
     assert y.shape == fake.shape and y.stride() == fake.stride()

@@ -317,7 +317,7 @@ def test_the_kernel_alone_at_every_tune_target_and_grid_tile(tri: ModuleType) ->
 
 
 def test_shipped_configs_validate(tri: ModuleType) -> None:
-    for arch, layers in tri.dc.SHIPPED_CONFIGS.items():
+    for arch, layers in tri.SHIPPED_CONFIGS.items():
         for layer in layers.values():
             tri.CONFIG.validate(layer)
         if arch != "default":
@@ -528,16 +528,16 @@ def _stand_in_kernel() -> Iterator[tuple[ModuleType, _Compiling]]:
     kernel as it adopts Triton's (the interpreter adopts nothing)."""
     module = load_template("depthwise_conv_triton")
     kernel = _Compiling(module.dk.KERNEL)
-    saved = module.dk.KERNEL, module.rl.device_index, torch.cuda.current_device
-    module.dk.KERNEL, module.rl.device_index = kernel, lambda t: 0
-    module.rl.current_stream = lambda: lambda device: 0
+    saved = module.dk.KERNEL, module.rt.device_index, torch.cuda.current_device
+    module.dk.KERNEL, module.rt.device_index = kernel, lambda t: 0
+    module.rt.current_stream = lambda: lambda device: 0
     torch.cuda.current_device = lambda: 0
     cuda_device = torch.cuda.device
     torch.cuda.device = lambda index: contextlib.nullcontext()  # type: ignore[assignment,misc]
     try:
         yield module, kernel
     finally:
-        module.dk.KERNEL, module.rl.device_index, torch.cuda.current_device = saved
+        module.dk.KERNEL, module.rt.device_index, torch.cuda.current_device = saved
         torch.cuda.device = cuda_device  # type: ignore[misc]
 
 

@@ -163,16 +163,6 @@ def test_triton_other_padding(tri: ModuleType, padding: int | tuple[int, int]) -
     _check(y, _ref(x, wt, 4, padding), torch.float32)
 
 
-@pytest.mark.parametrize(
-    ("k", "d", "dt"), [(3, 1, torch.float32), (5, 3, torch.float16), (3, 5, torch.bfloat16)]
-)
-def test_triton_direct_scheme(tri: ModuleType, k: int, d: int, dt: torch.dtype) -> None:
-    x = torch.randn(2, 5, 7, 9).to(dt)
-    wt = torch.randn(6, 5, k, k).to(dt)
-    y = _run_poisoned(tri, x, wt, d, d * (k // 2), {**TEST_CFG, "kernel": "fma"})
-    _check(y, _ref(x, wt, d, d * (k // 2)), dt)
-
-
 def test_triton_batch_zero_and_cpu_without_interpreter(
     tri: ModuleType, tri_jit: ModuleType
 ) -> None:

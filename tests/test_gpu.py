@@ -136,11 +136,11 @@ def _gemm(tiles: str = "gfx942") -> Any:
 def triton_only(module: Any) -> Iterator[None]:
     """Every launch through Triton's ``kernel[grid]`` while it holds (the launch path is
     one per process, shared by every import of the templates)."""
-    module.rl._public_only.append(True)
+    module.rt._public_only.append(True)
     try:
         yield
     finally:
-        module.rl._public_only.pop()
+        module.rt._public_only.pop()
 
 
 @pytest.mark.parametrize(

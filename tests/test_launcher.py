@@ -1,4 +1,4 @@
-"""The kernels' repeat launches (``Launcher`` in templates/rocmfix_launcher.py), on the CPU: a
+"""The kernels' repeat launches (``Launcher`` in templates/rocmfix_triton.py), on the CPU: a
 stand-in kernel records what would reach the GPU through Triton's public interfaces
 (``kernel[grid]``, ``kernel.warmup``, the compiled kernel's ``[grid]`` runner), so every
 fallback and the order of the runner's arguments are checked here; tests/test_gpu.py checks
@@ -62,7 +62,7 @@ KWARGS = {"BLOCK": 16, "EVEN": True, "SCALE": 2.0, "num_warps": 4}
 def rl() -> Iterator[types.ModuleType]:
     """The launcher module, with torch's current device a settable 0, its device guard
     recorded and each device's current stream named (the CPU has none of them)."""
-    module = load_template("rocmfix_launcher")
+    module = load_template("rocmfix_triton")
     current = [0]
     guards: list[int] = []
 
@@ -195,6 +195,6 @@ def test_a_full_plan_cache_forgets_the_key_stored_first() -> None:
     for key, value in (("a", 1), ("b", 2), ("a", 3), ("c", 4)):
         cache.put(key, value)
     assert cache.get("b") is None and len(cache) == 2
-    assert cache.items() == [("a", 3), ("c", 4)] and cache.values() == [3, 4]
+    assert list(cache.items()) == [("a", 3), ("c", 4)] and list(cache.values()) == [3, 4]
     cache.clear()
     assert len(cache) == 0 and cache.get("a") is None

@@ -134,13 +134,13 @@ def test_the_depthwise_body_reads_pairs_only_where_the_fake_promises_them(
     _tri, dw = compiled_templates
 
     def aligned(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = dw.dop.graph(x, w, s, s, [1, 1], [1, 1], 1)
+        out: torch.Tensor = dw.graph(x, w, s, s, [1, 1], [1, 1], 1)
         return out
 
     def odd(flat: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         # The same layout one element into a buffer: its address is only 4 bytes aligned.
         x = flat[1:].view(2, 16, 32, 48)
-        out: torch.Tensor = dw.dop.graph(x, w, s, s, [1, 1], [1, 1], 1)
+        out: torch.Tensor = dw.graph(x, w, s, s, [1, 1], [1, 1], 1)
         return out
 
     shapes = ((2, 16, 32, 48), (16, 1, 3, 3), (16,))
@@ -171,7 +171,7 @@ def test_symbolic_sizes_guard_instead_of_breaking(
     h, w = sym("h", 32), sym("w", 48)
 
     def both(x: torch.Tensor, wt: torch.Tensor, s: torch.Tensor) -> Any:
-        a = dw.dop.graph(x, wt, s, s, [1, 1], [1, 1], 1)
+        a = dw.graph(x, wt, s, s, [1, 1], [1, 1], 1)
         b = tri._graph(x, wt.expand(16, 16, 3, 3), 2, [2, 2], None, None, 0)
         return a, b
 

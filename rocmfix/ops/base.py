@@ -16,12 +16,11 @@ DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "
 
 # The plumbing templates a Triton scheme drops beside its kernel, config module first (every
 # kernel imports its config resolution from it, under this same name): the Triton import
-# switch, the launcher, the custom-op registration and the shared helpers (caches, BatchNorm
-# folds, activation codes). They import each other, so they go together.
+# switch with the launcher, the custom-op registration and the shared helpers (caches,
+# BatchNorm folds, activation codes). They import each other, so they go together.
 TRITON_SUPPORT = (
     "rocmfix_kernel_config.py",
     "rocmfix_triton.py",
-    "rocmfix_launcher.py",
     "rocmfix_custom_op.py",
     "rocmfix_kernel_support.py",
 )

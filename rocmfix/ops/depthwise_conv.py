@@ -159,12 +159,7 @@ OP = Op(
             "Triton direct depthwise conv, BatchNorm and activation in its store",
             "Triton",
             "depthwise_conv_triton.py",
-            (
-                "depthwise_conv_config.py",
-                "depthwise_conv_kernels.py",
-                "depthwise_conv_op.py",
-                *TRITON_SUPPORT,
-            ),
+            ("depthwise_conv_kernels.py", *TRITON_SUPPORT),
             needs_triton=True,
         ),
         Scheme(

@@ -117,7 +117,7 @@ OP = Op(
             "Triton GEMM over the flattened patches",
             "Triton",
             "patch_embed_gemm.py",
-            ("patch_embed_kernels.py", "patch_embed_op.py", *TRITON_SUPPORT),
+            ("patch_embed_kernels.py", *TRITON_SUPPORT),
             needs_triton=True,
         ),
         Scheme(
