@@ -23,7 +23,7 @@ from rocmfix.render.doctor import doctor_document, doctor_table
 
 from conftest import ROOT, load_template, run_cli
 
-CAPS = {"MIN_SEEN": 3, "PAYBACK": 4, "MAX_GRAPHS": 8, "MAX_CAPTURES": 64, "MAX_BYTES": 1 << 30}
+CAPS = {"MIN_SEEN": 3, "PAYBACK": 4, "MAX_GRAPHS": 8, "MAX_CAPTURES": 64, "MAX_BYTES": 2 << 30}
 
 
 def test_without_a_gpu_doctor_gives_the_caps_in_force() -> None:
@@ -108,7 +108,7 @@ def test_the_table_and_the_json_report_it(capsys: pytest.CaptureFixture[str]) ->
         "Graphs replayed equal to eager here; a small conv net's graphs held 75 MiB at "
         "1x3x960x672 fp32, 86 MiB at 1x3x736x960 fp32. Caps in force: a shape is captured once "
         "seen 3 times, and while a model's graphs have been replayed 4 times a capture; at most "
-        "8 graphs and 64 captures a model, none new past 1024 MiB held." in text
+        "8 graphs and 64 captures a model, none new past 2048 MiB held." in text
     )
     assert doctor_document(report)["graphs"] == {"message": None, **ok}
     failed = {"status": "failed", "message": "RuntimeError: capture refused", "caps": CAPS}

@@ -110,8 +110,8 @@ def test_second_sighting_captures_and_later_calls_replay(
 def test_the_capture_policy_comes_from_the_environment() -> None:
     names = ("ROCMFIX_GRAPHS_AFTER", "ROCMFIX_GRAPHS_PAYBACK", "ROCMFIX_GRAPHS_MAX_MIB")
     runner = load_template("rocmfix_graphs", interpret=None, env=dict.fromkeys(names))
-    assert (runner.MIN_SEEN, runner.PAYBACK, runner.MAX_BYTES) == (3, 4, 1 << 30)
-    for mib, cap in (("2048", 2 << 30), ("1.5", 1 << 30), ("-3", 1 << 30)):
+    assert (runner.MIN_SEEN, runner.PAYBACK, runner.MAX_BYTES) == (3, 4, 2 << 30)
+    for mib, cap in (("1024", 1 << 30), ("1.5", 2 << 30), ("-3", 2 << 30)):
         runner = load_template("rocmfix_graphs", interpret=None, env={names[2]: mib})
         assert (mib, runner.MAX_BYTES) == (mib, cap)
     # Not a whole number >= 0: the default; no sighting before a capture is the first.
