@@ -43,9 +43,10 @@ eager computes where a batch's rows are independent, as in every model the patch
 (eval-mode conv and attention networks, attention within a row): the same values, though a
 GPU library may pick another kernel for the larger batch, so not always the same bits.
 ``ROCMFIX_GRAPHS_PAD_BATCH=0`` turns padding off.
-Widths (``--scheme bucket``, MinerU's rec): a call given ``rocmfix_width_bucket=B`` has its
-batch's width padded with zeros up to a multiple of B and its output's sequence cut back to a
-stock call's length (:func:`_length`): more zero columns than stock, not exact.
+Widths (``--scheme bucket``, MinerU's rec): a call given ``rocmfix_width_bucket=B`` runs, eager
+or replayed, on its batch padded with zeros (what MinerU pads a batch with) up to a width that
+is a multiple of B (:func:`_widen`): what MinerU would compute had it padded each batch that
+wide itself, more zero columns than stock, so not the stock values (docs/performance-graphs.md).
 CPU inputs and ``torch.compile``'d callers are left to the stock call without a word: there
 is nothing to replay on a CPU, and a warning would break the compiler's graph. So is a model
 called inside another model's capture (PP-DocLayoutV2's backbone inside the whole detector):
@@ -65,7 +66,6 @@ call :func:`reset` after changing a live model). Standard library and torch's pu
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -102,8 +102,8 @@ STALE_AFTER = 4
 # (docs/performance-graphs.md); the formula encoder's batch of 32 crops stays past it.
 MAX_BYTES = _count_from_env("ROCMFIX_GRAPHS_MAX_MIB", 2048) << 20
 PAD_BATCH = os.environ.get("ROCMFIX_GRAPHS_PAD_BATCH", "1").strip().lower() not in _OFF
-# Bounds, not policies: signatures counted per model (then the count starts again) and the
-# width bucket's stock lengths kept; values :func:`constant` keeps (then each call makes one).
+# Bounds, not policies: signatures counted per model (then the count starts again); values
+# :func:`constant` keeps (then each call makes one).
 _MAX_SEEN = 1024
 _MAX_CONSTANTS = 1024
 
@@ -265,9 +265,6 @@ class _State:
         self.counts: dict[str, int] = {}
         self.calls = 0
         self.batch = 0  # the largest batch seen; -1 once padding is off for this model
-        # The width bucket's (:func:`_length`): the stride, 0 until known; None: never again.
-        self.stride = 0
-        self.lengths: dict[int, int] | None = {}
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -336,9 +333,12 @@ def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, **kwargs: Any
         state.count(reason[0])
         _tell(model, *reason)
         return model(*args, **kwargs)
+    if rocmfix_width_bucket > 0 and len(args) == 1 and not kwargs:
+        args = (_widen(state, args[0], rocmfix_width_bucket),)
+        leaves = [args[0]]
     try:
         with state.lock:
-            cut, padded = _pad(state, leaves, rocmfix_width_bucket)
+            rows, padded = _pad(state, leaves)
             key = (
                 spec,
                 tuple((t.shape, t.stride(), t.dtype, t.device) for t in padded),
@@ -347,21 +347,13 @@ def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, **kwargs: Any
             state.calls += 1
             found = state.graphs.get(key)
             if found is not None:
-                return _replay(model, state, key, found, padded, cut)
+                return _replay(model, state, key, found, padded, rows)
             if state.broken is None and key not in state.failed and _due(state, key):
-                return _capture(model, state, key, spec, padded, cut)
+                return _capture(model, state, key, spec, padded, rows)
     except _Fallback:
         pass
     state.count("eager")
-    out = model(*args, **kwargs)
-    lengths = state.lengths  # (another thread may turn the bucket off meanwhile)
-    if rocmfix_width_bucket and lengths is not None and len(lengths) < _MAX_SEEN:
-        outputs: list[torch.Tensor] = []
-        with contextlib.suppress(_Unsupported):
-            _flatten(out, outputs, inputs=False)
-        if len(outputs) == 1 and outputs[0].dim() > 2:  # a stock length, for the bucket's cut
-            lengths[leaves[0].shape[-1]] = outputs[0].shape[1]
-    return out
+    return model(*args, **kwargs)
 
 
 class _Fallback(Exception):
@@ -376,66 +368,54 @@ def _due(state: _State, key: Any) -> bool:
     return seen >= MIN_SEEN
 
 
-def _pad(state: _State, leaves: list[torch.Tensor], bucket: int
-         ) -> tuple[tuple[int, int], list[torch.Tensor]]:  # fmt: skip
-    """((rows, width) asked for, the input padded with zeros: its rows up to the largest batch
-    seen, where that at most doubles them (a graph of its own costs less), its width up to a
-    multiple of ``bucket``) where padding applies, else ((0, 0), the input as it is)."""
-    if state.broken or len(leaves) != 1 or leaves[0].dim() < 2:
-        return (0, 0), leaves
-    x = leaves[0]
-    rows, width = x.shape[0], x.shape[-1]
-    if PAD_BATCH and state.batch >= 0 and rows >= state.batch:
-        state.batch = rows
-    more = state.batch - rows if PAD_BATCH and 2 * rows >= state.batch > rows else 0
-    wider = -width % bucket if bucket > 0 and x.dim() == 4 and state.lengths is not None else 0
-    if wider and state.stride and _length(state, width) is None:
-        wider = 0  # its stock length is not known yet: this call runs at its own width
-    if not (more or wider):
-        return (0, 0), leaves
+def _widen(state: _State, x: Any, bucket: int) -> Any:
+    """``x`` padded with zeros on the right up to a width that is a multiple of ``bucket``,
+    where it is a batch of images; else, and where the padding fails, ``x`` as it is."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] % bucket == 0:
+        return x
     try:
-        padded = torch.nn.functional.pad(x, (0, wider, *(0, 0) * (x.dim() - 2), 0, more))
+        wide = torch.nn.functional.pad(x, (0, -x.shape[-1] % bucket))
     except Exception:  # noqa: BLE001 - out of memory, say: this call runs as it came
-        return (0, 0), leaves
+        return x
+    state.count("widened")
+    return wide
+
+
+def _pad(state: _State, leaves: list[torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
+    """(rows asked for, the input padded with rows of zeros up to the largest batch seen,
+    where that at most doubles them: a graph of its own costs less) where padding applies,
+    else (0, the input as it is)."""
+    if not PAD_BATCH or state.batch < 0 or state.broken or len(leaves) != 1 or leaves[0].dim() < 2:
+        return 0, leaves
+    x = leaves[0]
+    rows = x.shape[0]
+    if rows >= state.batch:
+        state.batch = rows
+    if not 2 * rows >= state.batch > rows:
+        return 0, leaves
+    try:
+        padded = torch.nn.functional.pad(x, (*(0, 0) * (x.dim() - 1), 0, state.batch - rows))
+    except Exception:  # noqa: BLE001 - out of memory, say: this call runs as it came
+        return 0, leaves
     state.count("padded")
-    return (rows if more else 0, width if wider else 0), [padded]
+    return rows, [padded]
 
 
-def _length(state: _State, width: int) -> int | None:
-    """The sequence length a stock call at ``width`` makes, where known: that at a known width
-    of the same remainder mod the stride s (from a bucketed output), a step more each s columns."""
-    for known, length in list((state.lengths or {}).items()):  # (a copy: others may add)
-        if state.stride and (width - known) % state.stride == 0:
-            return length + (width - known) // state.stride
-    return None
-
-
-def _cut(state: _State, outputs: list[torch.Tensor], cut: tuple[int, int], padded: torch.Tensor
+def _cut(state: _State, outputs: list[torch.Tensor], rows: int, batch: int
          ) -> list[torch.Tensor]:  # fmt: skip
-    """The outputs as the call asked for them (:func:`_pad`): its rows, its sequence (dim 1)
-    as long as a stock call at its width makes it, else the stock call."""
-    rows, width = cut
-    if rows and not all(t.dim() and t.shape[0] == padded.shape[0] for t in outputs):
+    """The outputs' first ``rows`` rows (:func:`_pad`); the stock call where an output does
+    not have the batch first."""
+    if not rows:
+        return outputs
+    if not all(t.dim() and t.shape[0] == batch for t in outputs):
         state.batch = -1  # not the batch first: never padded again
         state.count("not padded")
         raise _Fallback
-    if width:
-        steps = outputs[0].shape[1] if len(outputs) == 1 and outputs[0].dim() > 2 else 0
-        if state.lengths is not None and steps and padded.shape[-1] % steps == 0:
-            state.stride = padded.shape[-1] // steps
-            state.lengths.setdefault(padded.shape[-1], steps)
-        else:
-            state.lengths = None  # an output that does not follow the width: never bucketed
-        length = _length(state, width)
-        if length is None:
-            state.count("not bucketed")
-            raise _Fallback
-        outputs = [t[:, :length] for t in outputs]
-    return [t[:rows] for t in outputs] if rows else outputs
+    return [t[:rows] for t in outputs]
 
 
 def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[torch.Tensor],
-            cut: tuple[int, int] = (0, 0)) -> Any:  # fmt: skip
+            rows: int = 0) -> Any:  # fmt: skip
     try:
         if list(map(torch.Tensor.data_ptr, found.weights)) != found.addresses:
             _drop(state, key)
@@ -444,7 +424,7 @@ def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[tor
         for static, t in zip(found.inputs, leaves):
             static.copy_(t)
         _BACKEND.replay(found.graph)
-        outputs = [t.clone() for t in _cut(state, found.outputs, cut, leaves[0])]
+        outputs = [t.clone() for t in _cut(state, found.outputs, rows, leaves[0].shape[0])]
     except _Fallback:
         raise
     except Exception as exc:
@@ -476,7 +456,7 @@ def _in_use(state: _State) -> bool:
 
 
 def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.Tensor],
-             cut: tuple[int, int] = (0, 0)) -> Any:  # fmt: skip
+             rows: int = 0) -> Any:  # fmt: skip
     backend = _BACKEND
     busy = len(state.graphs) >= MAX_GRAPHS and _in_use(state)
     if state.full or state.captures >= MAX_CAPTURES or busy:
@@ -536,7 +516,7 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
     while len(state.graphs) > MAX_GRAPHS:
         _drop(state, next(iter(state.graphs)))
         state.count("dropped")
-    return _replay(model, state, key, found, leaves, cut)
+    return _replay(model, state, key, found, leaves, rows)
 
 
 # -- host values as device tensors ----------------------------------------------------------
