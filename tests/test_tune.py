@@ -305,11 +305,13 @@ def test_the_table_fits_80_columns_with_every_cell_whole(monkeypatch: Any) -> No
     fast = CandidateRow(config=dict(config, waves_per_eu=2), role="grid", status="ok", ms=1.0)
     tried = (shipped, fast, dataclasses.replace(fast, status="rejected"))
     kernels = (
-        KernelResult("patch_embed_gemm", "patch_embed_gemm", "gfx1100", "bf16_128", "bf16",
-                     "ok", None, "user", shipped, fast, fast, tried, True, False, None),
-        KernelResult("depthwise_conv:k5_s1_f16", "depthwise_conv", "gfx1100", "k5_s1_f16",
-                     "f16", "error", "the worker died in it", None, None, None, None, (),
-                     False, None, None),
+        KernelResult(id="patch_embed_gemm", kernel="patch_embed_gemm", arch="gfx1100",
+                     key="bf16_128", precision="bf16", status="ok", method="user",
+                     shipped=shipped, fastest=fast, best=fast, candidates=list(tried),
+                     tuned=True, verified=False),
+        KernelResult(id="depthwise_conv:k5_s1_f16", kernel="depthwise_conv", arch="gfx1100",
+                     key="k5_s1_f16", precision="f16", status="error",
+                     message="the worker died in it"),
     )  # fmt: skip
     env = Environment(PythonInfo("/venv/bin/python", "3.12.3", Path("/venv"), None), {}, {},
                       {}, TorchInfo("2.9.0", hip="7.1", cuda=None), False)  # fmt: skip
