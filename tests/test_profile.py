@@ -291,6 +291,7 @@ def test_first_call_cost_and_sdpa_math_name_the_setting_that_fixes_them() -> Non
     math_ = analyse.verdict(sdpa, None, None, False, "cuda", True, {}, total_ms=200.0,
                             callees=callees)  # fmt: skip
     assert math_["flagged"] and math_["fix"].command == 'eval "$(rocmfix env)"'
+    assert math_["reason"] == "scaled_dot_product_attention ran SDPA's math kernel"
     on = {"TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1"}
     assert not analyse.verdict(sdpa, None, None, False, "cuda", True, {}, total_ms=200.0,
                                callees=callees, env=on)["flagged"]  # fmt: skip

@@ -137,6 +137,13 @@ class Op:
     # ``sites`` (the engine's wrapper that issues it).
     calls: tuple[str, ...] = ()
     sites: tuple[str, ...] = ()
+    # What ran for one of ``calls`` (any caller's), from the ops it called as the profiler
+    # recorded them: ``(what ran, why a setting `rocmfix env` exports fixes it)``, the second
+    # None where no setting would (it is set, or the fast kernel ran), or None where the
+    # callees do not say. ``hip``: a ROCm torch; ``env``: the run's environment.
+    kernel_ran: (
+        Callable[[Sequence[str], bool, Mapping[str, str]], tuple[str, str | None] | None] | None
+    ) = None
 
     def __post_init__(self) -> None:
         names = self.scheme_names

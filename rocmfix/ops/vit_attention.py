@@ -15,6 +15,7 @@ templates: nothing is dropped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .base import DTYPES, Case, Op, Scheme, TensorShape
@@ -63,6 +64,32 @@ BLOCKS = shape((1008, 252), (504, 504), (1008, 112), (280, 280), (728, 392))
 CASES = (_case(PAGE), _case(BLOCKS))
 
 
+# Which SDPA kernel a call ran, from the op it called.
+SDPA_MATH = "aten::_scaled_dot_product_attention_math"
+SDPA_KERNELS = {
+    SDPA_MATH: "math",
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cuDNN",
+}
+
+
+def kernel_ran(
+    callees: Sequence[str], hip: bool, env: Mapping[str, str]
+) -> tuple[str, str | None] | None:
+    """SDPA's kernel, and on ROCm without the AOTriton flag its math fallback's fix."""
+    ran = next((SDPA_KERNELS[c] for c in callees if c in SDPA_KERNELS), None)
+    if ran is None:
+        return None
+    if ran == "math" and hip and env.get(AOTRITON_ENV) != "1":
+        return f"SDPA's {ran} kernel", (
+            "ROCm torch keeps AOTriton flash attention for consumer Radeon cards behind "
+            f"{AOTRITON_ENV}=1; `rocmfix env` exports it where `rocmfix doctor --op "
+            "vit-attention` measured it faster"
+        )
+    return f"SDPA's {ran} kernel", None
+
+
 def label(s: TensorShape) -> str:
     lengths = s["seqlens"]
     seqs = f"{lengths[0]} tokens" if len(lengths) == 1 else f"{len(lengths)} seqs {sum(lengths)}"
@@ -103,6 +130,7 @@ OP = Op(
     # vLLM's TORCH_SDPA runs the tower's SDPA from its ViT wrappers (vllm#27190's refactor put
     # them in v1/attention/ops; earlier releases called it from the layer itself).
     calls=("scaled_dot_product_attention",),
+    kernel_ran=kernel_ran,
     sites=(
         "vllm/v1/attention/ops/vit_attn_wrappers.py",
         "vllm/model_executor/layers/attention/mm_encoder_attention.py",

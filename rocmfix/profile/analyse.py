@@ -38,14 +38,6 @@ FIRST_CALL_RATIO = 5.0
 # tens of ms on a loaded machine; device times do not.
 FIRST_CALL_MIN_MS_CPU = 100.0
 FIRST_CALL_MIN_MS_GPU = 1.0
-SDPA_MATH = "aten::_scaled_dot_product_attention_math"
-# Which SDPA kernel ran, from the op it called.
-SDPA_BACKENDS = {
-    SDPA_MATH: "math",
-    "aten::_scaled_dot_product_flash_attention": "flash",
-    "aten::_scaled_dot_product_efficient_attention": "efficient",
-    "aten::_scaled_dot_product_cudnn_attention": "cuDNN",
-}
 # A replay whose "as run" time is further than this factor from the run's own steady time did
 # not reproduce the run: it gives no verdict (a 2-core CPU under load read 36 ms for a conv the
 # run took 5.5 ms for, and flagged it 101.8x and then 121.7x "faster").
@@ -321,18 +313,16 @@ def setting_fix(
     callees: Sequence[str], startup_ms: float | None,
 ) -> tuple[str, Fix] | None:  # fmt: skip
     """(reason, fix) where a setting fixes what was measured: first-call cost of a conv that
-    MIOpen's Find or cuDNN's benchmark autotune explains, or SDPA's math fallback on ROCm."""
-    if row.op == "scaled_dot_product_attention" and SDPA_MATH in callees and hip:
-        if env.get("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL") != "1":
-            why = (
-                "ROCm torch keeps AOTriton flash attention for consumer Radeon cards "
-                "behind TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1; `rocmfix env` exports it "
-                "where `rocmfix doctor --op vit-attention` measured it faster"
+    MIOpen's Find or cuDNN's benchmark autotune explains, or a kernel an op's calls ran that
+    a setting `rocmfix env` exports avoids (the op says which: ``Op.kernel_ran``)."""
+    for op in OPS:
+        if row.op in op.calls and op.kernel_ran is not None:
+            ran = op.kernel_ran(callees, hip, env)
+            if ran is None or ran[1] is None:
+                return None
+            return f"{row.op} ran {ran[0]}", Fix(
+                kind="env", command='eval "$(rocmfix env)"', why=ran[1]
             )
-            return "SDPA ran its math fallback", Fix(
-                kind="env", command='eval "$(rocmfix env)"', why=why
-            )
-        return None
     if startup_ms is None or row.conv is None or device != "cuda":
         return None
     reason = _first_reason(row)
@@ -394,15 +384,15 @@ def verdict(
     setting = setting_fix(row, hip, device, backend, env or {}, callees, startup)
     if setting is not None and (hot or startup is not None):
         reason, fix = setting
-        if patch is not None and patch.realizes is not None and patch.op is not None:
+        op = patch.op if patch is not None else None
+        if patch is not None and patch.realizes is not None and op and op.kernel_ran:
             # The op of an engine's wrapper: doctor measures its backends here, and the patch
-            # selects the faster one (the setting stays the fix of every other SDPA call).
-            ran = next((SDPA_BACKENDS[c] for c in callees if c in SDPA_BACKENDS), None)
-            reason = f"{patch.op.title}: {patch.op.native} ran SDPA's {ran or '?'} kernel"
-            command = f"rocmfix doctor --op {patch.op.name} && rocmfix apply --only {patch.id}"
+            # selects the faster one (the setting stays the fix of every other such call).
+            ran = op.kernel_ran(callees, hip, env or {})
+            reason = f"{op.title}: {op.native} ran {ran[0] if ran else 'an unknown kernel'}"
+            command = f"rocmfix doctor --op {op.name} && rocmfix apply --only {patch.id}"
             fix = Fix(kind="patch", patch_id=patch.id, command=command,
-                      why=f"{patch.summary}; `rocmfix env` exports the AOTriton flag where "
-                          "that measured faster")  # fmt: skip
+                      why=f"{patch.summary}; for other callers: {fix.why}")  # fmt: skip
         fields.update(flagged=True, reason=reason, fix=fix)
         return fields
     if hot and speedup is not None and speedup >= FLAG_SPEEDUP and best is not None:
