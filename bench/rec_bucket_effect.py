@@ -19,15 +19,15 @@ ratio, batches them by 6 and pads each batch to its widest line with
 ``resize_text_recognition_image``; its ``net`` is swapped for a recorder of those batches.
 Each batch is then decoded (CTC, greedy: the most likely class a step, repeats merged, blanks
 dropped) at MinerU's width (stock) and at each bucketed width (the batch right-padded with
-zeros, what the runner does), the bucketed output taken whole and cut back to the stock's
-sequence length (what the runner returns). Spaces are left out of every comparison (the text
-layer has none; CTC's spaces follow the glyph gaps).
+zeros, what the runner does), the bucketed output taken whole (what the runner returns) and
+cut back to the stock's sequence length (what its first version returned). Spaces are left
+out of every comparison (the text layer has none; CTC's spaces follow the glyph gaps).
 
 It reports, per bucket: the calls bucketed (a wider batch than MinerU's), the lines whose text
 differs from the stock decode (count, share), the characters that differ (edit distance),
 each side's character error rate and exact lines against the PDF's text, and whether the
-runner's length rule (:func:`templates.rocmfix_graphs._length`: a step each stride columns,
-from a stock call at a width of the same remainder) gives the stock length on every call.
+first version's length rule (:func:`_length`: a step each stride columns, from a stock call
+at a width of the same remainder) gives the stock length on every call.
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ class Rec:
 
 
 def _length(lengths: dict[int, int], stride: int, width: int) -> int | None:
-    """The runner's rule (templates/rocmfix_graphs.py ``_length``)."""
+    """The runner's first version's rule (it cut the output back; the runner now returns it
+    whole)."""
     for known, length in lengths.items():
         if (width - known) % stride == 0:
             return length + (width - known) // stride
@@ -163,8 +164,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["buckets"][bucket] = {
                 "wide": wide,
                 "whole": rec.decode(out),
-                # What the runner returns: cut back where its rule knows the length, else the
-                # stock call's.
+                # What the runner's first version returned: cut back where its rule knew the
+                # length, else the stock call's.
                 "cut": rec.decode(out[:, :rule]) if rule else row["stock"],
                 "rule": rule,
             }
