@@ -46,7 +46,8 @@ GPU library may pick another kernel for the larger batch, so not always the same
 Widths (``--scheme bucket``, MinerU's rec): a call given ``rocmfix_width_bucket=B`` runs, eager
 or replayed, on its batch padded with zeros (what MinerU pads a batch with) up to a width that
 is a multiple of B (:func:`_widen`): what MinerU would compute had it padded each batch that
-wide itself, more zero columns than stock, so not the stock values (docs/performance-graphs.md).
+wide itself, more zero columns than stock, so not the stock values (docs/performance-graphs.md);
+a call left to the stock call (below, and grad mode, autocast, training) keeps its width.
 CPU inputs and ``torch.compile``'d callers are left to the stock call without a word: there
 is nothing to replay on a CPU, and a warning would break the compiler's graph. So is a model
 called inside another model's capture (PP-DocLayoutV2's backbone inside the whole detector):
@@ -55,8 +56,8 @@ the outer graph holds it; were that capture to fail, the inner one is replayed o
 :func:`constant` keeps on the device the host values patched files write into device tensors
 (``torch.tensor(self.config.class_order, device=...)``): a capture refuses a host copy.
 ``ROCMFIX_GRAPHS=0`` in the environment (read at import) turns all of it off;
-``ROCMFIX_GRAPHS_AFTER`` and ``ROCMFIX_GRAPHS_PAYBACK`` set :data:`MIN_SEEN` and
-:data:`PAYBACK`.
+``ROCMFIX_GRAPHS_AFTER``, ``ROCMFIX_GRAPHS_PAYBACK`` and ``ROCMFIX_GRAPHS_MAX_MIB`` set
+:data:`MIN_SEEN`, :data:`PAYBACK` and :data:`MAX_BYTES`.
 
 What a replay assumes: the model's parameters and buffers stay where they were at capture
 (checked on every replay: their storage addresses; values written in place are seen, as in
@@ -333,7 +334,7 @@ def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, **kwargs: Any
         state.count(reason[0])
         _tell(model, *reason)
         return model(*args, **kwargs)
-    if rocmfix_width_bucket > 0 and len(args) == 1 and not kwargs:
+    if rocmfix_width_bucket > 0 and len(args) == 1 and not kwargs and leaves[0] is args[0]:
         args = (_widen(state, args[0], rocmfix_width_bucket),)
         leaves = [args[0]]
     try:
@@ -502,13 +503,14 @@ def _capture(model: Any, state: _State, key: Any, spec: Any, leaves: list[torch.
         # This graph goes (its captured inputs with it); what it took in the pool stays for
         # the graphs the model keeps, or, where it keeps none, goes back with the pool.
         state.held -= sum(t.numel() * t.element_size() for t in static)
+        detail = f"graph memory {state.held >> 20} MiB"
         if not state.graphs:
             del graph
             state.pools.pop(device, None)
             state.held = 0
         state.full = True
         state.count("past the cap")
-        _tell(model, "shape past the cap", f"graph memory {state.held >> 20} MiB")
+        _tell(model, "shape past the cap", detail)
         raise _Fallback
     found = _Graph(graph, static, outputs, out_spec, weights)
     state.graphs[key] = found

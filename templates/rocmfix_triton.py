@@ -179,10 +179,14 @@ class Launcher:
         names = list(getattr(kernel, "arg_names", ()))[len(args) :]
         if interpreted(kernel) or any(name not in self.kwargs for name in names):
             return
+        try:
+            stream = current_stream()
+        except AttributeError:  # a Triton without the driver's stream query: kernel[grid]
+            return
         with torch.cuda.device(self.device):
             compiled = kernel.warmup(*args, grid=self.grid, **self.kwargs)
         if compiled is not None:
             self.tail = tuple(self.kwargs[name] for name in names)
             self.hooks = getattr(kernel, "pre_run_hooks", ())
-            self.stream = current_stream()
+            self.stream = stream
             self.compiled, self.runner = compiled, compiled[self.grid]

@@ -311,14 +311,21 @@ def test_a_shape_past_the_caps_runs_eager(
     assert len(said(told)) == 1 and "shape past the cap" in said(told)[0]
     # The memory cap: a capture that takes the pool past it is dropped, and no more follow;
     # a model left with no graph holds nothing (its pool goes too).
+    fake.per_capture = 8 << 20
     monkeypatch.setattr(graphs, "MAX_BYTES", fake.per_capture // 2)
-    other = Net().eval()
+
+    class Other(Net):  # a class of its own: the warning is once per class and reason
+        pass
+
+    other = Other().eval()
     with torch.inference_mode():
         for w in (8, 8, 8, 16, 16, 16):
             graphs.forward(other, torch.randn(1, 3, 8, w))
     st = graphs.stats(other)
     assert st["graphs"] == 0 and st["held_bytes"] == 0 and st["counts"]["past the cap"] >= 2
     assert fake.captures == 3
+    # The warning gives what the capture took, not what is left once its pool went.
+    assert "shape past the cap: graph memory 8 MiB" in said(told)[-1]
 
 
 class Detections:
@@ -597,7 +604,7 @@ def test_the_stock_call_sees_the_stock_width(
 
 
 def test_no_bucket_without_the_argument_or_for_other_inputs(
-    graphs: ModuleType, fake: CpuGraphs
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
 ) -> None:
     net = Lines().eval()
     with torch.inference_mode():
@@ -609,3 +616,15 @@ def test_no_bucket_without_the_argument_or_for_other_inputs(
             out = graphs.forward(other, torch.randn(2, 3, 8, 9), scale=torch.ones(()),
                                  rocmfix_width_bucket=16)  # fmt: skip
             assert out["maps"].shape[-1] == 9
+        # One argument that holds the tensor (a list): not a batch of images, not widened, and
+        # nothing raised in the forward.
+        listed = Listed().eval()
+        for _ in range(3):
+            x = torch.randn(2, 3, 4, 33)
+            assert torch.equal(graphs.forward(listed, [x], rocmfix_width_bucket=16), x * 2)
+        assert "widened" not in graphs.stats(listed)["counts"] and not said(told)
+
+
+class Listed(nn.Module):
+    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return xs[0] * 2
