@@ -350,8 +350,9 @@ def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, w
 # rec's width bucket (issue 41): MinerU pads each batch of lines to its widest line, so rec
 # sees a new width nearly every batch and a graph per width rarely replays. The bucket scheme
 # has the runner pad the width with zeros (what MinerU pads with) up to a multiple of BUCKET
-# and cut the output's sequence back: more of MinerU's padding than stock gives the model, so
-# not exact; docs/performance-graphs.md measures what it does to the text with real weights.
+# and return the whole output (MinerU's CTC decoder reads any length): more of MinerU's
+# padding than stock gives the model, so not exact; docs/performance-graphs.md measures what
+# it does to the text with real weights.
 # 320: MinerU's narrowest batch (most batches) stays as it is, and its widest, 2560, makes 8
 # widths in all, the runner's graphs a model (bench/shape_repeat.py weighed 64 to 512).
 BUCKET = 320

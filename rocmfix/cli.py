@@ -442,7 +442,9 @@ def env_(
     """
     # Refused before the probe runs.
     choose("shell", [shell], exports.SHELLS)
-    choose("model source", [model_source] if model_source else [], list(exports.MODEL_SOURCES))
+    choose(
+        "model source", [] if model_source is None else [model_source], list(exports.MODEL_SOURCES)
+    )
     env = discover(all_patches(), python)
     console.text(exports.script(env, shell, model_source))
     return EXIT_OK

@@ -1,8 +1,8 @@
 """``rocmfix doctor``: measure the slow ops and every scheme's kernel on this GPU, and say
 which scheme to apply, if any.
 
-The measuring runs in the target interpreter (:mod:`rocmfix.worker`, held to its time limits
-by :mod:`rocmfix.supervise`); this module turns the worker's events into frozen results and
+The measuring runs in the target interpreter (:mod:`rocmfix.worker`, which holds it to its
+time limits); this module turns the worker's events into frozen results and
 adds what the environment says (the engine's verdicts and warnings, the tuned file). It never
 prints.
 """

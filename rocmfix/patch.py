@@ -98,8 +98,8 @@ class Patch:
     for a wheel install, the source checkout for an editable one), with ``/`` separators.
     A kernel patch routes an :class:`~rocmfix.ops.Op` and offers its schemes: the scheme's
     entry template is dropped as ``kernel_module``, its support templates beside it under
-    their own names. A patch without an op has one fixed rewrite; ``--scheme`` does not
-    apply to it.
+    their own names. A patch without an op has one rewrite; where it offers ``settings`` (schemes
+    of that rewrite, each with its transform), ``--scheme`` picks one, else it does not apply.
     """
 
     id: str

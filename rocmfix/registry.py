@@ -70,7 +70,8 @@ def choose(what: str, names: Sequence[str], known: Sequence[str]) -> tuple[str, 
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UsageError(
-            f"unknown {what} {', '.join(unknown)}", hint=f"choose from {', '.join(known)}"
+            f"unknown {what} {', '.join(n or repr(n) for n in unknown)}",
+            hint=f"choose from {', '.join(known)}",
         )
     return tuple(k for k in known if k in names) if names else tuple(known)
 

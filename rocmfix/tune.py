@@ -29,7 +29,7 @@ DEFAULT_BUDGET_S = 300.0
 
 def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> KernelResult:
     if isinstance(event, protocol.Measured):
-        # A target the worker timed out or died in: rocmfix.supervise wrote an item for it.
+        # A target the worker timed out or died in: rocmfix.worker.run wrote an item for it.
         event = protocol.Tuned(id=event.id, status=event.status, message=event.message)
     candidates = tuple(event.candidates)
     shipped = candidates[0] if candidates else None

@@ -59,7 +59,7 @@ def request(mode: str, ops: Sequence[Op], **extra: Any) -> protocol.Request:
 @dataclass(frozen=True)
 class Answer:
     """Every event of one worker run (those of the items it could not finish written by
-    :mod:`rocmfix.supervise`), and what went wrong outside any item."""
+    :func:`run`), and what went wrong outside any item."""
 
     hello: protocol.Hello | None = None
     events: tuple[protocol.AnyEvent, ...] = ()

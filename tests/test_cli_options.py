@@ -283,6 +283,7 @@ def test_errors_and_hints_hang_their_wrapped_lines_at_80_columns() -> None:
     [
         (("--shell", "tcsh"), "unknown shell tcsh", "bash, zsh, fish, powershell"),
         (("--model-source", "s3"), "unknown model source s3", "modelscope, huggingface, local"),
+        (("--model-source", ""), "unknown model source ''", "modelscope, huggingface, local"),
     ],
 )
 def test_env_refuses_an_unknown_choice_as_other_options_do(

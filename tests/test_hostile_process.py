@@ -544,7 +544,7 @@ replay.run(sys.argv[1], {}, "cuda", {}, limit_s=50)
 
 
 def test_a_signal_during_profiles_replay_ends_its_worker(tmp_path: Path) -> None:
-    """`rocmfix profile`'s replay called supervise.one_worker without forwarding(): the
+    """`rocmfix profile`'s replay ran its worker without forwarding(): the
     worker runs in a session of its own, so a SIGTERM during the replay ended rocmfix and
     left the worker (a GPU process replaying MIOpen searches) running with nobody to end
     it."""

@@ -2,7 +2,7 @@
 ``python -c BOOT FOLDER worker REQUEST`` (see :mod:`rocmfix.guest`).
 
 The request and every line sent back are :mod:`.protocol` messages. The parent
-(:mod:`rocmfix.supervise`) kills this process when one item outlasts its time limit and starts
+(:func:`rocmfix.worker.run`) kills this process when one item outlasts its time limit and starts
 it again with the finished items in ``Request.skip``: a GPU library blocked in C
 (MIOpen searching for a kernel for seconds) cannot be interrupted from Python, only killed.
 """
