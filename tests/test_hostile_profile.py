@@ -419,24 +419,47 @@ def test_json_help_names_the_way_to_a_file_of_json_alone() -> None:
     assert "DIR/profile.json" in " ".join(result.stdout.split()), result.stdout
 
 
+_MM = {"name": "aten::mm", "shapes": [[2, 2], [2, 2]], "cpu_us": 1.0, "device_us": 0.0}
+
+
+def _profile_event_file(body: dict[str, Any]) -> Any:
+    write = (
+        "import json, os; open(os.path.join(os.environ['ROCMFIX_PROFILE_DIR'], 'events-1.json'),"
+        f" 'w').write(json.dumps({body!r}))"
+    )
+    return run_cli("profile", "--", PY, "-c", write)
+
+
 @pytest.mark.parametrize(
-    "op",
+    "body",
     [
-        {"name": "aten::mm", "shapes": [], "cpu_us": 1.0, "device_us": "x"},
-        {"name": "aten::mm", "shapes": [["a"], [2, 2]], "cpu_us": 1.0, "device_us": 0.0},
-        {"name": "aten::mm", "shapes": [3], "cpu_us": 1.0, "device_us": 0.0},
+        {"ops": [{"name": "aten::mm", "shapes": [], "cpu_us": 1.0, "device_us": "x"}]},
+        {"ops": [{"name": "aten::mm", "shapes": [["a"], [2, 2]], "cpu_us": 1.0, "device_us": 0.0}]},
+        {"ops": [{"name": "aten::mm", "shapes": [3], "cpu_us": 1.0, "device_us": 0.0}]},
+        {"ops": [_MM], "pid": "x"},
+        {"ops": [_MM], "ppid": None},
+        {"ops": [_MM], "argv": 5},
+        {"ops": [_MM], "backend": [1, 2]},
     ],
 )
 def test_an_event_file_with_an_op_out_of_shape_is_skipped_not_a_traceback(
-    op: dict[str, Any],
+    body: dict[str, Any],
 ) -> None:
     """The event files are the user's processes' data: an op whose device time is a string
-    took the collection down with a TypeError before the ops were checked, and one whose
-    shapes are not lists of numbers the analysis."""
-    write = (
-        "import json, os; open(os.path.join(os.environ['ROCMFIX_PROFILE_DIR'], 'events-1.json'),"
-        f" 'w').write(json.dumps({{'ops': [{op!r}]}}))"
-    )
-    result = run_cli("profile", "--", PY, "-c", write)
+    took the collection down with a TypeError before the ops were checked, one whose shapes
+    are not lists of numbers the analysis, and a process field of another type (a pid that is
+    not a number, an argv that is not a list) the collection."""
+    result = _profile_event_file(body)
     assert result.returncode == 0 and not _errors(result.stderr), result.stderr
     assert "Traceback" not in result.stderr and "nothing to profile" in result.stderr
+
+
+# A device time makes the run a GPU one, whose kernels come from the op's "kernels"; a CPU
+# run's from its "leaves".
+@pytest.mark.parametrize("extra", [{"kernels": {"k": "x"}, "device_us": 1.0}, {"leaves": [[1]]}])
+def test_an_ops_kernels_out_of_shape_are_read_as_nothing_not_a_traceback(
+    extra: dict[str, Any],
+) -> None:
+    result = _profile_event_file({"ops": [{**_MM, **extra}]})
+    assert result.returncode == 0 and not _errors(result.stderr), result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr

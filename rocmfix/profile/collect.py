@@ -107,6 +107,13 @@ def collect(folder: Path) -> Collected:
             body = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(body, dict) or not isinstance(body.get("ops"), list):
                 raise ValueError("not a rocmfix event file")
+            if not (
+                isinstance(body.get("pid", 0), int)
+                and isinstance(body.get("ppid", 0), int)
+                and isinstance(body.get("argv", []), list)
+                and isinstance(body.get("backend") or {}, dict)
+            ):
+                raise ValueError("a process field out of shape")
         except (OSError, ValueError) as exc:
             notes.append(f"{path.name} skipped: {exc}")
             continue
@@ -151,10 +158,11 @@ def collect(folder: Path) -> Collected:
             group.times_us.append(float(op["device_us"] if cuda else op["cpu_us"]))
             group.host_us.append(float(op["cpu_us"]))
             group.modules[str(op.get("module") or "")] = None
-            kernels = op.get("kernels") if cuda else {name: 0.0 for name in op["leaves"]}
+            kernels = op.get("kernels") if cuda else {str(name): 0.0 for name in op["leaves"]}
             if isinstance(kernels, dict):
                 for name, us in kernels.items():
-                    group.kernels[str(name)] = group.kernels.get(str(name), 0.0) + float(us or 0)
+                    us = float(us) if isinstance(us, (int, float)) else 0.0
+                    group.kernels[str(name)] = group.kernels.get(str(name), 0.0) + us
             group.pids[pid] = None
             callees = op.get("callees")
             if isinstance(callees, list):
