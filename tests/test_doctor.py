@@ -357,3 +357,7 @@ def test_eager_and_kernel_times_side_by_side_and_launch_bound_marked(
     rows = doctor_document(report)["ops"][0]["cases"][0]
     gemm = next(m for m in rows["schemes"] if m["impl"] == "gemm")
     assert gemm["kernel_ms"] == 0.01 and gemm["launch_bound"] is True
+    # The document's fields of a measurement (the event's case id and traceback are not).
+    assert set(gemm) == {"impl", "status", "first_ms", "ms", "kernel_ms", "launch_bound",
+                         "speedup", "rel_err", "tolerance", "config", "limit_s", "message",
+                         "compiled"}  # fmt: skip

@@ -261,9 +261,16 @@ def _kernel_time(m: Measurement, timed: bool) -> str:
     return duration(m.kernel_ms) + ("*" if m.launch_bound else "")
 
 
+# Fields a measurement has from its worker event that doctor's document leaves out, as it did
+# before Measurement was that event: the case is its entry's, and the guest's traceback goes
+# to the worker's stderr tail.
+_NOT_IN_JSON = ("id", "traceback")
+
+
 def _measurement_json(m: Measurement, result: CaseResult) -> dict[str, Any]:
+    fields = dataclasses.asdict(m)
     return {
-        **dataclasses.asdict(m),
+        **{k: v for k, v in fields.items() if k not in _NOT_IN_JSON},
         "launch_bound": m.launch_bound,
         "speedup": result.speedup(m) if m.checked else None,
         "config": dict(m.config) if m.config else None,
