@@ -299,7 +299,7 @@ def main() -> None:
         print(
             f"  {name:<30} captured {c.get('captured', 0):>3} replayed {c.get('replayed', 0):>4}"
             f" eager {c.get('eager', 0):>4} (past the cap {c.get('past the cap', 0)},"
-            f" not paying {c.get('not paying', 0)}, widened {c.get('widened', 0)})"
+            f" not paying {c.get('not paying', 0)}, bucketed {c.get('bucketed', 0)})"
             f" padded {c.get('padded', 0)} price {price(c):.2f}"
         )
     print(f"\ncapture policies (price: calls' time / stock's, at replay {REPLAY}, capture"

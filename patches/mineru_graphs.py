@@ -159,7 +159,7 @@ class _Route(cst.CSTTransformer):
     """Every ``<target> = <callee>(...)`` statement of the caller's, in its class where it
     names one, guarded by the runner's import (what transform writes, and classify counts)."""
 
-    def __init__(self, caller: Caller, module: cst.Module, bucket: int) -> None:
+    def __init__(self, caller: Caller, module: cst.Module, bucket: str) -> None:
         self.caller = caller
         self.module = module
         self.bucket = bucket
@@ -185,7 +185,7 @@ class _Route(cst.CSTTransformer):
             return new
         assign = new.body[0]
         assert isinstance(assign, cst.Assign)
-        told = expression(self.module, f"f({BUCKET_ARG}={self.bucket})")
+        told = expression(self.module, f"f({self.bucket})")
         bucket = list(told.args) if self.bucket and isinstance(told, cst.Call) else []
         graphed: cst.BaseExpression = call.with_changes(
             func=cst.Name(LOCAL), args=[cst.Arg(value=call.func), *call.args, *bucket]
@@ -281,11 +281,11 @@ class _HostValues(cst.CSTTransformer):
 
 
 def transform(
-    caller: Caller, path: str, scopes: tuple[str, ...], module: cst.Module, bucket: int = 0
+    caller: Caller, path: str, scopes: tuple[str, ...], module: cst.Module, bucket: str = ""
 ) -> cst.Module:
     """Route the caller's statements through the runner dropped beside ``path`` (passing it
-    ``bucket``, where one is given) and, in the classes ``scopes`` names, keep host values on
-    the device (:class:`_HostValues`)."""
+    the ``bucket`` argument, ``name=value``, where one is given) and, in the classes
+    ``scopes`` names, keep host values on the device (:class:`_HostValues`)."""
     if calls(module, LOCAL):
         raise AnchorNotFoundError(f"{LOCAL} is already called")
     router = _Route(caller, module, bucket)
@@ -332,13 +332,17 @@ def _graphs(
 
 def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, what: str) -> Patch:
     path, caller = f"{folder}/predict_{model}.py", Caller(cls_name)
-    bucketed = partial(transform, caller, path, (), bucket=BUCKET)
     exact = partial(transform, caller, path, ())
+    bucket = BUCKETS.get(model)
     return _graphs(
         f"{prefix}-{model}-graphs",
         path,
         caller,
-        settings=((EXACT, exact), (WIDTHS, bucketed)) if model == "rec" else (),
+        settings=(
+            ((EXACT, exact), (bucket[1], partial(transform, caller, path, (), bucket=bucket[0])))
+            if bucket
+            else ()
+        ),
         summary=f"Replay predict_{model}.py's forward as CUDA/HIP graphs",
         # One wording for all nine, so that status and apply group them on one line.
         missing_reason=MISSING,
@@ -347,24 +351,40 @@ def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, w
     )
 
 
-# rec's width bucket (issue 41): MinerU pads each batch of lines to its widest line, so rec
-# sees a new width nearly every batch and a graph per width rarely replays. The bucket scheme
-# has the runner pad the width with zeros (what MinerU pads with) up to a multiple of BUCKET
-# and return the whole output (MinerU's CTC decoder reads any length): more of MinerU's
-# padding than stock gives the model, so not exact; docs/performance-graphs.md measures what
-# it does to the text with real weights.
-# 320: MinerU's narrowest batch (most batches) stays as it is, and its widest, 2560, makes 8
-# widths in all, the runner's graphs a model (bench/shape_repeat.py weighed 64 to 512).
-BUCKET = 320
-BUCKET_ARG = "rocmfix_width_bucket"
+# The bucket schemes (issue 41): shapes that repeat, so that graphs replay, at the cost of
+# exactness; docs/performance-graphs.md measures what each does to the text with real weights.
+# rec: MinerU pads each batch of lines to its widest line, so rec sees a new width nearly
+# every batch. The runner pads the width with zeros (what MinerU pads with) up to a multiple
+# of 320 and returns the whole output (MinerU's CTC decoder reads any length). 320: MinerU's
+# narrowest batch (most batches) stays as it is, and its widest, 2560, makes 8 widths in all,
+# the runner's graphs a model (bench/shape_repeat.py weighed 64 to 512).
+# det: MinerU 4 gives det each layout block's crop, a shape of its own nearly every call. The
+# runner pads both sides, repeating the crop's white edge, up to multiples of 320 (the long
+# side is at most 960: 9 shapes) and cuts DB's maps back to the crop's size before MinerU
+# scales its boxes.
 EXACT = Scheme("exact", "a graph per input shape, as MinerU pads it (exact)", "exact", "")
-WIDTHS = Scheme(
-    "bucket",
-    f"rec's batch width padded up to a multiple of {BUCKET}: fewer shapes, more replays, "
-    "not bit for bit (docs/performance-graphs.md)",
-    f"width bucket {BUCKET}",
-    "",
-)
+BUCKETS = {
+    "rec": (
+        "rocmfix_width_bucket=320",
+        Scheme(
+            "bucket",
+            "rec's batch width padded up to a multiple of 320: fewer shapes, more replays, "
+            "not bit for bit (docs/performance-graphs.md)",
+            "width bucket 320",
+            "",
+        ),
+    ),
+    "det": (
+        "rocmfix_size_bucket=320",
+        Scheme(
+            "bucket",
+            "det's crop padded up to multiples of 320, its maps cut back: fewer shapes, more "
+            "replays, not bit for bit (docs/performance-graphs.md)",
+            "size bucket 320",
+            "",
+        ),
+    ),
+}
 
 OCR = tuple(_patch(*layout, *row) for layout in LAYOUTS for row in FILES)
 

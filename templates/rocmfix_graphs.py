@@ -43,11 +43,14 @@ eager computes where a batch's rows are independent, as in every model the patch
 (eval-mode conv and attention networks, attention within a row): the same values, though a
 GPU library may pick another kernel for the larger batch, so not always the same bits.
 ``ROCMFIX_GRAPHS_PAD_BATCH=0`` turns padding off.
-Widths (``--scheme bucket``, MinerU's rec): a call given ``rocmfix_width_bucket=B`` runs, eager
-or replayed, on its batch padded with zeros (what MinerU pads a batch with) up to a width that
-is a multiple of B (:func:`_widen`): what MinerU would compute had it padded each batch that
-wide itself, more zero columns than stock, so not the stock values (docs/performance-graphs.md);
-a call left to the stock call (below, and grad mode, autocast, training) keeps its width.
+Buckets (``--scheme bucket``, MinerU's rec and det): a call given ``rocmfix_width_bucket=B``
+runs, eager or replayed, on its batch padded with zeros (what MinerU pads a batch with) up to
+a width that is a multiple of B, and returns the whole output: what MinerU would compute had
+it padded each batch that wide itself. A call given ``rocmfix_size_bucket=B`` runs on its
+batch padded at the right and bottom, its edge repeated, up to multiples of B, and its
+outputs are cut back to the size it was given (:func:`_grow`, :func:`_crop`). Neither is the
+stock values (docs/performance-graphs.md measures both); a call left to the stock call
+(below, and grad mode, autocast, training) keeps its size.
 CPU inputs and ``torch.compile``'d callers are left to the stock call without a word: there
 is nothing to replay on a CPU, and a warning would break the compiler's graph. So is a model
 called inside another model's capture (PP-DocLayoutV2's backbone inside the whole detector):
@@ -266,6 +269,7 @@ class _State:
         self.counts: dict[str, int] = {}
         self.calls = 0
         self.batch = 0  # the largest batch seen; -1 once padding is off for this model
+        self.unsized = False  # an output not the input's size: no size bucket
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -315,7 +319,8 @@ _capturing: threading.local = sys.modules.setdefault(
 ).__dict__.setdefault("capturing", threading.local())
 
 
-def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, **kwargs: Any) -> Any:
+def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, rocmfix_size_bucket: int = 0,
+            **kwargs: Any) -> Any:  # fmt: skip
     """``model(*args, **kwargs)``, replayed from a graph where one was captured for these
     inputs; the stock call wherever it cannot be (see the module's docstring)."""
     if not ENABLED or _is_compiling() or getattr(_capturing, "on", False):
@@ -334,9 +339,17 @@ def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, **kwargs: Any
         state.count(reason[0])
         _tell(model, *reason)
         return model(*args, **kwargs)
-    if rocmfix_width_bucket > 0 and len(args) == 1 and not kwargs and leaves[0] is args[0]:
-        args = (_widen(state, args[0], rocmfix_width_bucket),)
-        leaves = [args[0]]
+    bucket = rocmfix_width_bucket or rocmfix_size_bucket * (not state.unsized)
+    if bucket > 0 and len(args) == 1 and not kwargs and leaves[0] is args[0]:
+        grown = _grow(state, args[0], bucket, both=not rocmfix_width_bucket)
+        if grown is not args[0]:
+            out = _run(model, state, spec, (grown,), {}, [grown])
+            return _crop(model, state, out, args[0], grown) if rocmfix_size_bucket else out
+    return _run(model, state, spec, args, kwargs, leaves)
+
+
+def _run(model: Any, state: _State, spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+         leaves: list[torch.Tensor]) -> Any:  # fmt: skip
     try:
         with state.lock:
             rows, padded = _pad(state, leaves)
@@ -369,17 +382,43 @@ def _due(state: _State, key: Any) -> bool:
     return seen >= MIN_SEEN
 
 
-def _widen(state: _State, x: Any, bucket: int) -> Any:
-    """``x`` padded with zeros on the right up to a width that is a multiple of ``bucket``,
-    where it is a batch of images; else, and where the padding fails, ``x`` as it is."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] % bucket == 0:
+def _grow(state: _State, x: Any, bucket: int, both: bool) -> Any:
+    """``x`` padded on the right (and, ``both``, at the bottom) up to a width (and height)
+    that is a multiple of ``bucket``, where it is a batch of images: rec's width with zeros,
+    what MinerU pads a batch of lines with; det's sides with their edge repeated, what a wider
+    margin of MinerU's white round a block's crop gives. Else, and where the padding fails,
+    ``x`` as it is."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        return x
+    right, down = -x.shape[-1] % bucket, -x.shape[-2] % bucket if both else 0
+    if not right and not down:
         return x
     try:
-        wide = torch.nn.functional.pad(x, (0, -x.shape[-1] % bucket))
+        grown = torch.nn.functional.pad(
+            x, (0, right, 0, down), mode="replicate" if both else "constant"
+        )
     except Exception:  # noqa: BLE001 - out of memory, say: this call runs as it came
         return x
-    state.count("widened")
-    return wide
+    state.count("bucketed")
+    return grown
+
+
+def _crop(model: Any, state: _State, out: Any, x: torch.Tensor, grown: torch.Tensor) -> Any:
+    """A call's outputs on the ``grown`` batch cut back to the size of ``x``, the batch it
+    was given (DB's maps, before MinerU scales its boxes); where an output is not the grown
+    batch's size, the stock call, and this model's calls keep their size from then on."""
+    leaves: list[torch.Tensor] = []
+    try:
+        spec = _flatten(out, leaves, inputs=False)
+    except _Unsupported:
+        leaves = []
+    if not leaves or any(t.dim() < 2 or t.shape[-2:] != grown.shape[-2:] for t in leaves):
+        state.unsized = True
+        state.count("not sized")
+        _tell(model, "size bucket", "an output is not its input's size; calls keep their size now")
+        return model(x)
+    height, width = x.shape[-2:]
+    return _rebuild(spec, [t[..., :height, :width] for t in leaves], [0])
 
 
 def _pad(state: _State, leaves: list[torch.Tensor]) -> tuple[int, list[torch.Tensor]]:

@@ -589,7 +589,8 @@ def test_widths_in_one_bucket_run_as_if_padded_to_it_and_replay_one_graph(
             assert _same(out, want) and type(out) is type(want), width
     counts = graphs.stats(net)["counts"]
     # (The fixture captures at a shape's 2nd sighting: 33 eager, 35 captured.)
-    assert fake.captures == 1 and counts == {"widened": 9, "eager": 1, "captured": 1, "replayed": 9}
+    assert fake.captures == 1
+    assert counts == {"bucketed": 9, "eager": 1, "captured": 1, "replayed": 9}
     assert not said(told)
 
 
@@ -610,7 +611,7 @@ def test_no_bucket_without_the_argument_or_for_other_inputs(
     with torch.inference_mode():
         for width in (33, 35, 37, 33, 35, 37):
             graphs.forward(net, torch.randn(6, 3, 4, width))  # no bucket: a graph per width
-        assert fake.captures == 3 and "widened" not in graphs.stats(net)["counts"]
+        assert fake.captures == 3 and "bucketed" not in graphs.stats(net)["counts"]
         other = Net().eval()
         for _ in range(3):  # a 4-D input, but through a nested call: two tensors, not bucketed
             out = graphs.forward(other, torch.randn(2, 3, 8, 9), scale=torch.ones(()),
@@ -622,9 +623,55 @@ def test_no_bucket_without_the_argument_or_for_other_inputs(
         for _ in range(3):
             x = torch.randn(2, 3, 4, 33)
             assert torch.equal(graphs.forward(listed, [x], rocmfix_width_bucket=16), x * 2)
-        assert "widened" not in graphs.stats(listed)["counts"] and not said(told)
+        assert "bucketed" not in graphs.stats(listed)["counts"] and not said(told)
 
 
 class Listed(nn.Module):
     def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
         return xs[0] * 2
+
+
+class Maps(nn.Module):
+    """A text detector's shapes: (N, 3, H, W) in, DB's ``{"maps": (N, 1, H, W)}`` out, its
+    values depending on the neighbourhood (the pad of the grown batch is seen at the edge)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 1, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"maps": torch.sigmoid(self.conv(x))}
+
+
+def test_sizes_in_one_bucket_run_on_the_edge_grown_batch_and_are_cut_back(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    net = Maps().eval()
+    with torch.inference_mode():
+        for height, width in ((17, 30), (20, 31), (32, 17), (25, 25), (32, 32)):
+            x = torch.randn(2, 3, height, width)
+            out = graphs.forward(net, x, rocmfix_size_bucket=16)
+            # The model on the batch grown to 32x32 by repeating its edge, cut back to x's size.
+            grown = torch.nn.functional.pad(x, (0, 32 - width, 0, 32 - height), mode="replicate")
+            want = net(grown)["maps"][..., :height, :width]
+            assert out["maps"].shape == (2, 1, height, width) and _same(out["maps"], want)
+            assert not _same(out["maps"], net(x)["maps"]) or height == width == 32
+    counts = graphs.stats(net)["counts"]
+    assert fake.captures == 1
+    assert counts == {"bucketed": 4, "eager": 1, "captured": 1, "replayed": 4}
+    assert not said(told)
+
+
+def test_an_output_not_the_input_size_ends_the_size_bucket_with_the_stock_values(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    net = Lines().eval()  # (N, T, 5) out: nothing to cut back
+    with torch.inference_mode():
+        for width in (33, 35, 37):
+            x = torch.randn(6, 3, 4, width)
+            assert _same(graphs.forward(net, x, rocmfix_size_bucket=16), net(x)), width
+    counts = graphs.stats(net)["counts"]
+    # The first call ran grown, then as it came; the rest as they came, a graph per shape.
+    assert counts["bucketed"] == 1 and counts["not sized"] == 1
+    (warning,) = said(told)
+    assert "(size bucket: an output is not its input's size" in warning

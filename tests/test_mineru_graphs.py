@@ -81,24 +81,26 @@ def test_rewrite() -> None:
     assert after.count(b"_rocmfix_graph_forward(self.net, ") == 2
 
 
-def test_rec_offers_the_width_bucket_as_a_scheme() -> None:
-    """rec's graphs patch has two schemes, exact (the default: the call as before) and
-    bucket (the call passes the runner its width bucket); det and cls have none."""
-    rec = _patch("mineru-ocr-rec-graphs")
-    assert rec.scheme_names == ("exact", "bucket") and rec.default_scheme == "exact"
-    assert all(not _patch(f"mineru-ocr-{m}-graphs").schemes for m in ("det", "cls"))
+@pytest.mark.parametrize(
+    ("model", "told"), [("rec", b"rocmfix_width_bucket=320"), ("det", b"rocmfix_size_bucket=320")]
+)
+def test_rec_and_det_offer_a_bucket_as_a_scheme(model: str, told: bytes) -> None:
+    """rec's and det's graphs patches have two schemes, exact (the default: the call as
+    before) and bucket (the call passes the runner its bucket); cls has none."""
+    patch = _patch(f"mineru-ocr-{model}-graphs")
+    assert patch.scheme_names == ("exact", "bucket") and patch.default_scheme == "exact"
+    assert not _patch("mineru-ocr-cls-graphs").schemes
     before = (GOLDEN / "ocr_predictor.py").read_bytes()
-    exact = rec.transformer("exact")(cst.parse_module(before)).bytes
-    assert exact == rec.transformer(None)(cst.parse_module(before)).bytes
-    assert b"rocmfix_width_bucket" not in exact
-    after = rec.transformer("bucket")(cst.parse_module(before)).bytes
-    # The golden rewrite (test_rewrite's), each routed call given the bucket, and nothing else.
-    assert exact == (GOLDEN / "ocr_predictor.graphs.patched.py").read_bytes()
-    assert after.count(b"_rocmfix_graph_forward(self.net, inp, rocmfix_width_bucket=320)") == 1
-    assert after.count(b", rocmfix_width_bucket=320)") == 2
-    assert after.replace(b", rocmfix_width_bucket=320", b"") == exact
-    assert rec.classify(rec.parse(after), CTX).shape is CodeShape.PATCHED
-    assert rec.drops("bucket") == rec.drops("exact")  # the same runner, told by the call
+    exact = patch.transformer("exact")(cst.parse_module(before)).bytes
+    assert exact == patch.transformer(None)(cst.parse_module(before)).bytes
+    assert told not in exact and exact.count(b"_rocmfix_graph_forward(self.net, ") == 2
+    after = patch.transformer("bucket")(cst.parse_module(before)).bytes
+    # Each routed call given the bucket, and nothing else.
+    assert after.count(b"_rocmfix_graph_forward(self.net, inp, " + told + b")") == 1
+    assert after.count(b", " + told + b")") == 2
+    assert after.replace(b", " + told, b"") == exact
+    assert patch.classify(patch.parse(after), CTX).shape is CodeShape.PATCHED
+    assert patch.drops("bucket") == patch.drops("exact")  # the same runner, told by the call
 
 
 def test_a_rec_patch_applied_before_its_schemes_is_the_default() -> None:
@@ -218,11 +220,15 @@ def test_apply_dry_run_status_and_revert_through_the_cli(tmp_path: Path, version
         assert predictor.read_text().count("rocmfix_width_bucket=320)") == 3
         found = {p["id"]: p for p in env.cli("status", "--json").json()["patches"]}
         assert (found[rec]["verdict"], found[rec]["scheme"]) == ("applied", "bucket")
-        assert found[f"{prefix}det-graphs"]["scheme"] is None
+        assert found[f"{prefix}det-graphs"]["scheme"] == "exact"
         result = env.cli("apply", "--only", rec)
         assert result.returncode == 0, result.stderr
         assert "rocmfix_width_bucket" not in predictor.read_text()
-        refused = env.cli("apply", "--scheme", "bucket", "--only", f"{prefix}det-graphs")
+        det, detector = f"{prefix}det-graphs", env.site / folder / "predict_det.py"
+        result = env.cli("apply", "--scheme", "bucket", "--only", det)
+        assert result.returncode == 0, result.stderr
+        assert detector.read_text().count("(self.net, inp, rocmfix_size_bucket=320)") == 2
+        refused = env.cli("apply", "--scheme", "bucket", "--only", f"{prefix}cls-graphs")
         assert refused.returncode != 0 and "no selected patch offers scheme 'bucket'" in (
             refused.stderr
         )
@@ -283,12 +289,22 @@ if mode == "stock":
     print(json.dumps(report))
     raise SystemExit
 runner = sys.modules[predict_det._rocmfix_graph_forward.__module__]
-expected = np.asarray(json.loads(mode)["maps"], dtype=np.float32)
-report["cpu"] = [bool(np.array_equal(forward(64, 96), expected)) for _ in range(3)]
-report["cpu stats"] = runner.stats(det.net)
 sys.path.insert(0, sys.argv[3])
 from graphs_fake import CpuGraphs
 
+if mode == "bucket":  # --scheme bucket: the crop grown to 320x320, its edge repeated
+    runner._BACKEND = CpuGraphs()
+    x = torch.from_numpy(image(64, 96, 1))[None]
+    grown = torch.nn.functional.pad(x, (0, 224, 0, 256), mode="replicate")
+    with torch.inference_mode():
+        want = det.net(grown)["maps"][..., :64, :96].numpy()
+    report["bucketed"] = [bool(np.array_equal(forward(64, 96), want)) for _ in range(3)]
+    report["stats"] = runner.stats(det.net)
+    print(json.dumps(report))
+    raise SystemExit
+expected = np.asarray(json.loads(mode)["maps"], dtype=np.float32)
+report["cpu"] = [bool(np.array_equal(forward(64, 96), expected)) for _ in range(3)]
+report["cpu stats"] = runner.stats(det.net)
 fake = runner._BACKEND = CpuGraphs()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("error")
@@ -360,6 +376,18 @@ def test_the_real_patched_detector_on_a_cpu(tmp_path: Path) -> None:
     for reason in ("training", "grad mode", "shape past the cap", "capture failed"):
         assert f"BaseModel runs eager ({reason}:" in said, said
     assert len(found["warnings"]) == 4, said  # type: ignore[arg-type]
+    # --scheme bucket: DB's maps of the grown crop, cut back to the crop's size, eager then
+    # captured and replayed (the real head gives maps the input's size: nothing "not sized").
+    result = env.cli("apply", "--scheme", "bucket", "--only", "mineru-ocr-det-graphs")
+    assert result.returncode == 0, result.stderr
+    found = run("bucket")
+    assert found["bucketed"] == [True] * 3
+    assert found["stats"]["counts"] == {  # type: ignore[index]
+        "bucketed": 3,
+        "eager": 1,
+        "captured": 1,
+        "replayed": 2,
+    }
 
 
 # ------------------------------------------------------------ PP-DocLayoutV2's backbone
