@@ -22,9 +22,10 @@
 # shapely, pyclipper, loguru, tqdm, numpy, pillow, pyyaml; its formula post-processing ftfy
 # (and wcwidth).
 # Results land in $OUT (page.json, page_memory.json, page.txt).
-# REC_BUCKET=1: the patched side's rec graphs patch with the width-bucket scheme (`rocmfix apply
-# --scheme bucket`: rec's batch width padded up to a multiple of 320, docs/performance-graphs.md):
-#   WHL=/work/main/.whl OUT=/tmp/out REC_BUCKET=1 bash bench/page_gpu.sh
+# BUCKET=1: the patched side's rec and det graphs patches with the bucket scheme (`rocmfix apply
+# --scheme bucket`: rec's batch width padded up to a multiple of 320, det's crop both sides,
+# docs/performance-graphs.md):
+#   WHL=/work/main/.whl OUT=/tmp/out BUCKET=1 bash bench/page_gpu.sh
 set -u
 W=${WHL:-.whl}
 OUT=${OUT:-/tmp/out}
@@ -62,9 +63,11 @@ for id in mineru-ocr-det mineru-ocr-rec mineru-ocr-cls mineru-layout mineru-form
     transformers-pp-doclayout-v2 transformers-eager-mask; do ONLY="$ONLY --only $id-graphs"; done
 # bench/graphs_session.sh sources this file for the installs above and $ONLY.
 if [ -n "${INSTALL_ONLY:-}" ]; then return 0; fi
-python3 -m rocmfix apply $ONLY ${REC_BUCKET:+--scheme bucket} --python "$PY" 2>&1 | tail -10
+python3 -m rocmfix apply $ONLY ${BUCKET:+--scheme bucket} --python "$PY" 2>&1 | tail -10
 grep -c rocmfix_width_bucket "$SITE/mineru/model/_internal/pytorchocr/infer/predict_rec.py" \
     | sed 's/^/rec calls given a width bucket: /'
+grep -c rocmfix_size_bucket "$SITE/mineru/model/_internal/pytorchocr/infer/predict_det.py" \
+    | sed 's/^/det calls given a size bucket: /'
 echo "== pages, stock against patched, $(date -u +%T)"
 timeout "${LIMIT:-420}" python3 bench/page_gpu.py --stock /tmp/stock --patched "$SITE" \
     --out "$OUT" --pairs "${PAIRS:-2}" --passes "${PASSES:-4}" --pages-each "${PAGES_EACH:-1}" \
