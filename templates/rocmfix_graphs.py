@@ -181,9 +181,13 @@ def _tell(model: Any, reason: str, detail: str) -> None:
         "ROCMFIX_GRAPHS=0 turns graph replay off"
     )
     try:
+        # Said at the caller's line (MinerU's), however deep in this file it was found.
+        level, frame = 1, sys._getframe()
+        while frame is not None and frame.f_code.co_filename == __file__:
+            level, frame = level + 1, frame.f_back
         with warnings.catch_warnings():
             warnings.simplefilter("default")
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            warnings.warn(message, RuntimeWarning, stacklevel=level)
     except Exception:  # noqa: BLE001 - a broken warnings hook must not break the model
         pass
 

@@ -675,3 +675,18 @@ def test_an_output_not_the_input_size_ends_the_size_bucket_with_the_stock_values
     assert counts["bucketed"] == 1 and counts["not sized"] == 1
     (warning,) = said(told)
     assert "(size bucket: an output is not its input's size" in warning
+
+
+def test_a_warning_names_the_callers_line(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    """Whichever of the runner's functions found the reason, the warning points at the line
+    that called the runner (MinerU's), not at one of the runner's own."""
+    net = Lines().eval()
+    fake.fail_capture = RuntimeError("no capture here")
+    with torch.inference_mode():
+        for _ in range(2):  # eager, then a capture that raises (found two frames down)
+            graphs.forward(net, torch.randn(6, 3, 4, 33))
+    x = torch.randn(6, 3, 4, 33)
+    graphs.forward(net, x)  # grad mode (found in forward itself)
+    assert len(told) == 2 and {w.filename for w in told} == {__file__}, [w.filename for w in told]
