@@ -182,7 +182,7 @@ def _tell(model: Any, reason: str, detail: str) -> None:
     )
     try:
         # Said at the caller's line (MinerU's), however deep in this file it was found.
-        level, frame = 1, sys._getframe()
+        level, frame = 1, sys._getframe()  # type: int, types.FrameType | None
         while frame is not None and frame.f_code.co_filename == __file__:
             level, frame = level + 1, frame.f_back
         with warnings.catch_warnings():
