@@ -112,18 +112,16 @@ def _site(line: cst.CSTNode, callee: str) -> cst.Call | None:
     return call
 
 
-def _count(caller: Caller, module: cst.Module) -> int:
-    """How many statements the rewrite would route: those :class:`_Route` rewrites, read
-    from the tree's one walk (running the transformer rebuilt the whole module each time)."""
-    if caller.scope is None:
-        return sum(_site(line, caller.callee) is not None for line in nodes(module, LINE))
-    found = 0
-    for cls in nodes(module, cst.ClassDef):
-        if cls.name.value == caller.scope:
-            inner = {n for c in nodes(cls, cst.ClassDef)[1:] for n in nodes(c, LINE)}
-            lines = [line for line in nodes(cls, LINE) if line not in inner]
-            found += sum(_site(line, caller.callee) is not None for line in lines)
-    return found
+def _sites(caller: Caller, module: cst.Module) -> set[cst.SimpleStatementLine]:
+    """The statements the rewrite routes (:class:`_Route`), from the tree's one walk: each
+    ``<target> = <callee>(...)`` of the caller's class itself (not of a class inside it), or
+    of the whole module where the caller names no class."""
+    lines = nodes(module, LINE)
+    if caller.scope is not None:
+        classes = [cls for cls in nodes(module, cst.ClassDef) if cls.name.value == caller.scope]
+        inner = {n for cls in classes for c in nodes(cls, cst.ClassDef)[1:] for n in nodes(c, LINE)}
+        lines = [line for cls in classes for line in nodes(cls, LINE) if line not in inner]
+    return {line for line in lines if _site(line, caller.callee) is not None}
 
 
 def classify(caller: Caller, module: cst.Module, ctx: TargetContext) -> Classification:
@@ -138,7 +136,7 @@ def classify(caller: Caller, module: cst.Module, ctx: TargetContext) -> Classifi
             f"no {caller.beside} here: rocmfix replays {caller.owner}'s call for "
             f"{caller.beside} only",
         )
-    found = _count(caller, module)
+    found = len(_sites(caller, module))
     if found:
         times = "once" if found == 1 else f"{found} times"
         return Classification(
@@ -156,31 +154,20 @@ def classify(caller: Caller, module: cst.Module, ctx: TargetContext) -> Classifi
 
 
 class _Route(cst.CSTTransformer):
-    """Every ``<target> = <callee>(...)`` statement of the caller's, in its class where it
-    names one, guarded by the runner's import (what transform writes, and classify counts)."""
+    """Every statement :func:`_sites` finds, guarded by the runner's import (what transform
+    writes, and classify counts)."""
 
     def __init__(self, caller: Caller, module: cst.Module, bucket: str) -> None:
         self.caller = caller
         self.module = module
         self.bucket = bucket
-        self.classes: list[str] = []
+        self.sites = _sites(caller, module)
         self.routed = 0
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node.name.value)
-
-    def leave_ClassDef(
-        self, original_node: cst.ClassDef, updated_node: cst.ClassDef
-    ) -> cst.ClassDef:
-        self.classes.pop()
-        return updated_node
 
     def leave_SimpleStatementLine(
         self, old: cst.SimpleStatementLine, new: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
-        scope = self.caller.scope
-        in_scope = scope is None or (bool(self.classes) and self.classes[-1] == scope)
-        call = _site(new, self.caller.callee) if in_scope else None
+        call = _site(new, self.caller.callee) if old in self.sites else None
         if call is None:
             return new
         assign = new.body[0]

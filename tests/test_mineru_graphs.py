@@ -81,6 +81,37 @@ def test_rewrite() -> None:
     assert after.count(b"_rocmfix_graph_forward(self.net, ") == 2
 
 
+SCOPED = """import torch
+
+
+class BaseModel:
+    def forward(self, x):
+        y = self.backbone(x)
+
+        class Helper:
+            def f(self, x):
+                z = self.backbone(x)
+
+        return y
+
+
+class Other:
+    def forward(self, x):
+        y = self.backbone(x)
+"""
+
+
+def test_a_scoped_caller_routes_its_own_class_only() -> None:
+    """The formula encoder's patch routes ``self.backbone`` in ``BaseModel`` itself: not in a
+    class inside it, not in another class; classify counts what transform routes."""
+    patch = _patch("mineru-formula-encoder-graphs")
+    found = patch.classify(patch.parse(SCOPED.encode()), CTX)
+    assert found.shape is CodeShape.NEEDS_PATCH and "self.backbone(...) once" in found.reason
+    after = patch.transform(cst.parse_module(SCOPED)).code
+    assert after.count("y = _rocmfix_graph_forward(self.backbone, x)") == 1
+    assert after.count("z = self.backbone(x)") == 1 and after.count("y = self.backbone(x)") == 2
+
+
 @pytest.mark.parametrize(
     ("model", "told"), [("rec", b"rocmfix_width_bucket=320"), ("det", b"rocmfix_size_bucket=320")]
 )
