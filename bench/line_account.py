@@ -81,7 +81,7 @@ WHOLE = {
     GRAPHS: "patches/mineru_graphs.py templates/rocmfix_graphs.py",
 }
 
-# Mixed modules at 22bef2f: (promise, lines) from the ranges of their functions and classes.
+# Mixed modules at 4cb5d5d: (promise, lines) from the ranges of their functions and classes.
 MIXED: dict[str, tuple[list[tuple[str, int]], str]] = {
     # status, apply + revert, list, doctor_, tune_, kernels_, env_, profile_; the rest (imports,
     # _boundary, main) is plumbing.
