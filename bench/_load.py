@@ -20,6 +20,15 @@ def template(name: str) -> ModuleType:
     return load(str(ROOT / "templates"), name, fresh=True)
 
 
+def triton_op(template: ModuleType) -> bool | None:
+    """Whether the template's op is a triton op (Inductor launches its kernel: issue 33) or
+    the opaque one (``ROCMFIX_TRITON_OP=0``, torch < 2.7); None for a template without one."""
+    rop, name = getattr(template, "rop", None), getattr(template, "OP_NAME", None)
+    if rop is None or name is None:
+        return None
+    return type(getattr(rop.rt.process_holder(), name, None)).__name__ == "CustomOpDef"
+
+
 def dropped(path: Path) -> ModuleType:
     """A kernel module as rocmfix dropped it into a target package, with its config beside it."""
     return load(str(path.parent), path.name, fresh=True)

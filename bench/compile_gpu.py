@@ -495,12 +495,9 @@ def depthwise(name: str, reps: int) -> dict[str, Any]:
 
 
 def _triton_op(template: Any) -> bool | None:
-    """Whether the template's op is a triton op (Inductor launches its kernel: issue 33) or
-    the opaque one (``ROCMFIX_TRITON_OP=0``, torch < 2.6); None for a template without."""
-    rop, op = getattr(template, "rop", None), getattr(template, "_OP", None)
-    if rop is None or op is None or not hasattr(rop, "is_triton_op"):
-        return None
-    return bool(rop.is_triton_op(op))
+    import _load
+
+    return _load.triton_op(template)
 
 
 def _print_row(r: dict[str, Any], partial: bool = False) -> None:

@@ -178,8 +178,8 @@ def main() -> int:
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "triton_op": {
-            "dilated": tri.rop.is_triton_op(tri._OP),
-            "depthwise": dw.rop.is_triton_op(dw._OP),
+            "dilated": _load.triton_op(tri),
+            "depthwise": _load.triton_op(dw),
         },
         "rows": {},
     }

@@ -27,7 +27,7 @@ MIN_GAIN = 0.03
 DEFAULT_BUDGET_S = 300.0
 
 
-def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> KernelResult:
+def _result(event: protocol.Tuned | protocol.Measured) -> KernelResult:
     if isinstance(event, protocol.Measured):
         # A target the worker timed out or died in: rocmfix.worker.run wrote an item for it.
         event = protocol.Tuned(id=event.id, status=event.status, message=event.message)
@@ -50,13 +50,13 @@ def _result(event: protocol.Tuned | protocol.Measured, min_gain: float) -> Kerne
         and best is not shipped
         and shipped.ms is not None
         and best.ms is not None
-        and best.ms <= shipped.ms * (1.0 - min_gain)
+        and best.ms <= shipped.ms * (1.0 - MIN_GAIN)
         # Where the host's launch cost sets the eager time, tiles tie there and noise would
         # pick one: a winner's kernel must be no slower than the shipped one's either.
         and (
             best.kernel_ms is None
             or shipped.kernel_ms is None
-            or best.kernel_ms <= shipped.kernel_ms * (1.0 + min_gain)
+            or best.kernel_ms <= shipped.kernel_ms * (1.0 + MIN_GAIN)
         )
     )
     return extended(
@@ -76,7 +76,6 @@ def run(
     *,
     ops: Sequence[Op] = OPS,
     budget_s: float = DEFAULT_BUDGET_S,
-    min_gain: float = MIN_GAIN,
     interpret: bool = False,
     progress: worker.Progress | None = None,
 ) -> TuneReport:
@@ -128,7 +127,7 @@ def run(
             hint="`rocmfix doctor` checks the kernels on the CPU",
         )
     searched = (protocol.Tuned, protocol.Measured)
-    results = [_result(e, min_gain) for e in answer.events if isinstance(e, searched)]
+    results = [_result(e) for e in answer.events if isinstance(e, searched)]
     entries = [
         tuned_file.TunedEntry(
             r.kernel, r.arch, r.key, dict(r.best.config) if r.tuned and r.best else None
@@ -157,7 +156,7 @@ def run(
         path=str(path),
         kernels=tuple(results),
         stored=stored,
-        min_gain=min_gain,
+        min_gain=MIN_GAIN,
         budget_s=budget_s,
         worker_error=answer.fatal,
         worker_log=answer.stderr_tail,

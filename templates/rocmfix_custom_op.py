@@ -139,13 +139,6 @@ def _triton_op(name: str, schema: str, body: Impl, cuda: Impl, cpu: Impl) -> Any
 _PARTIAL = "partial"
 
 
-def is_triton_op(op: Any) -> bool:
-    """Whether ``op`` (an overload :func:`register_triton_op` returned) is a triton op."""
-    holder = rt.process_holder()
-    name = getattr(getattr(op, "_schema", None), "name", "").rpartition("::")[2]
-    return type(getattr(holder, name, None)).__name__ == "CustomOpDef"
-
-
 def launch_traced(kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """``kernel[grid](*args, **kwargs)`` in a triton op's body, through
     ``torch.library.wrap_triton``: a node the compiler sees. Of the launch options only those

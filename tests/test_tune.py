@@ -279,11 +279,11 @@ def test_a_winner_must_be_faster_for_users_and_no_slower_as_a_kernel() -> None:
         raw = {"id": "t", "status": "ok", "method": "user", "candidates": [shipped, other]}
         return Tuned.parse(raw)
 
-    assert tune_mod._result(event(0.040, 0.029), 0.03).tuned
-    slower_kernel = tune_mod._result(event(0.040, 0.040), 0.03)
+    assert tune_mod._result(event(0.040, 0.029)).tuned
+    slower_kernel = tune_mod._result(event(0.040, 0.040))
     assert not slower_kernel.tuned and slower_kernel.best is not None
     assert slower_kernel.best.config == {"BLOCK_M": 64}
-    assert not tune_mod._result(event(0.049, 0.010), 0.03).tuned  # under 3% for users
+    assert not tune_mod._result(event(0.049, 0.010)).tuned  # under 3% for users
 
 
 def test_the_table_fits_80_columns_with_every_cell_whole(monkeypatch: Any) -> None:

@@ -38,7 +38,6 @@ def run(
     top: int,
     out_dir: Path | None,
     python: str | None,
-    replay_ops: bool = True,
     on_warning: Callable[[str], None] = lambda _message: None,
 ) -> ProfileReport:
     # Everything that can refuse is checked before the command starts (it may run for hours).
@@ -78,7 +77,7 @@ def run(
     rows = analyse.rows(groups, total_us, None)
     hot = rows[: max(top, 1)]
     first = groups[rows[0].key]
-    calls = analyse.replay_calls(hot, groups) if replay_ops else {}
+    calls = analyse.replay_calls(hot, groups)
     # Stopped by a signal: the user wants rocmfix gone, not minutes of replays and calibration.
     replayed = (
         replay.Replayed()
