@@ -6,29 +6,21 @@ rocmfix dropped this file beside a file of MinerU's that calls one of its small 
 bound by Python and kernel launches (docs/performance-graphs.md): a graph replays the whole
 forward's launches at once.
 
-What it does, per model (a weak reference: the model's lifetime is the caller's):
-
-- a forward at an input signature (every input tensor's shape, strides, dtype and device,
-  the constants beside them, inference mode or not) seen fewer than :data:`MIN_SEEN` times
-  runs eager: that run is also the warm-up that puts MIOpen's Find and Triton's compiles
-  outside any capture;
-- at the :data:`MIN_SEEN`-th sighting: copies of the inputs, one more eager warm-up on the
-  capture stream, then the capture (a ``torch.cuda.CUDAGraph``, on that side stream, into a
-  private memory pool the model's graphs share), then a replay;
-- later calls copy their inputs into the captured ones, replay, and return clones of the
-  outputs: nothing the caller keeps is overwritten by a later call;
-- at most :data:`MAX_GRAPHS` graphs a model: the least recently used is dropped for a new
-  shape once it has gone unused for :data:`STALE_AFTER` x :data:`MAX_GRAPHS` calls, and
-  until then new shapes run eager (more shapes in turn than the cap would otherwise be
-  captured again on every call); the pool's memory is reused by the next capture;
-- no new shape captured while the model's graphs have paid back less than :data:`PAYBACK`
-  replays per capture, the capture calls not counted (once it has :data:`PAYBACK_AFTER`; 0
-  turns this off): a mix whose shapes rarely come back runs eager, at the cost of those first
-  captures, until the graphs it has are replayed enough;
-- at most :data:`MAX_CAPTURES` captures a model in all (a caller whose shapes never settle
-  stops paying for captures), and no new capture once the model's pool holds
-  :data:`MAX_BYTES` (the memory held can pass it by one capture's); :func:`held_bytes` and
-  :func:`stats` say what is held.
+What it does, per model (a weak reference: the model's lifetime is the caller's), at each
+input signature (every input tensor's shape, strides, dtype and device, the constants beside
+them, inference mode or not): eager until its :data:`MIN_SEEN`-th sighting (those runs are
+the warm-up that puts MIOpen's Find and Triton's compiles outside any capture); then copies
+of the inputs, one more warm-up and the capture on a side stream (a ``torch.cuda.CUDAGraph``
+into a memory pool the model's graphs share), and a replay; later calls copy their inputs
+into the captured ones, replay, and return clones of the outputs (nothing the caller keeps
+is overwritten by a later call). What it keeps is bounded (:func:`_capture`): at most
+:data:`MAX_GRAPHS` graphs a model, the least recently used dropped for a new shape once
+unused for :data:`STALE_AFTER` x :data:`MAX_GRAPHS` calls (until then new shapes run eager,
+or more shapes in turn than the cap would be captured again on every call); no new shape
+while its graphs have paid back less than :data:`PAYBACK` replays a capture (once it has
+:data:`PAYBACK_AFTER`; 0 turns this off); at most :data:`MAX_CAPTURES` captures a model, and
+none once its pool holds :data:`MAX_BYTES` (passed by one capture's at most).
+:func:`held_bytes` and :func:`stats` say what is held.
 
 Anything it cannot or must not capture runs the stock eager call, and says so once per model
 class and reason in a ``RuntimeWarning`` that cannot become an exception (not even under
@@ -36,21 +28,8 @@ class and reason in a ``RuntimeWarning`` that cannot become an exception (not ev
 tensors and constants (tuples, lists and dicts of them are taken apart), a capture that
 raised (no more captures for that model), a replay that failed (that graph dropped), a
 shape past the caps.
-Batches (issue 41): MinerU's predictors leave a short batch at the end of a group or window
-(det takes up to 16 crops of a shape, rec 6 lines); padded with rows of zeros (:func:`_pad`),
-it replays the full batch's graph instead of capturing its own. Each row asked for is what
-eager computes where a batch's rows are independent, as in every model the patches route
-(eval-mode conv and attention networks, attention within a row): the same values, though a
-GPU library may pick another kernel for the larger batch, so not always the same bits.
-``ROCMFIX_GRAPHS_PAD_BATCH=0`` turns padding off.
-Buckets (``--scheme bucket``, MinerU's rec and det): a call given ``rocmfix_width_bucket=B``
-runs, eager or replayed, on its batch padded with zeros (what MinerU pads a batch with) up to
-a width that is a multiple of B, and returns the whole output: what MinerU would compute had
-it padded each batch that wide itself. A call given ``rocmfix_size_bucket=B`` runs on its
-batch padded at the right and bottom, its edge repeated, up to multiples of B, and its
-outputs are cut back to the size it was given (:func:`_grow`, :func:`_crop`). Neither is the
-stock values (docs/performance-graphs.md measures both); a call left to the stock call
-(below, and grad mode, autocast, training) keeps its size.
+Shapes that repeat (issue 41): short batches padded with rows (:func:`_pad`, exact), sizes
+grown to a bucket's (:func:`_grow`, ``--scheme bucket``, not exact).
 CPU inputs and ``torch.compile``'d callers are left to the stock call without a word: there
 is nothing to replay on a CPU, and a warning would break the compiler's graph. So is a model
 called inside another model's capture (PP-DocLayoutV2's backbone inside the whole detector):
@@ -347,13 +326,8 @@ def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, rocmfix_size_
     if bucket > 0 and len(args) == 1 and not kwargs and leaves[0] is args[0]:
         grown = _grow(state, args[0], bucket, both=not rocmfix_width_bucket)
         if grown is not args[0]:
-            out = _run(model, state, spec, (grown,), {}, [grown])
+            out = forward(model, grown)
             return _crop(model, state, out, args[0], grown) if rocmfix_size_bucket else out
-    return _run(model, state, spec, args, kwargs, leaves)
-
-
-def _run(model: Any, state: _State, spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-         leaves: list[torch.Tensor]) -> Any:  # fmt: skip
     try:
         with state.lock:
             rows, padded = _pad(state, leaves)
@@ -387,11 +361,13 @@ def _due(state: _State, key: Any) -> bool:
 
 
 def _grow(state: _State, x: Any, bucket: int, both: bool) -> Any:
-    """``x`` padded on the right (and, ``both``, at the bottom) up to a width (and height)
-    that is a multiple of ``bucket``, where it is a batch of images: rec's width with zeros,
-    what MinerU pads a batch of lines with; det's sides with their edge repeated, what a wider
-    margin of MinerU's white round a block's crop gives. Else, and where the padding fails,
-    ``x`` as it is."""
+    """``x`` padded on the right (and, ``both``, at the bottom) up to multiples of
+    ``bucket``, where it is a batch of images: rec's width with zeros, as MinerU pads a batch
+    of lines (what it would compute had it padded that wide); det's sides with their edge
+    repeated, as a wider margin of MinerU's white round a crop (:func:`_crop` cuts the maps
+    back). Not the stock values (docs/performance-graphs.md measures both); where it is not
+    a batch of images, or the padding fails, ``x`` as it is. A call left to the stock call
+    keeps its shape."""
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         return x
     right, down = -x.shape[-1] % bucket, -x.shape[-2] % bucket if both else 0
@@ -427,8 +403,11 @@ def _crop(model: Any, state: _State, out: Any, x: torch.Tensor, grown: torch.Ten
 
 def _pad(state: _State, leaves: list[torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
     """(rows asked for, the input padded with rows of zeros up to the largest batch seen,
-    where that at most doubles them: a graph of its own costs less) where padding applies,
-    else (0, the input as it is)."""
+    where that at most doubles them: a graph of its own costs less) where padding applies
+    (``ROCMFIX_GRAPHS_PAD_BATCH``), else (0, the input as it is): MinerU's short batch at the
+    end of a group or window replays the full batch's graph. Each row is what eager gives it
+    where a batch's rows are independent, as in every model the patches route: the same
+    values, though a GPU library may pick another kernel for more rows, so not the same bits."""
     if not PAD_BATCH or state.batch < 0 or state.broken or len(leaves) != 1 or leaves[0].dim() < 2:
         return 0, leaves
     x = leaves[0]
@@ -445,19 +424,6 @@ def _pad(state: _State, leaves: list[torch.Tensor]) -> tuple[int, list[torch.Ten
     return rows, [padded]
 
 
-def _cut(state: _State, outputs: list[torch.Tensor], rows: int, batch: int
-         ) -> list[torch.Tensor]:  # fmt: skip
-    """The outputs' first ``rows`` rows (:func:`_pad`); the stock call where an output does
-    not have the batch first."""
-    if not rows:
-        return outputs
-    if not all(t.dim() and t.shape[0] == batch for t in outputs):
-        state.batch = -1  # not the batch first: never padded again
-        state.count("not padded")
-        raise _Fallback
-    return [t[:rows] for t in outputs]
-
-
 def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[torch.Tensor],
             rows: int = 0) -> Any:  # fmt: skip
     try:
@@ -468,7 +434,14 @@ def _replay(model: Any, state: _State, key: Any, found: _Graph, leaves: list[tor
         for static, t in zip(found.inputs, leaves):
             static.copy_(t)
         _BACKEND.replay(found.graph)
-        outputs = [t.clone() for t in _cut(state, found.outputs, rows, leaves[0].shape[0])]
+        outputs = found.outputs
+        if rows:  # a padded batch (_pad): the rows asked for; the stock call where an output
+            if not all(t.dim() and t.shape[0] == leaves[0].shape[0] for t in outputs):
+                state.batch = -1  # does not have the batch first, never padded again
+                state.count("not padded")
+                raise _Fallback
+            outputs = [t[:rows] for t in outputs]
+        outputs = [t.clone() for t in outputs]
     except _Fallback:
         raise
     except Exception as exc:
