@@ -51,13 +51,6 @@ VARIANTS = {"stock": (0, ""), "B=160": (160, "edge"), "B=320": (320, "edge"),
 WINDOW = 64
 
 
-def padded(x: np.ndarray, bucket: int, mode: str) -> np.ndarray:
-    """The bucket: H and W up to the next multiples of ``bucket``, at the bottom and right."""
-    h, w = x.shape[-2:]
-    grow = ((0, 0), (0, 0), (0, -h % bucket), (0, -w % bucket))
-    return np.pad(x, grow, mode=mode) if any(g for _, g in grow) else x  # type: ignore[call-overload]
-
-
 class Det:
     """Stands for ``TextDetector.net``: PP-OCRv4 det, its input bucketed where ``bucket``."""
 
@@ -76,8 +69,9 @@ class Det:
 
         x = inp.float().numpy()
         h, w = x.shape[-2:]
-        if self.bucket:
-            x = padded(x, self.bucket, self.mode)
+        if self.bucket:  # H and W up to the next multiples of B, at the bottom and right
+            grow = ((0, 0), (0, 0), (0, -h % self.bucket), (0, -w % self.bucket))
+            x = np.pad(x, grow, mode=self.mode)
         self.shapes.append(tuple(x.shape))
         maps = self.session.run(None, {self.input: x})[0]
         assert maps.shape[-2:] == x.shape[-2:], maps.shape
@@ -219,6 +213,8 @@ def summarise(found: dict[str, Any]) -> dict[str, Any]:
             "calls": calls,
             "distinct shapes": len(shapes),
             "calls at a shape seen before": calls - len(shapes),
+            "pixels vs stock": sum(map(np.prod, found["shapes"][name]))
+            / sum(map(np.prod, found["shapes"]["stock"])),
             "boxes": sum(len(b["boxes"][name]) for b in blocks),
             "crops, same box count": sum(
                 len(b["boxes"][name]) == len(b["boxes"]["stock"]) for b in blocks
@@ -255,8 +251,9 @@ def _where(stock: str, other: str, truth: str) -> str:
 # read otherwise; chars: edit distance to stock; CER and exact blocks against the text layer.
 TABLES = [
     {"calls": "calls", "shapes": "distinct shapes", "again": "calls at a shape seen before",
-     "boxes": "boxes", "same n": "crops, same box count", "<=1px": "stock boxes within 1 px",
-     "<=3px": "stock boxes within 3 px", "moved": "largest corner move"},
+     "pixels": "pixels vs stock", "boxes": "boxes", "same n": "crops, same box count",
+     "<=1px": "stock boxes within 1 px", "<=3px": "stock boxes within 3 px",
+     "moved": "largest corner move"},
     {"blocks": "blocks changed", "share": "share of blocks changed",
      "+": "blocks nearer the text layer", "-": "blocks further from it",
      "lines": "stock lines read otherwise", "share ": "share of lines read otherwise",
@@ -267,21 +264,26 @@ TABLES = [
 def _cell(key: str, value: float, width: int) -> str:
     if key == "cer" or key.startswith("share"):
         return f"{value:>{width}.{3 if key == 'cer' else 1}%}"
-    return f"{value:>{width}.0f}"
+    return f"{value:>{width}.{2 if key.startswith('pixels') else 0}f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mineru", required=True, help="a folder holding mineru 4.0.x")
-    parser.add_argument("--det", required=True, help="PP-OCRv4's det ONNX (rapidocr 1.4.4)")
-    parser.add_argument("--rec", required=True, help="PP-OCRv4's rec ONNX (rapidocr 1.4.4)")
+    parser.add_argument("--mineru", help="a folder holding mineru 4.0.x")
+    parser.add_argument("--det", help="PP-OCRv4's det ONNX (rapidocr 1.4.4)")
+    parser.add_argument("--rec", help="PP-OCRv4's rec ONNX (rapidocr 1.4.4)")
     parser.add_argument("--pages-each", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=1200, help="no new document after this")
     parser.add_argument("--work", default=tempfile.mkdtemp(prefix="det_bucket_"))
-    parser.add_argument("--json")
+    parser.add_argument("--json", help="write the run here")
+    parser.add_argument("--read", help="a --json of an earlier run: its summary again, no run")
     args = parser.parse_args()
-    found = run(args)
+    if args.read:
+        found = json.loads(Path(args.read).read_text())
+        found["summary"] = summarise(found)
+    else:
+        found = run(args)
     if args.json:
         Path(args.json).write_text(json.dumps(found, indent=1, ensure_ascii=False))
     s = found["summary"]
