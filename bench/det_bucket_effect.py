@@ -1,28 +1,17 @@
-"""What a det size bucket does to MinerU 4.0's OCR output, with real weights (issue 41, item 3):
-a CPU measurement, no GPU needed.
+"""What a det size bucket does to MinerU 4.0's OCR output, with real weights (issue 41, item 3;
+docs/performance-graphs.md): a CPU measurement, no GPU needed.
 
     python bench/det_bucket_effect.py --mineru SITE --det DET.onnx --rec REC.onnx
         [--pages-each 2] [--seconds 1200] [--json out.json]
 
 SITE holds mineru 4.0.x (``pip install --no-deps --target SITE``) and what bench/_pages.py
-needs; DET.onnx and REC.onnx: PaddleOCR's PP-OCRv4 det (DB: probabilities (N, 1, H, W)) and
-rec as rapidocr-onnxruntime 1.4.4 ships them (``rapidocr_onnxruntime/models/``), run by
-onnxruntime on the CPU: earlier versions of MinerU's PP-OCRv6 det and rec, whose weights are
-not on PyPI. MinerU's ``TextDetector`` and ``TextRecognizer`` (``_pages.predictors``) get them
-as their ``net``; MinerU 4.0's OCR stage itself (``backend/analysis/pdf/ocr.py``: ``_ocr_det``,
-``_apply_ocr_rec_results``) runs each document window of bench/_pages.py's mix, each
-text-layer block a text block: cropped with 50 px of white, ``batch_predict``, DB's boxes
-sorted and merged, cropped for rec, the window's lines through ``TextRecognizer.__call__`` and
-MinerU's CTC decoder (PP-OCRv4's characters), low-confidence text dropped.
-
-Stock, then each det bucket: the normalised batch (N, 3, H, W) padded at the bottom and right
-up to multiples of B (``np.pad`` ``edge``, as ``F.pad(mode="replicate")``, or zeros), the map
-cut back to ``[..., :H, :W]`` for DB's post-processing. Against stock: DB's boxes per crop
-(count; each stock box's largest corner move to the variant's nearest), each block's text (its
-lines joined in MinerU's order) and its character error rate against the block's text-layer
-lines (in ``sorted_boxes`` order), spaces left out as in bench/rec_bucket_effect.py; and the
-det input shapes: distinct, and the calls at a shape seen before (what a graph per shape
-could replay).
+needs; DET.onnx, REC.onnx: PaddleOCR's PP-OCRv4 det (DB) and rec from rapidocr-onnxruntime
+1.4.4, run by onnxruntime as the ``net`` of MinerU's ``TextDetector`` and ``TextRecognizer``.
+MinerU 4.0's OCR stage itself (``_ocr_det``, ``_apply_ocr_rec_results``) reads each document of
+bench/_pages.py's mix, each text-layer block a text block; stock, then with each det bucket
+(the normalised batch padded at the bottom and right up to multiples of B, by its edge or
+zeros, the map cut back). Against stock: DB's boxes per crop, each block's text, its CER
+against the block's text-layer lines (spaces left out), and the det input shapes.
 """
 
 from __future__ import annotations
@@ -209,6 +198,7 @@ def summarise(found: dict[str, Any]) -> dict[str, Any]:
         changed = [b for b in blocks if b["text"][name] != b["text"]["stock"]]
         closer = [distance(b["text"][name], b["truth"]) - errors[b["block"]] for b in changed]
         lines = [(Counter(b["lines"]["stock"]), Counter(b["lines"][name])) for b in blocks]
+        otherwise = sum((old - new).total() for old, new in lines)
         out[name] = {
             "calls": calls,
             "distinct shapes": len(shapes),
@@ -225,9 +215,8 @@ def summarise(found: dict[str, Any]) -> dict[str, Any]:
             "blocks changed": len(changed),
             "chars changed": sum(distance(b["text"][name], b["text"]["stock"]) for b in changed),
             "share of blocks changed": len(changed) / len(blocks),
-            "stock lines read otherwise": sum((old - new).total() for old, new in lines),
-            "share of lines read otherwise": sum((old - new).total() for old, new in lines)
-            / sum(old.total() for old, _ in lines),
+            "stock lines read otherwise": otherwise,
+            "share of lines read otherwise": otherwise / sum(old.total() for old, _ in lines),
             "blocks nearer the text layer": sum(c < 0 for c in closer),
             "blocks further from it": sum(c > 0 for c in closer),
             "cer": (sum(errors.values()) + sum(closer)) / truth_chars,
