@@ -252,7 +252,7 @@ class _State:
         self.counts: dict[str, int] = {}
         self.calls = 0
         self.batch = 0  # the largest batch seen; -1 once padding is off for this model
-        self.unsized = False  # an output not the input's size: no size bucket
+        self.no_bucket = False  # a bucket failed: this model runs at its own sizes
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -322,12 +322,17 @@ def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, rocmfix_size_
         state.count(reason[0])
         _tell(model, *reason)
         return model(*args, **kwargs)
-    bucket = rocmfix_width_bucket or rocmfix_size_bucket * (not state.unsized)
+    bucket = (rocmfix_width_bucket or rocmfix_size_bucket) * (not state.no_bucket)
     if bucket > 0 and len(args) == 1 and not kwargs and leaves[0] is args[0]:
         grown = _grow(state, args[0], bucket, both=not rocmfix_width_bucket)
         if grown is not args[0]:
-            out = forward(model, grown)
-            return _crop(model, state, out, args[0], grown) if rocmfix_size_bucket else out
+            try:
+                out = forward(model, grown)
+                return _crop(model, state, out, args[0], grown) if rocmfix_size_bucket else out
+            except Exception as exc:  # noqa: BLE001 - out of memory on the grown batch, say
+                state.no_bucket = True  # this call, and the model's next, at their own size
+                state.count("not bucketed")
+                _tell(model, "bucket", f"{type(exc).__name__}: {exc}")
     try:
         with state.lock:
             rows, padded = _pad(state, leaves)
@@ -385,18 +390,12 @@ def _grow(state: _State, x: Any, bucket: int, both: bool) -> Any:
 
 def _crop(model: Any, state: _State, out: Any, x: torch.Tensor, grown: torch.Tensor) -> Any:
     """A call's outputs on the ``grown`` batch cut back to the size of ``x``, the batch it
-    was given (DB's maps, before MinerU scales its boxes); where an output is not the grown
-    batch's size, the stock call, and this model's calls keep their size from then on."""
+    was given (DB's maps, before MinerU scales its boxes); an error where one is not the
+    grown batch's size (:func:`forward` then makes the stock call)."""
     leaves: list[torch.Tensor] = []
-    try:
-        spec = _flatten(out, leaves, inputs=False)
-    except _Unsupported:
-        leaves = []
+    spec = _flatten(out, leaves, inputs=False)
     if not leaves or any(t.dim() < 2 or t.shape[-2:] != grown.shape[-2:] for t in leaves):
-        state.unsized = True
-        state.count("not sized")
-        _tell(model, "size bucket", "an output is not its input's size; calls keep their size now")
-        return model(x)
+        raise _Unsupported("an output is not its input's size")
     height, width = x.shape[-2:]
     return _rebuild(spec, [t[..., :height, :width] for t in leaves], [0])
 

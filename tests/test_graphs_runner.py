@@ -672,9 +672,32 @@ def test_an_output_not_the_input_size_ends_the_size_bucket_with_the_stock_values
             assert _same(graphs.forward(net, x, rocmfix_size_bucket=16), net(x)), width
     counts = graphs.stats(net)["counts"]
     # The first call ran grown, then as it came; the rest as they came, a graph per shape.
-    assert counts["bucketed"] == 1 and counts["not sized"] == 1
+    assert counts["bucketed"] == 1 and counts["not bucketed"] == 1
     (warning,) = said(told)
-    assert "(size bucket: an output is not its input's size" in warning
+    assert "(bucket: _Unsupported: an output is not its input's size)" in warning
+
+
+@pytest.mark.parametrize("bucket", ["rocmfix_width_bucket", "rocmfix_size_bucket"])
+def test_a_grown_batch_that_fails_runs_the_stock_call_and_ends_the_bucket(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught, bucket: str
+) -> None:
+    """Out of memory on the grown batch, say: the call as it came, one warning, and the
+    model's next calls at their own size (nothing raised in the forward)."""
+    inner = Maps().eval()
+
+    def model(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if x.shape[-1] % 16 == 0:
+            raise RuntimeError("CUDA out of memory")
+        return inner(x)
+
+    with torch.inference_mode():
+        for width in (17, 18, 19):
+            x = torch.randn(2, 3, 20, width)
+            assert _same(graphs.forward(model, x, **{bucket: 16}), inner(x)), width
+    counts = graphs.stats(model)["counts"]
+    assert counts["bucketed"] == 1 and counts["not bucketed"] == 1
+    (warning,) = said(told)
+    assert "(bucket: RuntimeError: CUDA out of memory)" in warning
 
 
 def test_a_warning_names_the_callers_line(
