@@ -408,7 +408,7 @@ def test_the_real_patched_detector_on_a_cpu(tmp_path: Path) -> None:
         assert f"BaseModel runs eager ({reason}:" in said, said
     assert len(found["warnings"]) == 4, said  # type: ignore[arg-type]
     # --scheme bucket: DB's maps of the grown crop, cut back to the crop's size, eager then
-    # captured and replayed (the real head gives maps the input's size: nothing "not sized").
+    # captured and replayed (the real head gives maps the input's size: nothing "not bucketed").
     result = env.cli("apply", "--scheme", "bucket", "--only", "mineru-ocr-det-graphs")
     assert result.returncode == 0, result.stderr
     found = run("bucket")
