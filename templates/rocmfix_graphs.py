@@ -331,6 +331,7 @@ def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, rocmfix_size_
                 return _crop(model, state, out, args[0], grown) if rocmfix_size_bucket else out
             except Exception as exc:  # noqa: BLE001 - out of memory on the grown batch, say
                 state.no_bucket = True  # this call, and the model's next, at their own size
+                grown = out = None  # its memory, let go before the stock call needs it
                 state.count("not bucketed")
                 _tell(model, "bucket", f"{type(exc).__name__}: {exc}")
     try:

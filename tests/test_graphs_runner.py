@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
+import weakref
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -698,6 +699,27 @@ def test_a_grown_batch_that_fails_runs_the_stock_call_and_ends_the_bucket(
     assert counts["bucketed"] == 1 and counts["not bucketed"] == 1
     (warning,) = said(told)
     assert "(bucket: RuntimeError: CUDA out of memory)" in warning
+
+
+def test_a_grown_batch_that_fails_is_let_go_before_the_stock_call(
+    graphs: ModuleType, fake: CpuGraphs, told: Caught
+) -> None:
+    """Out of memory on the grown batch: the stock call must not run with the grown copy
+    still held (on a GPU near its limit, that memory is what the stock call lacks)."""
+    grown: list[weakref.ref[torch.Tensor]] = []
+    held: list[bool] = []
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] % 16 == 0:
+            grown.append(weakref.ref(x))
+            raise RuntimeError("CUDA out of memory")
+        held.extend(ref() is not None for ref in grown)
+        return x * 2
+
+    with torch.inference_mode():
+        x = torch.randn(2, 3, 20, 17)
+        assert torch.equal(graphs.forward(model, x, rocmfix_size_bucket=16), x * 2)
+    assert len(grown) == 1 and held == [False]
 
 
 def test_a_warning_names_the_callers_line(
