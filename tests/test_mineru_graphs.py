@@ -263,6 +263,17 @@ def test_apply_dry_run_status_and_revert_through_the_cli(tmp_path: Path, version
         assert refused.returncode != 0 and "no selected patch offers scheme 'bucket'" in (
             refused.stderr
         )
+        # rec applied by a rocmfix from before its schemes (its manifest entry names none):
+        # the default, already applied; a plain apply leaves it be.
+        manifest = env.state / "manifest.json"
+        doc = json.loads(manifest.read_text())
+        doc["entries"][rec]["scheme"] = None
+        manifest.write_text(json.dumps(doc))
+        stamp = predictor.stat().st_mtime_ns
+        result = env.cli("apply", "--only", rec)
+        assert result.returncode == 0, result.stderr
+        assert f"{rec}: unchanged (exact): already applied" in result.stderr, result.stderr
+        assert predictor.stat().st_mtime_ns == stamp
     result = env.cli("revert")
     assert result.returncode == 0, result.stderr
     assert files_under(env.site) == before
