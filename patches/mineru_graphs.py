@@ -342,32 +342,33 @@ def _patch(prefix: str, folder: str, releases: str, model: str, cls_name: str, w
 # exactness; docs/performance-graphs.md measures what each does to the text with real weights.
 # rec: MinerU pads each batch of lines to its widest line, so rec sees a new width nearly
 # every batch. The runner pads the width with zeros (what MinerU pads with) up to a multiple
-# of 320 and returns the whole output (MinerU's CTC decoder reads any length). 320: MinerU's
+# of BUCKET and returns the whole output (MinerU's CTC decoder reads any length). 320: MinerU's
 # narrowest batch (most batches) stays as it is, and its widest, 2560, makes 8 widths in all,
 # the runner's graphs a model (bench/shape_repeat.py weighed 64 to 512).
 # det: MinerU 4 gives det each layout block's crop, a shape of its own nearly every call. The
-# runner pads both sides, repeating the crop's white edge, up to multiples of 320 (the long
+# runner pads both sides, repeating the crop's white edge, up to multiples of BUCKET (the long
 # side is at most 960: 9 shapes) and cuts DB's maps back to the crop's size before MinerU
 # scales its boxes.
+BUCKET = 320
 EXACT = Scheme("exact", "a graph per input shape, as MinerU pads it (exact)", "exact", "")
 BUCKETS = {
     "rec": (
-        "rocmfix_width_bucket=320",
+        f"rocmfix_width_bucket={BUCKET}",
         Scheme(
             "bucket",
-            "rec's batch width padded up to a multiple of 320: fewer shapes, more replays, "
-            "not bit for bit (docs/performance-graphs.md)",
-            "width bucket 320",
+            f"rec's batch width padded up to a multiple of {BUCKET}: fewer shapes, more "
+            "replays, not bit for bit (docs/performance-graphs.md)",
+            f"width bucket {BUCKET}",
             "",
         ),
     ),
     "det": (
-        "rocmfix_size_bucket=320",
+        f"rocmfix_size_bucket={BUCKET}",
         Scheme(
             "bucket",
-            "det's crop padded up to multiples of 320, its maps cut back: fewer shapes, more "
-            "replays, not bit for bit (docs/performance-graphs.md)",
-            "size bucket 320",
+            f"det's crop padded up to multiples of {BUCKET}, its maps cut back: fewer shapes, "
+            "more replays, not bit for bit (docs/performance-graphs.md)",
+            f"size bucket {BUCKET}",
             "",
         ),
     ),

@@ -328,7 +328,7 @@ def forward(model: Any, *args: Any, rocmfix_width_bucket: int = 0, rocmfix_size_
         if grown is not args[0]:
             try:
                 out = forward(model, grown)
-                return _crop(model, state, out, args[0], grown) if rocmfix_size_bucket else out
+                return _crop(out, args[0], grown) if rocmfix_size_bucket else out
             except Exception as exc:  # noqa: BLE001 - out of memory on the grown batch, say
                 state.no_bucket = True  # this call, and the model's next, at their own size
                 grown = out = None  # its memory, let go before the stock call needs it
@@ -389,7 +389,7 @@ def _grow(state: _State, x: Any, bucket: int, both: bool) -> Any:
     return grown
 
 
-def _crop(model: Any, state: _State, out: Any, x: torch.Tensor, grown: torch.Tensor) -> Any:
+def _crop(out: Any, x: torch.Tensor, grown: torch.Tensor) -> Any:
     """A call's outputs on the ``grown`` batch cut back to the size of ``x``, the batch it
     was given (DB's maps, before MinerU scales its boxes); an error where one is not the
     grown batch's size (:func:`forward` then makes the stock call)."""

@@ -203,8 +203,7 @@ def plan_apply(
                 plan.outcomes.append(Outcome(patch, Action.SKIP, st.reason))
                 continue
             forced = ("torch is not a ROCm build",)
-        # An entry from before the patch had schemes names none: its default, what it wrote.
-        if st.verdict is Verdict.APPLIED and (st.scheme or patch.default_scheme or None) == chosen:
+        if st.verdict is Verdict.APPLIED and st.scheme == chosen:
             plan.outcomes.append(Outcome(patch, Action.UNCHANGED, "already applied", chosen))
             continue
         scheme_data = patch.scheme(chosen)

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 import libcst as cst
@@ -217,6 +217,9 @@ class _Inspector:
         self.entry = manifest.entries.get(patch.id)
         if self.entry is not None:
             check_entry(patch, self.entry)
+            if self.entry.scheme is None and patch.settings:
+                # Applied before its settings became schemes: its default, what it wrote then.
+                self.entry = replace(self.entry, scheme=patch.default_scheme)
         self.dist = env.distributions.get(patch.distribution)
         self.interrupted = patch.id in interrupted
         self.busy = busy
